@@ -1,0 +1,94 @@
+"""Which implementation of a computation runs: ``"torch"`` (reference) or ``"triton"``.
+
+Rules (DESIGN.md section 2):
+
+* CUDA tensors run the Triton kernels (and CuPy kernels where a module provides them and CuPy is
+  importable); CPU tensors run the vectorised torch reference.
+* ``GPUSIM_BACKEND=torch|triton`` overrides the choice. ``triton`` on CPU tensors is only valid
+  with ``TRITON_INTERPRET=1`` (Triton's interpreter), which is how kernels are tested without a GPU.
+* :func:`use_backend` overrides it for a ``with`` block (used by tests and benchmarks).
+
+The kernels package imports only this module from the rest of the project.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+BACKENDS = ("torch", "triton")
+_override: list[str] = []
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def requested_backend() -> str | None:
+    """The forced backend (from :func:`use_backend` or ``GPUSIM_BACKEND``), or None.
+
+    Raises:
+        ValueError: if ``GPUSIM_BACKEND`` names an unknown backend.
+    """
+    if _override:
+        return _override[-1]
+    env = os.environ.get("GPUSIM_BACKEND", "").strip().lower()
+    if not env:
+        return None
+    if env not in BACKENDS:
+        raise ValueError(f"GPUSIM_BACKEND={env!r}: expected one of {BACKENDS}")
+    return env
+
+
+def backend_for(tensor: torch.Tensor) -> str:
+    """The backend that runs a computation on ``tensor``'s device: ``"torch"`` or ``"triton"``.
+
+    Raises:
+        RuntimeError: if ``triton`` is forced on CPU tensors without ``TRITON_INTERPRET=1``.
+    """
+    forced = requested_backend()
+    if forced == "torch":
+        return "torch"
+    if forced == "triton":
+        if tensor.device.type != "cuda" and not interpreting():
+            raise RuntimeError(
+                "GPUSIM_BACKEND=triton on CPU tensors needs TRITON_INTERPRET=1 set before gpusim is imported"
+            )
+        return "triton"
+    return "triton" if tensor.device.type == "cuda" else "torch"
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Force backend ``name`` ("torch" or "triton") inside a ``with`` block.
+
+    Raises:
+        ValueError: for an unknown name.
+    """
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: expected one of {BACKENDS}")
+    _override.append(name)
+    try:
+        yield
+    finally:
+        _override.pop()
+
+
+@functools.lru_cache(maxsize=1)
+def cupy_available() -> bool:
+    """True if CuPy imports and sees a CUDA device. CuPy is optional (the ``cuda`` extra)."""
+    try:
+        import cupy  # noqa: F401  (lazy: never required on CPU-only installs)
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def use_cupy(tensor: torch.Tensor) -> bool:
+    """True when a CuPy kernel should run for ``tensor``: CUDA tensor, CuPy usable, no override."""
+    return tensor.device.type == "cuda" and requested_backend() is None and cupy_available()

@@ -1,0 +1,263 @@
+"""Configuration of the simulator: enums, :class:`DataConfig` and :class:`EnvConfig`.
+
+Both configs are frozen dataclasses. Enum fields also accept their lower-case names as strings
+(``EnvConfig(goal_behavior="stop")``) so command-line tools can pass them through unchanged.
+Invalid values or combinations raise :class:`ValueError` at construction, with a message that says
+what to change.
+
+Units: metres, radians, seconds, metres per second.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+
+#: Simulation time step in seconds (WOMD logs are sampled at 10 Hz).
+DT = 0.1
+#: Number of logged steps in a WOMD scenario (9.1 s at 10 Hz).
+WOMD_STEPS = 91
+
+
+class _NamedEnum(enum.IntEnum):
+    """Integer enum whose members can also be given by lower-case name."""
+
+    @classmethod
+    def parse(cls, value):
+        """Return the member for ``value`` (member, int or case-insensitive name).
+
+        Raises:
+            ValueError: if ``value`` names no member; the message lists the valid names.
+        """
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            key = value.strip().upper().replace("-", "_")
+            if key in cls.__members__:
+                return cls.__members__[key]
+        elif isinstance(value, int) and not isinstance(value, bool):
+            try:
+                return cls(value)
+            except ValueError:
+                pass
+        names = ", ".join(m.name.lower() for m in cls)
+        raise ValueError(f"{cls.__name__}: {value!r} is not one of: {names}")
+
+    def __str__(self) -> str:  # so CLIs and logs print "stop", not "GoalBehavior.STOP"
+        return self.name.lower()
+
+
+class ObjectType(_NamedEnum):
+    """Type of a scenario object; other WOMD types are ignored at conversion (counted)."""
+
+    VEHICLE = 0
+    PEDESTRIAN = 1
+    CYCLIST = 2
+
+
+class RoadType(_NamedEnum):
+    """Type of a road polyline, as named in the GPUDrive/PufferDrive JSON (``roads[i].type``)."""
+
+    LANE = 0
+    ROAD_LINE = 1
+    ROAD_EDGE = 2
+    STOP_SIGN = 3
+    CROSSWALK = 4
+    SPEED_BUMP = 5
+    DRIVEWAY = 6
+    OTHER = 7
+
+
+#: Road types are one-hot encoded in observations as four groups: lane, road_line, road_edge,
+#: and everything else.
+NUM_ROAD_OBS_TYPES = 4
+
+
+class GoalBehavior(_NamedEnum):
+    """What happens when a controlled agent reaches its goal (numbering as in PufferDrive)."""
+
+    RESPAWN = 0
+    NEW_GOAL = 1
+    STOP = 2
+    TRIAL = 3
+
+
+class ContactBehavior(_NamedEnum):
+    """What a collision or an offroad event does to the agent."""
+
+    IGNORE = 0
+    STOP = 1
+    REMOVE = 2
+
+
+class ActionSpace(_NamedEnum):
+    """Discrete 7 x 13 (acceleration x steering) grid, or continuous [-1, 1]^2."""
+
+    DISCRETE = 0
+    CONTINUOUS = 1
+
+
+class Dynamics(_NamedEnum):
+    """Vehicle dynamics model. ``CLASSIC`` is the kinematic bicycle of PufferDrive's classic env."""
+
+    CLASSIC = 0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How WOMD JSON is turned into a :class:`~gpusim.data.ScenarioPack`.
+
+    Attributes:
+        max_agents: agent slots per scenario (controlled first, then log-replayed experts).
+        max_controlled: at most this many controlled agents per scenario.
+        init_steps: log index at which episodes start; controlled agents must be valid there.
+        goal_min_distance: a vehicle is controllable only if its goal is farther than this (m)
+            from its position at ``init_steps``.
+        simplify_area: Visvalingam triangle-area threshold (m^2) for road polyline simplification.
+        grid_cell_size: edge of a square cell of the per-scenario nearest-segment grid (m).
+        grid_margin: the grid covers the bounding box of all valid agent positions and goals,
+            grown by this margin (m); positions outside are clamped to the border cells.
+        grid_k: road segments stored per cell (nearest to the cell centre first) = the number of
+            road slots in observations.
+        grid_edge_k: road-edge segments stored per cell for the offroad test.
+    """
+
+    max_agents: int = 64
+    max_controlled: int = 32
+    init_steps: int = 0
+    goal_min_distance: float = 2.0
+    simplify_area: float = 0.1
+    grid_cell_size: float = 5.0
+    grid_margin: float = 60.0
+    grid_k: int = 128
+    grid_edge_k: int = 32
+
+    def __post_init__(self):
+        if self.max_agents < 1:
+            raise ValueError(f"DataConfig.max_agents must be >= 1, got {self.max_agents}")
+        if not 1 <= self.max_controlled <= self.max_agents:
+            raise ValueError(
+                f"DataConfig.max_controlled must be in [1, max_agents={self.max_agents}], "
+                f"got {self.max_controlled}"
+            )
+        if not 0 <= self.init_steps < WOMD_STEPS - 1:
+            raise ValueError(f"DataConfig.init_steps must be in [0, {WOMD_STEPS - 2}], got {self.init_steps}")
+        if self.grid_cell_size <= 0 or self.grid_k < 1 or self.grid_edge_k < 1:
+            raise ValueError("DataConfig: grid_cell_size must be > 0 and grid_k, grid_edge_k >= 1")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Configuration of :class:`gpusim.env.DriveEnv`.
+
+    Attributes:
+        max_agents, max_controlled, init_steps: see :class:`DataConfig` (the pack must have been
+            built with the same values; :meth:`data_config` gives them).
+        scenario_length: steps per episode (per trial in trial mode); ``None`` means
+            ``91 - init_steps``.
+        dynamics: vehicle model (only ``classic``, the kinematic bicycle).
+        action_space: ``discrete`` (joint index over 7 accelerations x 13 steering values) or
+            ``continuous`` (two numbers in [-1, 1] scaled to the same ranges).
+        goal_behavior: ``respawn`` | ``new_goal`` | ``stop`` | ``trial``.
+        collision_behavior, offroad_behavior: ``ignore`` | ``stop`` | ``remove``.
+        goal_radius: a goal is reached within this distance (m).
+        reward_goal, reward_collision, reward_offroad: per-event rewards.
+        stop_truncate_fraction: when at least this fraction of a world's controlled agents are
+            stopped by a contact (STOP behaviour), the world's episode ends early.
+        collision_box_scale: collision boxes are the logged length/width times this factor
+            (0.7 as in GPUDrive and PufferDrive: logged WOMD boxes are generous, and 41% of the
+            default-controlled agents' full-size logged boxes overlap another object at some step).
+        k_trials: trials per episode in trial mode.
+        log_ema_alpha: smoothing of the per-agent EMA metric slots (DESIGN.md section 8).
+        num_partners, partner_radius: partner slots in observations and their range (m).
+        num_roads, road_radius: road-segment slots in observations (must equal the pack's
+            ``grid_k``) and their range (m).
+    """
+
+    max_agents: int = 64
+    max_controlled: int = 32
+    init_steps: int = 0
+    scenario_length: int | None = None
+    dynamics: Dynamics = Dynamics.CLASSIC
+    action_space: ActionSpace = ActionSpace.DISCRETE
+    goal_behavior: GoalBehavior = GoalBehavior.STOP
+    collision_behavior: ContactBehavior = ContactBehavior.IGNORE
+    offroad_behavior: ContactBehavior = ContactBehavior.IGNORE
+    goal_radius: float = 2.0
+    reward_goal: float = 1.0
+    reward_collision: float = -0.5
+    reward_offroad: float = -0.5
+    stop_truncate_fraction: float = 0.5
+    collision_box_scale: float = 0.7
+    k_trials: int = 2
+    log_ema_alpha: float = 0.707
+    num_partners: int = 31
+    partner_radius: float = 50.0
+    num_roads: int = 128
+    road_radius: float = 50.0
+    dt: float = DT
+
+    def __post_init__(self):
+        for name, enum_cls in (
+            ("dynamics", Dynamics),
+            ("action_space", ActionSpace),
+            ("goal_behavior", GoalBehavior),
+            ("collision_behavior", ContactBehavior),
+            ("offroad_behavior", ContactBehavior),
+        ):
+            object.__setattr__(self, name, enum_cls.parse(getattr(self, name)))
+        if self.scenario_length is None:
+            object.__setattr__(self, "scenario_length", WOMD_STEPS - self.init_steps)
+        # Reuse DataConfig's checks for the shared fields.
+        self.data_config()
+        if self.scenario_length < 1:
+            raise ValueError(f"EnvConfig.scenario_length must be >= 1, got {self.scenario_length}")
+        if self.goal_radius <= 0:
+            raise ValueError(f"EnvConfig.goal_radius must be > 0, got {self.goal_radius}")
+        if not 0.0 < self.stop_truncate_fraction <= 1.0:
+            raise ValueError(
+                f"EnvConfig.stop_truncate_fraction must be in (0, 1], got {self.stop_truncate_fraction}"
+            )
+        if not 0.0 < self.collision_box_scale <= 2.0:
+            raise ValueError(f"EnvConfig.collision_box_scale must be in (0, 2], got {self.collision_box_scale}")
+        if self.k_trials < 1:
+            raise ValueError(f"EnvConfig.k_trials must be >= 1, got {self.k_trials}")
+        if not 0.0 <= self.log_ema_alpha < 1.0:
+            raise ValueError(f"EnvConfig.log_ema_alpha must be in [0, 1), got {self.log_ema_alpha}")
+        if self.num_partners < 1 or self.num_roads < 1:
+            raise ValueError("EnvConfig.num_partners and num_roads must be >= 1")
+        if self.num_partners > self.max_agents - 1:
+            raise ValueError(
+                f"EnvConfig.num_partners={self.num_partners} exceeds max_agents - 1 = {self.max_agents - 1}; "
+                "lower num_partners or raise max_agents"
+            )
+        if self.dt <= 0:
+            raise ValueError(f"EnvConfig.dt must be > 0, got {self.dt}")
+
+    @property
+    def trial_mode(self) -> bool:
+        """True when ``goal_behavior == TRIAL``."""
+        return self.goal_behavior == GoalBehavior.TRIAL
+
+    @property
+    def horizon(self) -> int:
+        """Steps per episode: ``k_trials * scenario_length`` in trial mode, else ``scenario_length``."""
+        return self.k_trials * self.scenario_length if self.trial_mode else self.scenario_length
+
+    def data_config(self, **overrides) -> DataConfig:
+        """The :class:`DataConfig` whose shared fields match this env config.
+
+        ``overrides`` set the data-only fields (grid size, simplification, ...).
+        """
+        return DataConfig(
+            max_agents=self.max_agents,
+            max_controlled=self.max_controlled,
+            init_steps=self.init_steps,
+            grid_k=self.num_roads,
+            **overrides,
+        )
+
+    def replace(self, **changes) -> "EnvConfig":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
