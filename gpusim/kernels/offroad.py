@@ -1,0 +1,227 @@
+"""Offroad test: does an agent's box outline cross a road edge?
+
+The box of an agent (centre ``pos``, long side along ``heading``, ``box_scale * length`` by
+``box_scale * width``) has four outline edges between its corners. The agent is *offroad* when one
+of these edges properly intersects one of the road-edge segments that the scenario's grid lists
+for the agent's cell (``grid_edge[s, cell]``, the ``KE`` road-edge segments nearest to the cell
+centre; cell from :func:`gpusim.kernels.grid.cell_index`, the one cell lookup).
+
+Proper intersection of segments ``p1p2`` and ``q1q2`` (orientation test):
+``cross(p2 - p1, q1 - p1) * cross(p2 - p1, q2 - p1) < 0`` and
+``cross(q2 - q1, p1 - q1) * cross(q2 - q1, p2 - q1) < 0``. Choices:
+
+* Strict: segments that only touch (an endpoint on the other segment) or are collinear do not
+  count; a road edge parallel to a box side never counts.
+* A box lying entirely on one side of every listed edge, or a road-edge segment lying entirely
+  inside the box, is not offroad (only outline crossings count, as in PufferDrive/GPUDrive).
+* Grid padding (``-1``) is ignored; absent agents are never offroad.
+* Segments are only found if the grid lists them for the agent's cell: the grid builder must keep
+  enough road edges per cell (``DataConfig.grid_edge_k``) to cover a box reaching out of its cell.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpusim.backend import backend_for
+from gpusim.kernels.grid import cell_index
+
+
+def _corners(pos, heading, length, width, box_scale):
+    """[..., 4, 2] box corners in outline order (front-left, rear-left, rear-right, front-right)."""
+    a = 0.5 * box_scale * length
+    b = 0.5 * box_scale * width
+    c, s = torch.cos(heading), torch.sin(heading)
+    ux, uy = a * c, a * s  # half length along heading
+    vx, vy = -b * s, b * c  # half width across
+    x, y = pos[..., 0], pos[..., 1]
+    cx = torch.stack((x + ux + vx, x - ux + vx, x - ux - vx, x + ux - vx), dim=-1)
+    cy = torch.stack((y + uy + vy, y - uy + vy, y - uy - vy, y + uy - vy), dim=-1)
+    return cx, cy
+
+
+def offroad_reference(
+    pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
+    cell_size: float, box_scale: float,
+):
+    """Is each agent's box outline crossing a road-edge segment listed for its grid cell?
+
+    Args:
+        pos: [W, A, 2] float32 box centres (m). heading: [W, A] float32 (rad).
+        length, width: [W, A] float32 box sizes (m), scaled by ``box_scale``.
+        present: [W, A] bool; absent agents are never offroad.
+        scenario: [W] int64 scenario index of each world.
+        road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
+        grid_edge: [S, NC, KE] int32 road-edge segment indices per cell, -1 padding.
+        grid_origin: [S, 2] float32; grid_dims: [S, 2] int32 (see ``gpusim.kernels.grid``).
+        cell_size: grid cell edge (m). box_scale: factor on length and width.
+
+    Returns:
+        [W, A] bool offroad flags.
+    """
+    W, A = heading.shape
+    cell = cell_index(pos, scenario, grid_origin, grid_dims, cell_size)  # [W, A]
+    idx = grid_edge[scenario[:, None], cell].long()  # [W, A, KE]
+    valid = idx >= 0
+    seg = road_seg[scenario[:, None, None], idx.clamp_min(0)]  # [W, A, KE, 4]
+    qx1, qy1, qx2, qy2 = (seg[..., k, None] for k in range(4))  # [W, A, KE, 1]
+    cx, cy = _corners(pos, heading, length, width, box_scale)  # [W, A, 4]
+    px1, py1 = cx[:, :, None, :], cy[:, :, None, :]  # [W, A, 1, 4]
+    px2, py2 = torch.roll(cx, -1, dims=-1)[:, :, None, :], torch.roll(cy, -1, dims=-1)[:, :, None, :]
+    ex, ey = px2 - px1, py2 - py1
+    fx, fy = qx2 - qx1, qy2 - qy1
+    o1 = ex * (qy1 - py1) - ey * (qx1 - px1)
+    o2 = ex * (qy2 - py1) - ey * (qx2 - px1)
+    o3 = fx * (py1 - qy1) - fy * (px1 - qx1)
+    o4 = fx * (py2 - qy1) - fy * (px2 - qx1)
+    cross = (o1 * o2 < 0) & (o3 * o4 < 0)  # [W, A, KE, 4]
+    return (cross.any(dim=-1) & valid).any(dim=-1) & present
+
+
+@triton.jit
+def _crosses(ax, ay, bx, by, qx1, qy1, qx2, qy2, fx, fy):
+    """Proper intersection of box edge a->b with road segment q1->q2 (f = q2 - q1)."""
+    ex = bx - ax
+    ey = by - ay
+    o1 = ex * (qy1 - ay) - ey * (qx1 - ax)
+    o2 = ex * (qy2 - ay) - ey * (qx2 - ax)
+    o3 = fx * (ay - qy1) - fy * (ax - qx1)
+    o4 = fx * (by - qy1) - fy * (bx - qx1)
+    return (o1 * o2 < 0) & (o3 * o4 < 0)
+
+
+@triton.jit
+def _offroad_kernel(
+    pos_ptr, heading_ptr, length_ptr, width_ptr, present_ptr, scenario_ptr,
+    seg_ptr, grid_ptr, origin_ptr, dims_ptr, out_ptr,
+    A, R, NC, KE, n, cell_size, box_scale,
+    BLOCK: tl.constexpr,
+):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    m = offs < n
+    w = offs // A
+    x = tl.load(pos_ptr + 2 * offs, mask=m, other=0.0)
+    y = tl.load(pos_ptr + 2 * offs + 1, mask=m, other=0.0)
+    h = tl.load(heading_ptr + offs, mask=m, other=0.0)
+    a = 0.5 * box_scale * tl.load(length_ptr + offs, mask=m, other=0.0)
+    b = 0.5 * box_scale * tl.load(width_ptr + offs, mask=m, other=0.0)
+    pres = (tl.load(present_ptr + offs, mask=m, other=0) != 0) & m
+    s = tl.load(scenario_ptr + w, mask=m, other=0)
+    # cell lookup: same arithmetic as gpusim.kernels.grid.cell_index_reference
+    ox = tl.load(origin_ptr + 2 * s, mask=m, other=0.0)
+    oy = tl.load(origin_ptr + 2 * s + 1, mask=m, other=0.0)
+    nx = tl.load(dims_ptr + 2 * s, mask=m, other=1).to(tl.int64)
+    ny = tl.load(dims_ptr + 2 * s + 1, mask=m, other=1).to(tl.int64)
+    rx = (x - ox) / cell_size
+    ry = (y - oy) / cell_size
+    rx = tl.where(rx == rx, rx, 0.0)
+    ry = tl.where(ry == ry, ry, 0.0)
+    rx = tl.minimum(tl.maximum(rx, -1e9), 1e9)
+    ry = tl.minimum(tl.maximum(ry, -1e9), 1e9)
+    ix = tl.minimum(tl.maximum(tl.floor(rx).to(tl.int64), 0), nx - 1)
+    iy = tl.minimum(tl.maximum(tl.floor(ry).to(tl.int64), 0), ny - 1)
+    cell = iy * nx + ix
+    c = tl.cos(h)
+    sn = tl.sin(h)
+    ux = a * c
+    uy = a * sn
+    vx = -b * sn
+    vy = b * c
+    # corners in outline order: front-left, rear-left, rear-right, front-right
+    x0 = x + ux + vx
+    y0 = y + uy + vy
+    x1 = x - ux + vx
+    y1 = y - uy + vy
+    x2 = x - ux - vx
+    y2 = y - uy - vy
+    x3 = x + ux - vx
+    y3 = y + uy - vy
+    hit = tl.zeros([BLOCK], dtype=tl.int1)
+    gbase = (s * NC + cell) * KE
+    for k in range(0, KE):
+        sid = tl.load(grid_ptr + gbase + k, mask=pres, other=-1).to(tl.int64)
+        ok = pres & (sid >= 0)
+        sb = (s * R + tl.maximum(sid, 0)) * 4
+        qx1 = tl.load(seg_ptr + sb, mask=ok, other=0.0)
+        qy1 = tl.load(seg_ptr + sb + 1, mask=ok, other=0.0)
+        qx2 = tl.load(seg_ptr + sb + 2, mask=ok, other=0.0)
+        qy2 = tl.load(seg_ptr + sb + 3, mask=ok, other=0.0)
+        fx = qx2 - qx1
+        fy = qy2 - qy1
+        hit = hit | (ok & _crosses(x0, y0, x1, y1, qx1, qy1, qx2, qy2, fx, fy))
+        hit = hit | (ok & _crosses(x1, y1, x2, y2, qx1, qy1, qx2, qy2, fx, fy))
+        hit = hit | (ok & _crosses(x2, y2, x3, y3, qx1, qy1, qx2, qy2, fx, fy))
+        hit = hit | (ok & _crosses(x3, y3, x0, y0, qx1, qy1, qx2, qy2, fx, fy))
+    tl.store(out_ptr + offs, hit.to(tl.int8), mask=m)
+
+
+def _offroad_triton(
+    pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
+    cell_size: float, box_scale: float,
+):
+    if heading.dim() != 2:
+        raise ValueError(f"offroad: heading must be [W, A], got {tuple(heading.shape)}")
+    W, A = heading.shape
+    if road_seg.dim() != 3 or road_seg.shape[-1] != 4 or grid_edge.dim() != 3:
+        raise ValueError(
+            f"offroad: road_seg must be [S, R, 4] and grid_edge [S, NC, KE], got {tuple(road_seg.shape)}, {tuple(grid_edge.shape)}"
+        )
+    S, R, _ = road_seg.shape
+    _, NC, KE = grid_edge.shape
+    dev = heading.device
+    for name, t, shape, dtype in (
+        ("pos", pos, (W, A, 2), torch.float32), ("heading", heading, (W, A), torch.float32),
+        ("length", length, (W, A), torch.float32), ("width", width, (W, A), torch.float32),
+        ("present", present, (W, A), torch.bool), ("scenario", scenario, (W,), torch.int64),
+        ("road_seg", road_seg, (S, R, 4), torch.float32), ("grid_edge", grid_edge, (S, NC, KE), torch.int32),
+        ("grid_origin", grid_origin, (S, 2), torch.float32), ("grid_dims", grid_dims, (S, 2), torch.int32),
+    ):
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != dev:
+            raise ValueError(
+                f"offroad: {name} must be {dtype} {shape} on {dev}, got {t.dtype} {tuple(t.shape)} on {t.device}"
+            )
+    out = torch.empty((W, A), dtype=torch.int8, device=dev)
+    n = W * A
+    if n:
+        BLOCK = 256
+        _offroad_kernel[(triton.cdiv(n, BLOCK),)](
+            pos.contiguous(), heading.contiguous(), length.contiguous(), width.contiguous(),
+            present.contiguous().view(torch.uint8), scenario.contiguous(), road_seg.contiguous(),
+            grid_edge.contiguous(), grid_origin.contiguous(), grid_dims.contiguous(), out,
+            A, R, NC, KE, n, float(cell_size), float(box_scale), BLOCK=BLOCK,
+        )
+    return out != 0
+
+
+def offroad(
+    pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
+    cell_size: float, box_scale: float,
+):
+    """Is each agent's box outline crossing a road-edge segment listed for its grid cell?
+
+    Args:
+        pos: [W, A, 2] float32 box centres (m). heading: [W, A] float32 (rad).
+        length, width: [W, A] float32 box sizes (m), scaled by ``box_scale``.
+        present: [W, A] bool; absent agents are never offroad.
+        scenario: [W] int64 scenario index of each world.
+        road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
+        grid_edge: [S, NC, KE] int32 road-edge segment indices per cell, -1 padding.
+        grid_origin: [S, 2] float32; grid_dims: [S, 2] int32 (see ``gpusim.kernels.grid``).
+        cell_size: grid cell edge (m). box_scale: factor on length and width.
+
+    Returns:
+        [W, A] bool offroad flags.
+
+    Raises (Triton backend): ValueError on wrong shapes, dtypes or devices.
+    """
+    if backend_for(heading) == "triton":
+        return _offroad_triton(
+            pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
+            cell_size, box_scale,
+        )
+    return offroad_reference(
+        pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
+        cell_size, box_scale,
+    )

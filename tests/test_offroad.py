@@ -1,0 +1,117 @@
+"""Offroad (box outline crossing a road edge): crafted roads and Triton kernel vs torch reference."""
+
+import math
+
+import pytest
+import torch
+
+from gpusim.backend import use_backend
+from gpusim.kernels.offroad import offroad, offroad_reference
+
+BACKENDS = ["torch", "triton"]
+CELL = 5.0
+
+
+def _map(segments, listed=None, KE=4, nx=20, ny=20):
+    """One scenario: grid of nx x ny 5-m cells from (-50, -50); every cell lists ``listed``."""
+    road = torch.tensor(segments, dtype=torch.float32)[None]
+    listed = list(range(len(segments))) if listed is None else listed
+    row = torch.full((KE,), -1, dtype=torch.int32)
+    row[: len(listed)] = torch.tensor(listed, dtype=torch.int32)
+    grid = row.repeat(1, nx * ny, 1).contiguous()
+    origin = torch.tensor([[-50.0, -50.0]])
+    dims = torch.tensor([[nx, ny]], dtype=torch.int32)
+    return road, grid, origin, dims
+
+
+def _agents(*boxes, present=None):
+    t = torch.tensor(boxes, dtype=torch.float32)[None]
+    pres = torch.ones(1, len(boxes), dtype=torch.bool) if present is None else torch.tensor([present])
+    return t[..., :2].contiguous(), t[..., 2].contiguous(), t[..., 3].contiguous(), t[..., 4].contiguous(), pres
+
+
+def _run(backend, agents, road_map, box_scale=1.0, scenario=None):
+    scen = torch.zeros(agents[0].shape[0], dtype=torch.int64) if scenario is None else scenario
+    with use_backend(backend):
+        return offroad(*agents, scen, *road_map, CELL, box_scale)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_crossing_vs_parallel(backend):
+    road = _map([(-40.0, 3.0, 40.0, 3.0)])  # a straight road edge along y = 3
+    agents = _agents(
+        (0.0, 3.0, 0.0, 4.0, 2.0),  # straddles the edge: crosses
+        (0.0, 0.0, 0.0, 4.0, 2.0),  # parallel, 2 m away: no
+        (0.0, 2.0, 0.0, 4.0, 2.0),  # top side lies on the edge (collinear): not a proper crossing
+        (10.0, 1.5, math.pi / 2, 4.0, 2.0),  # rotated 90 deg, spans y in [-0.5, 3.5]: crosses
+        (20.0, 0.5, math.pi / 4, 4.0, 2.0),  # rotated 45 deg, top corner y = 0.5 + 2.12: no
+        (30.0, 1.0, math.pi / 4, 4.0, 2.0),  # rotated 45 deg, top corner y = 3.12: crosses
+    )
+    assert _run(backend, agents, road).tolist() == [[True, False, False, True, False, True]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_segment_inside_box(backend):
+    road = _map([(-0.5, 0.0, 0.5, 0.0), (-40.0, 1.8, 40.0, 1.8)])
+    agents = _agents((0.0, 0.0, 0.0, 4.0, 2.0), (10.0, 0.0, 0.0, 4.0, 4.0))
+    # agent 0: the short segment lies inside the box (no outline crossing); the long edge at
+    # y = 1.8 is crossed by its 2-m-wide box (top at y = 1) only at full width 4 m (agent 1).
+    assert _run(backend, agents, road).tolist() == [[False, True]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_box_scale_threshold(backend):
+    road = _map([(-40.0, 1.8, 40.0, 1.8)])
+    agents = _agents((0.0, 0.0, 0.0, 4.0, 4.0))  # half width 2 * scale; crosses iff 2 * scale > 1.8
+    assert _run(backend, agents, road, box_scale=1.0).tolist() == [[True]]
+    assert _run(backend, agents, road, box_scale=0.85).tolist() == [[False]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_padding_and_unlisted_segments_ignored(backend):
+    # segment 1 crosses the box but no cell lists it; the list is [0, -1, -1, -1]
+    road = _map([(-40.0, 30.0, 40.0, 30.0), (-40.0, 0.0, 40.0, 0.0)], listed=[0])
+    agents = _agents((0.0, 0.0, 0.0, 4.0, 2.0), (0.0, 30.0, 0.0, 4.0, 2.0))
+    assert _run(backend, agents, road).tolist() == [[False, True]]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_absent_agents_never_offroad(backend):
+    road = _map([(-40.0, 0.0, 40.0, 0.0)])
+    agents = _agents((0.0, 0.0, 0.0, 4.0, 2.0), (5.0, 0.0, 0.0, 4.0, 2.0), present=[True, False])
+    assert _run(backend, agents, road).tolist() == [[True, False]]
+
+
+def _random_case(W, A, S, R, KE, seed):
+    g = torch.Generator().manual_seed(seed)
+    nx, ny = 9, 7
+    road = (torch.rand(S, R, 4, generator=g) * 45).contiguous()
+    grid = torch.randint(-1, R, (S, nx * ny, KE), generator=g, dtype=torch.int32)
+    origin = torch.zeros(S, 2)
+    dims = torch.tensor([[nx, ny]] * S, dtype=torch.int32)
+    pos = torch.rand(W, A, 2, generator=g) * 50 - 2  # some outside the grid (clamped cells)
+    heading = (torch.rand(W, A, generator=g) * 2 - 1) * math.pi
+    length = 1 + torch.rand(W, A, generator=g) * 4
+    width = 0.5 + torch.rand(W, A, generator=g) * 2
+    present = torch.rand(W, A, generator=g) > 0.2
+    scen = torch.randint(0, S, (W,), generator=g)
+    return (pos, heading, length, width, present, scen, road, grid, origin, dims)
+
+
+@pytest.mark.parametrize("W,A,S,R,KE", [(3, 37, 2, 50, 8), (2, 300, 3, 17, 5), (1, 1, 1, 3, 1)])
+def test_kernel_matches_reference(W, A, S, R, KE):
+    args = _random_case(W, A, S, R, KE, seed=W * A + R)
+    ref = offroad_reference(*args, CELL, 0.9)
+    if A > 1:
+        assert ref.any() and not ref.all()
+    with use_backend("triton"):
+        out = offroad(*args, CELL, 0.9)
+    assert out.dtype == torch.bool and torch.equal(out, ref)
+
+
+def test_kernel_rejects_bad_input():
+    args = list(_random_case(2, 5, 1, 4, 2, seed=0))
+    args[5] = args[5].to(torch.int32)  # scenario must be int64
+    with use_backend("triton"):
+        with pytest.raises(ValueError, match="scenario"):
+            offroad(*args, CELL, 1.0)
