@@ -171,6 +171,23 @@ class ScenarioPack:
         if len(self.source_files) != S:
             raise ValueError("ScenarioPack.source_files length differs from scenario_ids")
 
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_json(cls, paths, config: DataConfig = DataConfig(), *, on_error: str = "collect") -> "ScenarioPack":
+        """Convert WOMD JSON scenarios (files, directories or globs) into a pack.
+
+        Delegates to :func:`gpusim.data.build.convert` (see there for the selection rules and the
+        ``stats`` keys). Bad files are collected in ``pack.stats["errors"]`` (``{"file",
+        "reason"}``) and scenarios without a controllable agent in ``pack.stats["skipped"]``
+        while the good files are converted; ``on_error="raise"`` raises on the first bad file.
+
+        Raises:
+            ScenarioError: if no scenario is usable (or on the first bad file with ``on_error="raise"``).
+        """
+        from gpusim.data.build import convert
+
+        return convert(paths, config, on_error=on_error)
+
     # ------------------------------------------------------------------ persistence
     def save(self, path) -> pathlib.Path:
         """Write the pack to a directory (``pack.pt`` + ``meta.json``) or to a single ``.pt`` file.
