@@ -1,0 +1,677 @@
+"""Ego-centric observations: ego features, nearest partners, nearest road segments.
+
+For every policy slot ``c`` of every world ``w`` (slot ``c`` is agent ``c``) the observation is one
+flat float32 vector (see :class:`ObsLayout`)::
+
+    [ ego (ego_dim) | partners (P x partner_dim, row-major) | roads (K x road_dim, row-major) ]
+
+*Ego frame*: origin at the agent's centre, x axis along its heading, y axis to its left.
+
+Ego block (``EGO_FEATURES``): signed speed / ``SPEED_SCALE``, length and width / ``SIZE_SCALE``,
+goal position in the ego frame and goal distance / ``GOAL_SCALE``, then the five ``EGO_EXTRA``
+values the env computes (copied unchanged).
+
+Partner block: every *other* present agent of the world (controlled or log-replayed expert) whose
+centre lies within ``partner_radius`` of the ego's centre; the nearest ``P`` of them, nearest first.
+Per slot (``PARTNER_FEATURES``): relative position in the ego frame / ``partner_radius``, relative
+heading as cos/sin, the partner's signed speed / ``SPEED_SCALE``, length and width /
+``SIZE_SCALE``, type one-hot (vehicle, pedestrian, cyclist), valid flag.
+
+Road block: the ``K = grid_road.shape[2]`` candidate segments the scenario's grid stores for the
+ego's cell (``gpusim.kernels.grid.cell_index``; nearest to the cell centre), re-sorted by the true
+point-to-segment distance from the ego's centre. A slot is valid when its index is ``>= 0`` and
+that distance is ``<= road_radius``; valid slots come first. Per slot (``ROAD_FEATURES``): segment
+midpoint in the ego frame / ``road_radius``, length / ``road_radius`` (same unit as the midpoint,
+so the endpoints are ``mid +- length/2 * dir``), direction (x0,y0)->(x1,y1) as cos/sin in the ego
+frame, type one-hot in ``NUM_ROAD_OBS_TYPES`` groups (lane, road_line, road_edge, other), valid.
+
+Padding slots (no partner / invalid segment) are all zero, so the last feature of each slot (the
+valid flag) is 0 exactly there. An inactive slot (``ego_active`` false) gets an all-zero vector.
+
+Ordering and ties: the sort key of a partner (squared centre distance) or a road candidate
+(squared point-to-segment distance) is the float32 bit pattern with its lowest ``b`` mantissa
+bits replaced by the candidate's index (``b = ceil(log2(A))`` resp. ``ceil(log2(K))``). Keys are
+therefore unique: candidates whose squared distances agree to a relative ``2**(b-23)`` (about
+1e-5 for b = 7, i.e. under a millimetre at 50 m) are ordered by index (agent slot, resp. grid
+order). The torch reference and the Triton kernel use the same keys, so they agree exactly on
+the order.
+
+Normalisation constants (:data:`SPEED_SCALE`, :data:`SIZE_SCALE`, :data:`GOAL_SCALE`) are chosen so
+typical urban values are O(1); they are not taken from another project.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from gpusim.backend import backend_for
+from gpusim.kernels.grid import cell_index
+
+#: Speeds (ego and partners) are divided by this (m/s): 20 m/s = 72 km/h, a fast urban speed.
+SPEED_SCALE = 20.0
+#: Agent lengths and widths are divided by this (m): a car is about (0.9, 0.4).
+SIZE_SCALE = 5.0
+#: Goal coordinates and goal distance are divided by this (m).
+GOAL_SCALE = 100.0
+
+#: Per-slot features computed by the env and copied into the ego block (already normalised).
+EGO_EXTRA = ("collided", "offroad", "trial_index", "time_in_trial", "last_reward")
+
+#: Ego block feature names; "/x" gives the divisor.
+EGO_FEATURES = (
+    "speed/20",
+    "length/5",
+    "width/5",
+    "goal_x/100",
+    "goal_y/100",
+    "goal_dist/100",
+) + EGO_EXTRA
+
+#: Partner slot feature names; the last one is the valid flag.
+PARTNER_FEATURES = (
+    "rel_x/partner_radius",
+    "rel_y/partner_radius",
+    "rel_heading_cos",
+    "rel_heading_sin",
+    "speed/20",
+    "length/5",
+    "width/5",
+    "is_vehicle",
+    "is_pedestrian",
+    "is_cyclist",
+    "valid",
+)
+
+#: Road slot feature names; the last one is the valid flag.
+ROAD_FEATURES = (
+    "mid_x/road_radius",
+    "mid_y/road_radius",
+    "length/road_radius",
+    "dir_cos",
+    "dir_sin",
+    "is_lane",
+    "is_road_line",
+    "is_road_edge",
+    "is_other",
+    "valid",
+)
+
+_NUM_OBJECT_TYPES = 3  # vehicle, pedestrian, cyclist (gpusim.config.ObjectType)
+_NUM_ROAD_OBS_TYPES = 4  # lane, road_line, road_edge, other (gpusim.config.NUM_ROAD_OBS_TYPES)
+
+
+@dataclass(frozen=True)
+class ObsLayout:
+    """Layout of the flat observation vector ``[ego | partners | roads]``.
+
+    Attributes:
+        ego_dim: features of the ego block (``len(ego_features)``).
+        num_partners: P partner slots.
+        partner_dim: features per partner slot (last = valid flag).
+        num_roads: K road slots.
+        road_dim: features per road slot (last = valid flag).
+        obs_dim: D = ego_dim + P * partner_dim + K * road_dim.
+        ego, partners, roads: slices of the flat vector; ``obs[..., layout.partners]`` reshaped to
+            ``[..., P, partner_dim]`` gives the partner slots (likewise roads).
+        ego_features, partner_features, road_features: feature names, with their divisor after
+            a ``/`` (see the module docstring).
+    """
+
+    ego_dim: int
+    num_partners: int
+    partner_dim: int
+    num_roads: int
+    road_dim: int
+    obs_dim: int
+    ego: slice
+    partners: slice
+    roads: slice
+    ego_features: tuple = EGO_FEATURES
+    partner_features: tuple = PARTNER_FEATURES
+    road_features: tuple = ROAD_FEATURES
+
+
+def obs_layout(num_partners: int, num_roads: int) -> ObsLayout:
+    """The :class:`ObsLayout` for ``num_partners`` partner slots and ``num_roads`` road slots.
+
+    Raises:
+        ValueError: if either count is < 1.
+    """
+    if int(num_partners) < 1 or int(num_roads) < 1:
+        raise ValueError(f"obs_layout: num_partners and num_roads must be >= 1, got {num_partners}, {num_roads}")
+    P, K = int(num_partners), int(num_roads)
+    e, p, r = len(EGO_FEATURES), len(PARTNER_FEATURES), len(ROAD_FEATURES)
+    return ObsLayout(
+        ego_dim=e,
+        num_partners=P,
+        partner_dim=p,
+        num_roads=K,
+        road_dim=r,
+        obs_dim=e + P * p + K * r,
+        ego=slice(0, e),
+        partners=slice(e, e + P * p),
+        roads=slice(e + P * p, e + P * p + K * r),
+    )
+
+
+def _index_bits(n: int) -> int:
+    """Low mantissa bits that hold a candidate index in the sort key (``ceil(log2(n))``, >= 1)."""
+    return max(1, (int(n) - 1).bit_length())
+
+
+def _sort_key(d2: torch.Tensor, ok: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 sort key: float bits of ``d2 >= 0`` with the low ``bits`` replaced by the last-axis
+    index; invalid candidates get the bits of +inf (sorted last, still by index)."""
+    n = d2.shape[-1]
+    raw = torch.where(ok, d2, float("inf")).view(torch.int32)
+    ar = torch.arange(n, dtype=torch.int32, device=d2.device)
+    return (raw & ~((1 << bits) - 1)) | ar
+
+
+def _road_table(road_seg: torch.Tensor, road_type: torch.Tensor) -> torch.Tensor:
+    """[S*R + 1, 10] per-segment rows: mid x, mid y, half length, unit direction x, y, 4 type
+    one-hots, 1 — and a final all-zero row that padding road slots gather.
+
+    Zero-length segments get direction (1, 0), which keeps the distance formula exact.
+    """
+    S, R = road_type.shape
+    p0, p1 = road_seg[..., 0:2], road_seg[..., 2:4]
+    d = p1 - p0
+    seg_len = torch.sqrt(d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1])  # not .sum(): same rounding as the kernel
+    nz = seg_len > 0
+    inv = torch.where(nz, 1.0 / torch.where(nz, seg_len, 1.0), 0.0)
+    ux = torch.where(nz, d[..., 0] * inv, 1.0)
+    uy = d[..., 1] * inv
+    t = road_type.to(torch.int64)
+    group = torch.where((t >= 0) & (t < 3), t, 3)
+    onehot = (group[..., None] == torch.arange(_NUM_ROAD_OBS_TYPES, device=road_seg.device)).to(torch.float32)
+    mid = 0.5 * (p0 + p1)
+    rows = torch.cat(
+        [mid, torch.stack([0.5 * seg_len, ux, uy], dim=-1), onehot, torch.ones_like(ux)[..., None]], dim=-1
+    ).reshape(S * R, 10)
+    return torch.cat([rows, rows.new_zeros(1, 10)], dim=0)
+
+
+def observations_reference(
+    pos: torch.Tensor,
+    heading: torch.Tensor,
+    speed: torch.Tensor,
+    length: torch.Tensor,
+    width: torch.Tensor,
+    agent_type: torch.Tensor,
+    present: torch.Tensor,
+    goal: torch.Tensor,
+    ego_extra: torch.Tensor,
+    ego_active: torch.Tensor,
+    scenario: torch.Tensor,
+    road_seg: torch.Tensor,
+    road_type: torch.Tensor,
+    grid_road: torch.Tensor,
+    grid_origin: torch.Tensor,
+    grid_dims: torch.Tensor,
+    cell_size: float,
+    num_partners: int,
+    partner_radius: float,
+    road_radius: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Ego-centric observation of every policy slot (layout: :func:`obs_layout`, module docstring).
+
+    Args:
+        pos: [W, A, 2] float32 agent centres (m, scenario-centred frame).
+        heading: [W, A] float32 headings (rad, CCW from +x).
+        speed: [W, A] float32 signed speed along the heading (m/s).
+        length, width: [W, A] float32 box size (m).
+        agent_type: [W, A] int8 ``ObjectType`` code (0 vehicle, 1 pedestrian, 2 cyclist; others
+            give an all-zero one-hot).
+        present: [W, A] bool, agent is in the scene and observable (controlled agents in play and
+            present experts; removed agents are not present).
+        goal: [W, C, 2] float32 goal of controlled slot c = agent c (m), C <= A.
+        ego_extra: [W, C, 5] float32 env-computed features ``EGO_EXTRA`` (copied as given).
+        ego_active: [W, C] bool, the slot's agent is in play; inactive slots get all zeros.
+        scenario: [W] int64 scenario index of each world.
+        road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
+        road_type: [S, R] int8 ``RoadType`` code (lane 0, road_line 1, road_edge 2, other >= 3).
+        grid_road: [S, NC, K] int32 candidate segment indices per cell, -1 padding.
+        grid_origin: [S, 2] float32, grid_dims: [S, 2] int32, cell_size: float (m) — the grid
+            (see ``gpusim.kernels.grid``).
+        num_partners: P partner slots.
+        partner_radius: partners farther than this (centre distance, m) are not observed.
+        road_radius: segments farther than this (point-to-segment distance, m) are invalid.
+        out: optional preallocated [W, C, D] float32 contiguous output (every element is
+            written); reusing one buffer avoids re-faulting a large fresh allocation each step.
+
+    Returns:
+        [W, C, D] float32 observations, D = ``obs_layout(num_partners, K).obs_dim``.
+
+    Raises:
+        ValueError: on inconsistent shapes, wrong dtypes or devices, non-contiguous tensors,
+            C > A, num_partners < 1, or non-positive radii / cell size.
+    """
+    lay = _check_inputs(
+        pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+        road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+        road_radius, out,
+    )
+    W, A = heading.shape
+    C = goal.shape[1]
+    K = grid_road.shape[2]
+    obs = out if out is not None else torch.empty(W, C, lay.obs_dim, device=pos.device, dtype=torch.float32)
+    cos_h, sin_h = torch.cos(heading), torch.sin(heading)  # [W, A]
+    agent_tab = _agent_table(pos, cos_h, sin_h, speed, length, width, agent_type)  # [W*A + 1, 11]
+    road_tab = _road_table(road_seg, road_type)  # [S*R + 1, 10]
+    cell = cell_index(pos[:, :C], scenario, grid_origin, grid_dims, cell_size)  # [W, C] int64
+    cand = grid_road[scenario[:, None], cell]  # [W, C, K] int32
+    # Cache blocking: the per-candidate intermediates of a block of worlds stay in the CPU cache
+    # (about 64K road candidates per block); on a GPU one block covers everything.
+    step = W if pos.is_cuda else max(1, _BLOCK_CANDIDATES // max(1, C * max(K, A)))
+    agent_base = torch.arange(W, device=pos.device, dtype=torch.int32) * A  # first agent_tab row per world
+    for w0 in range(0, W, step):
+        w1 = min(W, w0 + step)
+        _observe_block(
+            obs[w0:w1], lay, agent_base[w0:w1], A, pos[w0:w1], cos_h[w0:w1], sin_h[w0:w1], speed[w0:w1], length[w0:w1],
+            width[w0:w1], present[w0:w1], goal[w0:w1], ego_extra[w0:w1], ego_active[w0:w1],
+            scenario[w0:w1], road_seg.shape[1], cand[w0:w1], agent_tab, road_tab, partner_radius, road_radius,
+        )
+    return obs
+
+
+#: Road candidates per cache block of the CPU reference.
+_BLOCK_CANDIDATES = 65536
+
+
+def _agent_table(pos, cos_h, sin_h, speed, length, width, agent_type) -> torch.Tensor:
+    """[W*A + 1, 11] per-agent rows x, y, cos h, sin h, speed/20, length/5, width/5, 3 type
+    one-hots, 1 — and a final all-zero row that padding partner slots gather."""
+    W, A = speed.shape
+    onehot = (agent_type.to(torch.int64)[..., None] == torch.arange(_NUM_OBJECT_TYPES, device=pos.device)).to(
+        torch.float32
+    )
+    rows = torch.cat(
+        [
+            pos,
+            torch.stack(
+                [cos_h, sin_h, speed / SPEED_SCALE, length / SIZE_SCALE, width / SIZE_SCALE], dim=-1
+            ),
+            onehot,
+            torch.ones_like(speed)[..., None],
+        ],
+        dim=-1,
+    ).reshape(W * A, 11)
+    return torch.cat([rows, rows.new_zeros(1, 11)], dim=0)
+
+
+def _observe_block(
+    obs, lay, agent_base, A, pos, cos_h, sin_h, speed, length, width, present, goal, ego_extra, act, scenario, R, cand,
+    agent_tab, road_tab, partner_radius, road_radius,
+):
+    """Fill ``obs`` [Wb, C, D] for a block of Wb worlds whose agents start at rows ``agent_base``
+    [Wb] of ``agent_tab`` (see :func:`observations_reference`)."""
+    Wb, C, _ = obs.shape
+    K = cand.shape[2]
+    P = lay.num_partners
+    dev = pos.device
+    ex, ey = pos[:, :C, 0], pos[:, :C, 1]  # [Wb, C]
+    ec, es = cos_h[:, :C], sin_h[:, :C]
+
+    # ------------------------------------------------------------ ego block [Wb, C, 11]
+    gx, gy = goal[..., 0] - ex, goal[..., 1] - ey
+    ego = torch.cat(
+        [
+            torch.stack(
+                [
+                    speed[:, :C] / SPEED_SCALE,
+                    length[:, :C] / SIZE_SCALE,
+                    width[:, :C] / SIZE_SCALE,
+                    (gx * ec + gy * es) / GOAL_SCALE,
+                    (gy * ec - gx * es) / GOAL_SCALE,
+                    torch.sqrt(gx * gx + gy * gy) / GOAL_SCALE,
+                ],
+                dim=-1,
+            ),
+            ego_extra,
+        ],
+        dim=-1,
+    )
+    obs[..., lay.ego] = torch.where(act[..., None], ego, 0.0)
+    ec1, es1 = ec[..., None], es[..., None]  # [Wb, C, 1]
+    ex1, ey1 = ex[..., None], ey[..., None]
+
+    # ------------------------------------------------------------ partners [Wb, C, P, 11]
+    rx = pos[:, None, :, 0] - ex1  # [Wb, C, A]
+    ry = pos[:, None, :, 1] - ey1
+    d2 = rx * rx + ry * ry
+    not_self = torch.arange(C, device=dev)[:, None] != torch.arange(A, device=dev)[None, :]  # [C, A]
+    ok = present[:, None, :] & not_self & act[..., None] & (d2 <= partner_radius * partner_radius)
+    kp = min(P, A)
+    abits = _index_bits(A)
+    top = torch.topk(_sort_key(d2, ok, abits), kp, dim=-1, largest=False, sorted=True).values  # [Wb, C, kp]
+    row = (top & ((1 << abits) - 1)) + agent_base[:, None, None]
+    row = torch.where(top < _INF_BITS, row, agent_tab.shape[0] - 1)  # padding -> zero row
+    g = agent_tab.index_select(0, row.reshape(-1)).reshape(Wb, C, kp, 11)
+    one = g[..., 10]
+    px, py = g[..., 0] - ex1 * one, g[..., 1] - ey1 * one  # zero on padding rows
+    pc, ps = g[..., 2], g[..., 3]
+    inv_pr = 1.0 / partner_radius
+    part = obs[..., lay.partners].view(Wb, C, P, lay.partner_dim)
+    part[:, :, :kp, 0] = (px * ec1 + py * es1) * inv_pr
+    part[:, :, :kp, 1] = (py * ec1 - px * es1) * inv_pr
+    part[:, :, :kp, 2] = pc * ec1 + ps * es1
+    part[:, :, :kp, 3] = ps * ec1 - pc * es1
+    part[:, :, :kp, 4:] = g[..., 4:]
+    if kp < P:
+        part[:, :, kp:] = 0.0
+
+    # ------------------------------------------------------------ roads [Wb, C, K, 10]
+    gidx = torch.where(cand >= 0, cand + (scenario.to(torch.int32) * R)[:, None, None], road_tab.shape[0] - 1)
+    g = road_tab.index_select(0, gidx.reshape(-1)).reshape(Wb, C, K, 10)
+    qx, qy = ex1 - g[..., 0], ey1 - g[..., 1]  # ego minus midpoint
+    ux, uy, half = g[..., 3], g[..., 4], g[..., 2]
+    along = qx * ux + qy * uy
+    perp = qx * uy - qy * ux
+    over = along - torch.minimum(torch.maximum(along, -half), half)
+    rd2 = perp * perp + over * over
+    rok = (cand >= 0) & act[..., None] & (rd2 <= road_radius * road_radius)
+    rbits = _index_bits(K)
+    rkey = torch.sort(_sort_key(rd2, rok, rbits), dim=-1).values  # [Wb, C, K] int32
+    order = (rkey & ((1 << rbits) - 1)).to(torch.int64)
+    srow = torch.where(rkey < _INF_BITS, torch.gather(gidx, 2, order), road_tab.shape[0] - 1)
+    g = road_tab.index_select(0, srow.reshape(-1)).reshape(Wb, C, K, 10)
+    one = g[..., 9]
+    mx, my = g[..., 0] - ex1 * one, g[..., 1] - ey1 * one  # zero on padding rows
+    ux, uy = g[..., 3], g[..., 4]
+    inv_rr = 1.0 / road_radius
+    road = obs[..., lay.roads].view(Wb, C, K, lay.road_dim)
+    road[..., 0] = (mx * ec1 + my * es1) * inv_rr
+    road[..., 1] = (my * ec1 - mx * es1) * inv_rr
+    road[..., 2] = g[..., 2] * (2.0 * inv_rr)
+    road[..., 3] = ux * ec1 + uy * es1
+    road[..., 4] = uy * ec1 - ux * es1
+    road[..., 5:] = g[..., 5:]
+
+
+#: int32 bit pattern of float32 +inf: sort keys at or above it are invalid candidates.
+_INF_BITS = 0x7F800000
+
+
+def _check_inputs(
+    pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+    road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+    road_radius, out,
+) -> ObsLayout:
+    """Validate shapes/dtypes/devices (host-side metadata only, no device sync); return the layout."""
+    if pos.dim() != 3 or pos.shape[-1] != 2:
+        raise ValueError(f"observations: pos must be [W, A, 2], got {tuple(pos.shape)}")
+    W, A = pos.shape[:2]
+    if goal.dim() != 3 or goal.shape[0] != W or goal.shape[2] != 2:
+        raise ValueError(f"observations: goal must be [W={W}, C, 2], got {tuple(goal.shape)}")
+    C = goal.shape[1]
+    if C > A:
+        raise ValueError(f"observations: C = goal.shape[1] = {C} exceeds A = {A}")
+    if grid_road.dim() != 3:
+        raise ValueError(f"observations: grid_road must be [S, NC, K], got {tuple(grid_road.shape)}")
+    if road_seg.dim() != 3 or road_seg.shape[-1] != 4:
+        raise ValueError(f"observations: road_seg must be [S, R, 4], got {tuple(road_seg.shape)}")
+    S, R = road_seg.shape[:2]
+    K = grid_road.shape[2]
+    expect = {
+        "pos": (pos, (W, A, 2), torch.float32),
+        "heading": (heading, (W, A), torch.float32),
+        "speed": (speed, (W, A), torch.float32),
+        "length": (length, (W, A), torch.float32),
+        "width": (width, (W, A), torch.float32),
+        "agent_type": (agent_type, (W, A), torch.int8),
+        "present": (present, (W, A), torch.bool),
+        "goal": (goal, (W, C, 2), torch.float32),
+        "ego_extra": (ego_extra, (W, C, len(EGO_EXTRA)), torch.float32),
+        "ego_active": (ego_active, (W, C), torch.bool),
+        "scenario": (scenario, (W,), torch.int64),
+        "road_seg": (road_seg, (S, R, 4), torch.float32),
+        "road_type": (road_type, (S, R), torch.int8),
+        "grid_road": (grid_road, (S, grid_road.shape[1], K), torch.int32),
+        "grid_origin": (grid_origin, (S, 2), torch.float32),
+        "grid_dims": (grid_dims, (S, 2), torch.int32),
+    }
+    for name, (t, shape, dtype) in expect.items():
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"observations: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"observations: {name} must have shape {shape}, got {tuple(t.shape)}")
+        if t.dtype != dtype:
+            raise ValueError(f"observations: {name} must be {dtype}, got {t.dtype}")
+        if t.device != pos.device:
+            raise ValueError(f"observations: {name} is on {t.device}, pos on {pos.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"observations: {name} must be contiguous")
+    if int(num_partners) < 1:
+        raise ValueError(f"observations: num_partners must be >= 1, got {num_partners}")
+    if not (partner_radius > 0 and road_radius > 0 and cell_size > 0):
+        raise ValueError(
+            f"observations: partner_radius, road_radius, cell_size must be > 0, got "
+            f"{partner_radius}, {road_radius}, {cell_size}"
+        )
+    if A > 2**16 or K > 2**16:
+        raise ValueError(f"observations: A = {A} and K = {K} must be <= 65536 (sort keys hold the index)")
+    lay = obs_layout(num_partners, K)
+    if out is not None:
+        if tuple(out.shape) != (W, C, lay.obs_dim) or out.dtype != torch.float32 or out.device != pos.device:
+            raise ValueError(
+                f"observations: out must be float32 [W, C, D] = {(W, C, lay.obs_dim)} on {pos.device}, "
+                f"got {out.dtype} {tuple(out.shape)} on {out.device}"
+            )
+        if not out.is_contiguous():
+            raise ValueError("observations: out must be contiguous")
+    return lay
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton kernel: one program per (world, slot). Nearest-first order = rank of the (unique) sort
+# key among all candidates of the program (a BLOCK x BLOCK comparison), so no loop or sort.
+# ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _observations_kernel(
+    pos_ptr, heading_ptr, speed_ptr, length_ptr, width_ptr, type_ptr, present_ptr,
+    goal_ptr, extra_ptr, active_ptr, scenario_ptr,
+    seg_ptr, rtype_ptr, grid_ptr, origin_ptr, dims_ptr, out_ptr,
+    cell_size, partner_r2, inv_pr, road_r2, inv_rr, two_inv_rr,
+    A: tl.constexpr, C: tl.constexpr, K: tl.constexpr, NC: tl.constexpr, R: tl.constexpr,
+    P: tl.constexpr, D: tl.constexpr, EGO_DIM: tl.constexpr, NEXTRA: tl.constexpr,
+    PDIM: tl.constexpr, RDIM: tl.constexpr, ABITS: tl.constexpr, RBITS: tl.constexpr,
+    BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_F: tl.constexpr,
+    SPEED_S: tl.constexpr, SIZE_S: tl.constexpr, GOAL_S: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    w = pid // C
+    c = pid % C
+    out_base = out_ptr + pid * D
+    ego = w * A + c
+    ex = tl.load(pos_ptr + ego * 2)
+    ey = tl.load(pos_ptr + ego * 2 + 1)
+    h = tl.load(heading_ptr + ego)
+    ec = tl.cos(h)
+    es = tl.sin(h)
+    act_i = (tl.load(active_ptr + pid) != 0).to(tl.int32)
+    act = act_i != 0
+
+    # ---------------------------------------------------------------- ego block
+    gx = tl.load(goal_ptr + pid * 2) - ex
+    gy = tl.load(goal_ptr + pid * 2 + 1) - ey
+    tl.store(out_base + 0, tl.where(act, tl.load(speed_ptr + ego) / SPEED_S, 0.0))
+    tl.store(out_base + 1, tl.where(act, tl.load(length_ptr + ego) / SIZE_S, 0.0))
+    tl.store(out_base + 2, tl.where(act, tl.load(width_ptr + ego) / SIZE_S, 0.0))
+    tl.store(out_base + 3, tl.where(act, (gx * ec + gy * es) / GOAL_S, 0.0))
+    tl.store(out_base + 4, tl.where(act, (gy * ec - gx * es) / GOAL_S, 0.0))
+    tl.store(out_base + 5, tl.where(act, tl.sqrt(gx * gx + gy * gy) / GOAL_S, 0.0))
+    fo = tl.arange(0, BLOCK_F)
+    em = fo < NEXTRA
+    extra = tl.load(extra_ptr + pid * NEXTRA + fo, mask=em, other=0.0)
+    tl.store(out_base + (EGO_DIM - NEXTRA) + fo, tl.where(act, extra, 0.0), mask=em)
+
+    # ---------------------------------------------------------------- partners
+    ao = tl.arange(0, BLOCK_A)
+    am = ao < A
+    arow = w * A + ao
+    px = tl.load(pos_ptr + arow * 2, mask=am, other=0.0)
+    py = tl.load(pos_ptr + arow * 2 + 1, mask=am, other=0.0)
+    pres = tl.load(present_ptr + arow, mask=am, other=0) != 0
+    rx = px - ex
+    ry = py - ey
+    d2 = rx * rx + ry * ry
+    # (vector & scalar-bool gives uint8 in the interpreter: broadcast the flag as a vector)
+    ok = am & pres & (ao != c) & ((ao * 0 + act_i) != 0) & (d2 <= partner_r2)
+    bits = tl.where(ok, d2, float("inf")).to(tl.int32, bitcast=True)
+    key = (bits & ~((1 << ABITS) - 1)) | ao
+    key = tl.where(am, key, 0x7FFFFFFF)
+    rank = tl.sum((key[None, :] < key[:, None]).to(tl.int32), axis=1)
+    put = ok & (rank < P)
+    ph = tl.load(heading_ptr + arow, mask=am, other=0.0)
+    pc = tl.cos(ph)
+    ps = tl.sin(ph)
+    ptype = tl.load(type_ptr + arow, mask=am, other=-1).to(tl.int32)
+    pdst = out_base + EGO_DIM + rank.to(tl.int64) * PDIM
+    tl.store(pdst + 0, (rx * ec + ry * es) * inv_pr, mask=put)
+    tl.store(pdst + 1, (ry * ec - rx * es) * inv_pr, mask=put)
+    tl.store(pdst + 2, pc * ec + ps * es, mask=put)
+    tl.store(pdst + 3, ps * ec - pc * es, mask=put)
+    tl.store(pdst + 4, tl.load(speed_ptr + arow, mask=am, other=0.0) / SPEED_S, mask=put)
+    tl.store(pdst + 5, tl.load(length_ptr + arow, mask=am, other=0.0) / SIZE_S, mask=put)
+    tl.store(pdst + 6, tl.load(width_ptr + arow, mask=am, other=0.0) / SIZE_S, mask=put)
+    tl.store(pdst + 7, (ptype == 0).to(tl.float32), mask=put)
+    tl.store(pdst + 8, (ptype == 1).to(tl.float32), mask=put)
+    tl.store(pdst + 9, (ptype == 2).to(tl.float32), mask=put)
+    tl.store(pdst + 10, tl.full([BLOCK_A], 1.0, tl.float32), mask=put)
+    n_ok = tl.sum(ok.to(tl.int32), axis=0)
+    qo = tl.arange(0, BLOCK_P)
+    pad = (qo[:, None] < P) & (qo[:, None] >= n_ok) & (fo[None, :] < PDIM)
+    tl.store(out_base + EGO_DIM + qo[:, None] * PDIM + fo[None, :], tl.zeros([BLOCK_P, BLOCK_F], tl.float32), mask=pad)
+
+    # ---------------------------------------------------------------- roads
+    s = tl.load(scenario_ptr + w)
+    ox = tl.load(origin_ptr + s * 2)
+    oy = tl.load(origin_ptr + s * 2 + 1)
+    nx = tl.load(dims_ptr + s * 2).to(tl.int64)
+    ny = tl.load(dims_ptr + s * 2 + 1).to(tl.int64)
+    fx = (ex - ox) / cell_size
+    fy = (ey - oy) / cell_size
+    fx = tl.where(fx != fx, 0.0, fx)  # NaN -> cell 0 (as gpusim.kernels.grid.cell_index)
+    fy = tl.where(fy != fy, 0.0, fy)
+    fx = tl.minimum(tl.maximum(fx, -1e9), 1e9)
+    fy = tl.minimum(tl.maximum(fy, -1e9), 1e9)
+    ix = tl.minimum(tl.maximum(tl.floor(fx).to(tl.int64), 0), nx - 1)
+    iy = tl.minimum(tl.maximum(tl.floor(fy).to(tl.int64), 0), ny - 1)
+    cell = iy * nx + ix
+    ko = tl.arange(0, BLOCK_K)
+    km = ko < K
+    cand = tl.load(grid_ptr + (s * NC + cell) * K + ko, mask=km, other=-1)
+    has = km & (cand >= 0)
+    g = s * R + tl.where(has, cand, 0).to(tl.int64)
+    x0 = tl.load(seg_ptr + g * 4 + 0, mask=has, other=0.0)
+    y0 = tl.load(seg_ptr + g * 4 + 1, mask=has, other=0.0)
+    x1 = tl.load(seg_ptr + g * 4 + 2, mask=has, other=0.0)
+    y1 = tl.load(seg_ptr + g * 4 + 3, mask=has, other=0.0)
+    dx = x1 - x0
+    dy = y1 - y0
+    seg_len = tl.sqrt(dx * dx + dy * dy)
+    nz = seg_len > 0
+    inv = 1.0 / tl.where(nz, seg_len, 1.0)
+    ux = tl.where(nz, dx * inv, 1.0)
+    uy = tl.where(nz, dy * inv, 0.0)
+    half = 0.5 * seg_len
+    mx = 0.5 * (x0 + x1)
+    my = 0.5 * (y0 + y1)
+    qx = ex - mx
+    qy = ey - my
+    along = qx * ux + qy * uy
+    perp = qx * uy - qy * ux
+    over = along - tl.minimum(tl.maximum(along, -half), half)
+    rd2 = perp * perp + over * over
+    rok = has & ((ko * 0 + act_i) != 0) & (rd2 <= road_r2)
+    rbits = tl.where(rok, rd2, float("inf")).to(tl.int32, bitcast=True)
+    rkey = (rbits & ~((1 << RBITS) - 1)) | ko
+    rkey = tl.where(km, rkey, 0x7FFFFFFF)
+    rrank = tl.sum((rkey[None, :] < rkey[:, None]).to(tl.int32), axis=1)
+    rt = tl.load(rtype_ptr + g, mask=has, other=-1).to(tl.int32)
+    grp = tl.where((rt >= 0) & (rt < 3), rt, 3)
+    mrx = mx - ex
+    mry = my - ey
+    rdst = out_base + (EGO_DIM + P * PDIM) + rrank.to(tl.int64) * RDIM
+    tl.store(rdst + 0, (mrx * ec + mry * es) * inv_rr, mask=rok)
+    tl.store(rdst + 1, (mry * ec - mrx * es) * inv_rr, mask=rok)
+    tl.store(rdst + 2, half * two_inv_rr, mask=rok)
+    tl.store(rdst + 3, ux * ec + uy * es, mask=rok)
+    tl.store(rdst + 4, uy * ec - ux * es, mask=rok)
+    tl.store(rdst + 5, (grp == 0).to(tl.float32), mask=rok)
+    tl.store(rdst + 6, (grp == 1).to(tl.float32), mask=rok)
+    tl.store(rdst + 7, (grp == 2).to(tl.float32), mask=rok)
+    tl.store(rdst + 8, (grp == 3).to(tl.float32), mask=rok)
+    tl.store(rdst + 9, tl.full([BLOCK_K], 1.0, tl.float32), mask=rok)
+    n_rok = tl.sum(rok.to(tl.int32), axis=0)
+    rpad = (ko[:, None] >= n_rok) & km[:, None] & (fo[None, :] < RDIM)
+    tl.store(
+        out_base + (EGO_DIM + P * PDIM) + ko[:, None] * RDIM + fo[None, :],
+        tl.zeros([BLOCK_K, BLOCK_F], tl.float32),
+        mask=rpad,
+    )
+
+
+def _observations_triton(
+    pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+    road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+    road_radius, out=None,
+):
+    """Launcher of :func:`_observations_kernel` (same arguments and result as the reference)."""
+    lay = _check_inputs(
+        pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+        road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+        road_radius, out,
+    )
+    W, A = heading.shape
+    C = goal.shape[1]
+    S, NC, K = grid_road.shape
+    R = road_seg.shape[1]
+    if lay.partner_dim > 16 or lay.road_dim > 16 or len(EGO_EXTRA) > 16:
+        raise ValueError("observations: feature blocks wider than 16 need a larger BLOCK_F")
+    obs = out if out is not None else torch.empty(W, C, lay.obs_dim, device=pos.device, dtype=torch.float32)
+    if W * C == 0:
+        return obs
+    _observations_kernel[(W * C,)](
+        pos, heading, speed, length, width, agent_type, present.view(torch.uint8),
+        goal, ego_extra, ego_active.view(torch.uint8), scenario,
+        road_seg, road_type, grid_road, grid_origin, grid_dims, obs,
+        float(cell_size), float(partner_radius) ** 2, 1.0 / float(partner_radius), float(road_radius) ** 2,
+        1.0 / float(road_radius), 2.0 / float(road_radius),
+        A=A, C=C, K=K, NC=NC, R=R, P=lay.num_partners, D=lay.obs_dim, EGO_DIM=lay.ego_dim,
+        NEXTRA=len(EGO_EXTRA), PDIM=lay.partner_dim, RDIM=lay.road_dim, ABITS=_index_bits(A),
+        RBITS=_index_bits(K), BLOCK_A=triton.next_power_of_2(A), BLOCK_K=triton.next_power_of_2(K),
+        BLOCK_P=triton.next_power_of_2(lay.num_partners), BLOCK_F=16,
+        SPEED_S=SPEED_SCALE, SIZE_S=SIZE_SCALE, GOAL_S=GOAL_SCALE,
+        num_warps=4,
+    )
+    return obs
+
+
+def observations(
+    pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+    road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+    road_radius, out=None,
+):
+    if backend_for(pos) == "triton":
+        return _observations_triton(
+            pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+            road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+            road_radius, out,
+        )
+    return observations_reference(
+        pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+        road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+        road_radius, out,
+    )
+
+
+observations.__doc__ = observations_reference.__doc__
