@@ -1,0 +1,319 @@
+"""Events of one step: goals, rewards, contact behaviours, STOP invalid steps, early truncation and
+terminal flags, as one computation (DESIGN.md section 4).
+
+Inputs describe the state after the step's motion and contact tests; ``in_play[w, a]`` says that
+controlled agent ``a`` acted in this step (active slot, not stopped, not removed, world not done).
+Rules, per world ``w`` and agent ``a``:
+
+* Goal: ``goal_now = in_play & |pos - goal| <= goal_radius``.
+* Reward (only in play; every other step is an invalid step with reward 0):
+  ``reward_goal * goal_now + reward_collision * collided + reward_offroad * offroad``.
+  IGNORE behaviours therefore pay the penalty at every step in contact.
+* REMOVE: an in-play agent in collision (collision REMOVE) or offroad (offroad REMOVE) is removed;
+  with collision REMOVE every present agent in ``hit`` (touched by such an agent) is removed too.
+  Removed agents leave the scene (``present = False``).
+* STOP: an in-play agent in contact with a STOP behaviour, not removed, becomes ``stopped`` and
+  ``contact_stopped``; with goal STOP an in-play agent that reaches its goal becomes ``stopped``
+  (not ``contact_stopped``). Newly stopped agents get speed 0. A contact and a goal in the same
+  step both pay their rewards; removal takes precedence over stopping.
+* Early truncation: a world not yet done whose ``contact_stopped`` controlled agents number at
+  least ``stop_truncate_fraction`` times its controlled agents is truncated now (goal stops and
+  removals do not count, so a world in which every agent reached its goal runs to the horizon).
+* Terminal: ``terminal = (truncated now | episode_end) & slot_active & ~slot_done``, so each active
+  slot gets exactly one terminal per episode; ``slot_done`` records it.
+
+GOAL behaviours RESPAWN and NEW_GOAL need the initial pose / a sampled goal: the env applies
+them where ``goal_now`` holds and the agent is still in play. TRIAL is handled by the env.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from gpusim.backend import backend_for
+from gpusim.config import ContactBehavior, GoalBehavior
+
+
+class EventsOut(NamedTuple):
+    """Outputs of :func:`events` (W worlds, A agent slots, C policy slots)."""
+
+    reward: torch.Tensor  # [W, C] float32
+    goal_now: torch.Tensor  # [W, A] bool
+    speed: torch.Tensor  # [W, A] float32
+    present: torch.Tensor  # [W, A] bool
+    stopped: torch.Tensor  # [W, A] bool
+    contact_stopped: torch.Tensor  # [W, A] bool
+    removed: torch.Tensor  # [W, A] bool
+    world_done: torch.Tensor  # [W] bool
+    truncated: torch.Tensor  # [W] bool, truncated early in this step
+    terminal: torch.Tensor  # [W, C] bool
+    slot_done: torch.Tensor  # [W, C] bool
+
+
+def events_reference(
+    pos, goal, speed, controlled, in_play, present, collided, offroad, hit,
+    stopped, contact_stopped, removed, world_done, episode_end, slot_active, slot_done,
+    goal_radius: float, reward_goal: float, reward_collision: float, reward_offroad: float,
+    goal_behavior: int, collision_behavior: int, offroad_behavior: int, stop_truncate_fraction: float,
+) -> EventsOut:
+    """Goals, rewards, contact behaviours, early truncation and terminal flags of one step.
+
+    Args:
+        pos, goal: [W, A, 2] float32 positions and goals (m).
+        speed: [W, A] float32 speeds (m/s).
+        controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped, removed:
+            [W, A] bool (see the module docstring).
+        world_done, episode_end: [W] bool (already truncated; this step completes the horizon).
+        slot_active, slot_done: [W, C] bool, C <= A.
+        goal_radius: m. reward_*: rewards per event.
+        goal_behavior, collision_behavior, offroad_behavior: ``GoalBehavior`` / ``ContactBehavior``
+            codes. stop_truncate_fraction: in (0, 1].
+
+    Returns:
+        :class:`EventsOut` of new tensors (inputs are not modified).
+
+    Raises:
+        ValueError: on inconsistent shapes or dtypes (Triton launcher).
+    """
+    C = slot_active.shape[1]
+    d2 = ((pos - goal) ** 2).sum(-1)
+    goal_now = in_play & (d2 <= goal_radius * goal_radius)
+    col = in_play & collided
+    off = in_play & offroad
+    rew = (goal_now.float() * reward_goal + col.float() * reward_collision + off.float() * reward_offroad)
+    reward = rew[:, :C].contiguous()
+
+    rm_col = collision_behavior == ContactBehavior.REMOVE
+    rm_off = offroad_behavior == ContactBehavior.REMOVE
+    new_removed = removed.clone()
+    if rm_col:
+        new_removed |= col | (hit & present)
+    if rm_off:
+        new_removed |= off
+    new_present = present & ~new_removed
+
+    cs = torch.zeros_like(col)
+    if collision_behavior == ContactBehavior.STOP:
+        cs |= col
+    if offroad_behavior == ContactBehavior.STOP:
+        cs |= off
+    cs &= ~new_removed
+    new_stop = cs.clone()
+    if goal_behavior == GoalBehavior.STOP:
+        new_stop |= goal_now & ~new_removed
+    new_stopped = stopped | new_stop
+    new_cstopped = contact_stopped | cs
+    new_speed = torch.where(new_stop, torch.zeros_like(speed), speed)
+
+    n_ctrl = controlled.sum(1)
+    n_cs = (new_cstopped & controlled).sum(1)
+    trunc = (~world_done) & (n_ctrl > 0) & (n_cs.float() >= stop_truncate_fraction * n_ctrl.float() - 1e-6)
+    new_world_done = world_done | trunc
+    terminal = (trunc | episode_end)[:, None] & slot_active & ~slot_done
+    new_slot_done = slot_done | terminal
+    return EventsOut(reward, goal_now, new_speed, new_present, new_stopped, new_cstopped, new_removed,
+                     new_world_done, trunc, terminal, new_slot_done)
+
+
+@triton.jit
+def _events_kernel(
+    pos_ptr, goal_ptr, speed_ptr, controlled_ptr, in_play_ptr, present_ptr, collided_ptr, offroad_ptr,
+    hit_ptr, stopped_ptr, cstopped_ptr, removed_ptr, world_done_ptr, episode_end_ptr,
+    slot_active_ptr, slot_done_ptr,
+    o_reward_ptr, o_goal_ptr, o_speed_ptr, o_present_ptr, o_stopped_ptr, o_cstopped_ptr, o_removed_ptr,
+    o_world_done_ptr, o_trunc_ptr, o_terminal_ptr, o_slot_done_ptr,
+    A, C, goal_r2, r_goal, r_col, r_off, frac,
+    GOAL_STOP: tl.constexpr, COL_STOP: tl.constexpr, COL_REMOVE: tl.constexpr,
+    OFF_STOP: tl.constexpr, OFF_REMOVE: tl.constexpr, BLOCK_A: tl.constexpr,
+):
+    w = tl.program_id(0).to(tl.int64)
+    a = tl.arange(0, BLOCK_A).to(tl.int64)
+    m = a < A
+    o = w * A + a
+    px = tl.load(pos_ptr + 2 * o, mask=m, other=0.0)
+    py = tl.load(pos_ptr + 2 * o + 1, mask=m, other=0.0)
+    gx = tl.load(goal_ptr + 2 * o, mask=m, other=0.0)
+    gy = tl.load(goal_ptr + 2 * o + 1, mask=m, other=0.0)
+    sp = tl.load(speed_ptr + o, mask=m, other=0.0)
+    ctrl = tl.load(controlled_ptr + o, mask=m, other=0) != 0
+    play = tl.load(in_play_ptr + o, mask=m, other=0) != 0
+    pres = tl.load(present_ptr + o, mask=m, other=0) != 0
+    coll = tl.load(collided_ptr + o, mask=m, other=0) != 0
+    offr = tl.load(offroad_ptr + o, mask=m, other=0) != 0
+    hit = tl.load(hit_ptr + o, mask=m, other=0) != 0
+    stp = tl.load(stopped_ptr + o, mask=m, other=0) != 0
+    cst = tl.load(cstopped_ptr + o, mask=m, other=0) != 0
+    rem = tl.load(removed_ptr + o, mask=m, other=0) != 0
+    wdone = tl.load(world_done_ptr + w) != 0
+    eend = tl.load(episode_end_ptr + w) != 0
+
+    dx = px - gx
+    dy = py - gy
+    goal_now = play & ((dx * dx + dy * dy) <= goal_r2)
+    col = play & coll
+    off = play & offr
+    rew = goal_now.to(tl.float32) * r_goal + col.to(tl.float32) * r_col + off.to(tl.float32) * r_off
+
+    new_rem = rem
+    if COL_REMOVE:
+        new_rem = new_rem | col | (hit & pres)
+    if OFF_REMOVE:
+        new_rem = new_rem | off
+    new_pres = pres & (~new_rem)
+    cs = a < 0  # all False
+    if COL_STOP:
+        cs = cs | col
+    if OFF_STOP:
+        cs = cs | off
+    cs = cs & (~new_rem)
+    new_stop = cs
+    if GOAL_STOP:
+        new_stop = new_stop | (goal_now & (~new_rem))
+    new_stopped = stp | new_stop
+    new_cst = cst | cs
+    new_sp = tl.where(new_stop, 0.0, sp)
+
+    n_ctrl = tl.sum((ctrl & m).to(tl.float32), axis=0)
+    n_cs = tl.sum((new_cst & ctrl & m).to(tl.float32), axis=0)
+    trunc = (~wdone) & (n_ctrl > 0) & (n_cs >= frac * n_ctrl - 1e-6)
+
+    tl.store(o_speed_ptr + o, new_sp, mask=m)
+    tl.store(o_goal_ptr + o, goal_now.to(tl.int8), mask=m)
+    tl.store(o_present_ptr + o, new_pres.to(tl.int8), mask=m)
+    tl.store(o_stopped_ptr + o, new_stopped.to(tl.int8), mask=m)
+    tl.store(o_cstopped_ptr + o, new_cst.to(tl.int8), mask=m)
+    tl.store(o_removed_ptr + o, new_rem.to(tl.int8), mask=m)
+    tl.store(o_world_done_ptr + w, (wdone | trunc).to(tl.int8))
+    tl.store(o_trunc_ptr + w, trunc.to(tl.int8))
+
+    ms = a < C
+    os_ = w * C + a
+    sa = tl.load(slot_active_ptr + os_, mask=ms, other=0) != 0
+    sd = tl.load(slot_done_ptr + os_, mask=ms, other=0) != 0
+    term = (trunc | eend) & sa & (~sd)
+    tl.store(o_reward_ptr + os_, rew, mask=ms)
+    tl.store(o_terminal_ptr + os_, term.to(tl.int8), mask=ms)
+    tl.store(o_slot_done_ptr + os_, (sd | term).to(tl.int8), mask=ms)
+
+
+def _events_triton(pos, goal, speed, controlled, in_play, present, collided, offroad, hit,
+                   stopped, contact_stopped, removed, world_done, episode_end, slot_active, slot_done,
+                   goal_radius, reward_goal, reward_collision, reward_offroad,
+                   goal_behavior, collision_behavior, offroad_behavior, stop_truncate_fraction):
+    W, A = controlled.shape
+    C = slot_active.shape[1]
+    dev = pos.device
+    spec = [
+        (pos, (W, A, 2), torch.float32, "pos"), (goal, (W, A, 2), torch.float32, "goal"),
+        (speed, (W, A), torch.float32, "speed"),
+        (world_done, (W,), torch.bool, "world_done"), (episode_end, (W,), torch.bool, "episode_end"),
+        (slot_active, (W, C), torch.bool, "slot_active"), (slot_done, (W, C), torch.bool, "slot_done"),
+    ] + [(t, (W, A), torch.bool, n) for t, n in (
+        (controlled, "controlled"), (in_play, "in_play"), (present, "present"), (collided, "collided"),
+        (offroad, "offroad"), (hit, "hit"), (stopped, "stopped"), (contact_stopped, "contact_stopped"),
+        (removed, "removed"))]
+    for t, shape, dtype, name in spec:
+        if tuple(t.shape) != shape or t.dtype != dtype:
+            raise ValueError(f"events: {name} is {tuple(t.shape)} {t.dtype}, expected {shape} {dtype}")
+        if t.device != dev:
+            raise ValueError(f"events: {name} is on {t.device}, expected {dev}")
+        if not t.is_contiguous():
+            raise ValueError(f"events: {name} must be contiguous")
+    if C > A:
+        raise ValueError(f"events: {C} policy slots exceed {A} agent slots")
+    i8 = lambda t: t.view(torch.int8)  # noqa: E731
+    reward = torch.empty((W, C), dtype=torch.float32, device=dev)
+    outs_wa = [torch.empty((W, A), dtype=torch.int8, device=dev) for _ in range(5)]
+    o_speed = torch.empty_like(speed)
+    o_wd = torch.empty((W,), dtype=torch.int8, device=dev)
+    o_tr = torch.empty((W,), dtype=torch.int8, device=dev)
+    o_term = torch.empty((W, C), dtype=torch.int8, device=dev)
+    o_sd = torch.empty((W, C), dtype=torch.int8, device=dev)
+    if W > 0 and A > 0:
+        _events_kernel[(W,)](
+            pos, goal, speed, i8(controlled), i8(in_play), i8(present), i8(collided), i8(offroad), i8(hit),
+            i8(stopped), i8(contact_stopped), i8(removed), i8(world_done), i8(episode_end),
+            i8(slot_active), i8(slot_done),
+            reward, outs_wa[0], o_speed, outs_wa[1], outs_wa[2], outs_wa[3], outs_wa[4],
+            o_wd, o_tr, o_term, o_sd,
+            A, C, float(goal_radius) ** 2, float(reward_goal), float(reward_collision), float(reward_offroad),
+            float(stop_truncate_fraction),
+            GOAL_STOP=int(goal_behavior) == GoalBehavior.STOP,
+            COL_STOP=int(collision_behavior) == ContactBehavior.STOP,
+            COL_REMOVE=int(collision_behavior) == ContactBehavior.REMOVE,
+            OFF_STOP=int(offroad_behavior) == ContactBehavior.STOP,
+            OFF_REMOVE=int(offroad_behavior) == ContactBehavior.REMOVE,
+            BLOCK_A=triton.next_power_of_2(max(A, C)),
+        )
+    goal_now, present_o, stopped_o, cst_o, removed_o = (t.bool() for t in outs_wa)
+    return EventsOut(reward, goal_now, o_speed, present_o, stopped_o, cst_o, removed_o,
+                     o_wd.bool(), o_tr.bool(), o_term.bool(), o_sd.bool())
+
+
+def events(
+    pos, goal, speed, controlled, in_play, present, collided, offroad, hit,
+    stopped, contact_stopped, removed, world_done, episode_end, slot_active, slot_done,
+    goal_radius: float, reward_goal: float, reward_collision: float, reward_offroad: float,
+    goal_behavior: int, collision_behavior: int, offroad_behavior: int, stop_truncate_fraction: float,
+) -> EventsOut:
+    """Goals, rewards, contact behaviours, early truncation and terminal flags of one step.
+
+    Same signature, semantics and errors as :func:`events_reference`; dispatches with
+    :func:`gpusim.backend.backend_for` (Triton kernel: one program per world).
+    """
+    args = (pos, goal, speed, controlled, in_play, present, collided, offroad, hit,
+            stopped, contact_stopped, removed, world_done, episode_end, slot_active, slot_done,
+            goal_radius, reward_goal, reward_collision, reward_offroad,
+            goal_behavior, collision_behavior, offroad_behavior, stop_truncate_fraction)
+    if backend_for(pos) == "triton":
+        return _events_triton(*args)
+    return events_reference(*args)
+
+
+def hit_by(pos, heading, length, width, present, source, box_scale: float) -> torch.Tensor:
+    """Agents touched by a source agent: the "agent it hit" of collision REMOVE.
+
+    Oriented-bounding-box separating-axis test (boxes ``box_scale`` times the logged length and
+    width; overlap iff the centre offset projected on each of the four box axes is smaller than
+    the sum of the two boxes' half-extents on that axis; touching counts, as in ``collision.collisions``) between every source agent and every
+    other present agent of its world. Torch only (both backends): it runs only in steps of
+    collision REMOVE and costs ``W x C x A`` pair tests with sources restricted to the first C
+    slots.
+
+    Args:
+        pos: [W, A, 2] float32 (m). heading, length, width: [W, A] float32 (rad, m, m).
+        present: [W, A] bool. source: [W, A] or [W, C] bool (C <= A): the source agents are the
+            first ``source.shape[1]`` slots where set.
+        box_scale: box scale factor.
+
+    Returns:
+        [W, A] bool, True for present agents overlapping at least one source agent other than
+        themselves.
+    """
+    C = source.shape[1]
+    src = source[:, :C] & present[:, :C]
+    hl = 0.5 * box_scale * length
+    hw = 0.5 * box_scale * width
+    c, s = torch.cos(heading), torch.sin(heading)
+    # source box i (first C), target box j (all A): pairs [W, C, A]
+    dx = pos[:, None, :, 0] - pos[:, :C, None, 0]
+    dy = pos[:, None, :, 1] - pos[:, :C, None, 1]
+    ci, si, li, wi = c[:, :C, None], s[:, :C, None], hl[:, :C, None], hw[:, :C, None]
+    cj, sj, lj, wj = c[:, None, :], s[:, None, :], hl[:, None, :], hw[:, None, :]
+    cos_ij = (ci * cj + si * sj).abs()
+    sin_ij = (ci * sj - si * cj).abs()
+    sep = torch.zeros_like(dx, dtype=torch.bool)
+    # axes of box i: (ci, si) and (-si, ci)
+    sep |= (dx * ci + dy * si).abs() > li + lj * cos_ij + wj * sin_ij
+    sep |= (-dx * si + dy * ci).abs() > wi + lj * sin_ij + wj * cos_ij
+    # axes of box j
+    sep |= (dx * cj + dy * sj).abs() > lj + li * cos_ij + wi * sin_ij
+    sep |= (-dx * sj + dy * cj).abs() > wj + li * sin_ij + wi * cos_ij
+    A = pos.shape[1]
+    not_self = torch.arange(C, device=pos.device)[:, None] != torch.arange(A, device=pos.device)[None, :]
+    touch = ~sep & src[:, :, None] & present[:, None, :] & not_self[None]
+    return touch.any(1)

@@ -1,0 +1,171 @@
+"""Log replay: log-replayed ("expert") agents take their logged pose at a per-world log index.
+
+For world ``w`` running scenario ``s = scenario[w]`` and agent slot ``a`` with ``replayed[w, a]``:
+``i = log_index[w]``; the agent is present iff ``0 <= i < T`` and ``traj_valid[s, a, i]``; then it
+takes ``traj_pos[s, a, i]``, ``traj_heading[s, a, i]`` and speed ``|traj_vel[s, a, i]|``. When it
+is not valid there (before it appears, after its log ends) it leaves the scene: ``present =
+False``, speed 0, position and heading kept from the input (so they stay finite). Slots that are
+not replayed are copied unchanged. The env calls it with
+``log_index = init_steps + (step - trial_start)`` (docs/contracts.md, DESIGN.md section 4).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gpusim.backend import backend_for
+
+
+def replay_reference(
+    pos: torch.Tensor,
+    heading: torch.Tensor,
+    speed: torch.Tensor,
+    present: torch.Tensor,
+    replayed: torch.Tensor,
+    scenario: torch.Tensor,
+    log_index: torch.Tensor,
+    traj_pos: torch.Tensor,
+    traj_heading: torch.Tensor,
+    traj_vel: torch.Tensor,
+    traj_valid: torch.Tensor,
+):
+    """Poses of log-replayed agents at each world's log index.
+
+    Args:
+        pos: [W, A, 2] float32 current positions (m).
+        heading: [W, A] float32 current headings (rad).
+        speed: [W, A] float32 current speeds (m/s).
+        present: [W, A] bool current presence.
+        replayed: [W, A] bool slots that follow the log (experts not removed).
+        scenario: [W] int64 scenario index of each world.
+        log_index: [W] integer log step of each world (any value; out of ``[0, T)`` = not valid).
+        traj_pos: [S, A, T, 2] float32 logged positions (m).
+        traj_heading: [S, A, T] float32 logged headings (rad).
+        traj_vel: [S, A, T, 2] float32 logged velocities (m/s).
+        traj_valid: [S, A, T] bool logged valid flags.
+
+    Returns:
+        ``(pos [W, A, 2] f32, heading [W, A] f32, speed [W, A] f32, present [W, A] bool)``, new
+        tensors; replayed slots take the logged values (or leave the scene), others are copies.
+
+    Raises:
+        ValueError: on inconsistent shapes, wrong dtypes, mixed devices or non-contiguous inputs
+            (Triton launcher).
+    """
+    T = traj_pos.shape[2]
+    idx = log_index.to(torch.int64)
+    in_range = (idx >= 0) & (idx < T)
+    i = idx.clamp(0, T - 1)
+    W, A = present.shape
+    s = scenario[:, None].expand(W, A)
+    a = torch.arange(A, device=pos.device)[None, :].expand(W, A)
+    ii = i[:, None].expand(W, A)
+    valid = traj_valid[s, a, ii] & in_range[:, None]
+    take = replayed & valid
+    lp = traj_pos[s, a, ii]
+    lh = traj_heading[s, a, ii]
+    lv = traj_vel[s, a, ii]
+    new_pos = torch.where(take[..., None], lp, pos)
+    new_heading = torch.where(take, lh, heading)
+    new_speed = torch.where(take, torch.linalg.vector_norm(lv, dim=-1), torch.where(replayed, 0.0, speed))
+    new_present = torch.where(replayed, valid, present)
+    return new_pos, new_heading, new_speed, new_present
+
+
+@triton.jit
+def _replay_kernel(
+    pos_ptr, heading_ptr, speed_ptr, present_ptr, replayed_ptr, scenario_ptr, log_index_ptr,
+    traj_pos_ptr, traj_heading_ptr, traj_vel_ptr, traj_valid_ptr,
+    out_pos_ptr, out_heading_ptr, out_speed_ptr, out_present_ptr,
+    N, A, T,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    m = offs < N
+    w = offs // A
+    a = offs % A
+    s = tl.load(scenario_ptr + w, mask=m, other=0).to(tl.int64)
+    li = tl.load(log_index_ptr + w, mask=m, other=-1).to(tl.int64)
+    in_range = (li >= 0) & (li < T)
+    i = tl.minimum(tl.maximum(li, 0), T - 1)
+    t_off = (s * A + a) * T + i
+    valid = (tl.load(traj_valid_ptr + t_off, mask=m, other=0) != 0) & in_range
+    rep = tl.load(replayed_ptr + offs, mask=m, other=0) != 0
+    take = rep & valid
+
+    px = tl.load(pos_ptr + 2 * offs, mask=m, other=0.0)
+    py = tl.load(pos_ptr + 2 * offs + 1, mask=m, other=0.0)
+    h = tl.load(heading_ptr + offs, mask=m, other=0.0)
+    sp = tl.load(speed_ptr + offs, mask=m, other=0.0)
+    pr = tl.load(present_ptr + offs, mask=m, other=0) != 0
+
+    lx = tl.load(traj_pos_ptr + 2 * t_off, mask=m & take, other=0.0)
+    ly = tl.load(traj_pos_ptr + 2 * t_off + 1, mask=m & take, other=0.0)
+    lh = tl.load(traj_heading_ptr + t_off, mask=m & take, other=0.0)
+    vx = tl.load(traj_vel_ptr + 2 * t_off, mask=m & take, other=0.0)
+    vy = tl.load(traj_vel_ptr + 2 * t_off + 1, mask=m & take, other=0.0)
+    lsp = tl.sqrt(vx * vx + vy * vy)
+
+    tl.store(out_pos_ptr + 2 * offs, tl.where(take, lx, px), mask=m)
+    tl.store(out_pos_ptr + 2 * offs + 1, tl.where(take, ly, py), mask=m)
+    tl.store(out_heading_ptr + offs, tl.where(take, lh, h), mask=m)
+    tl.store(out_speed_ptr + offs, tl.where(take, lsp, tl.where(rep, 0.0, sp)), mask=m)
+    tl.store(out_present_ptr + offs, tl.where(rep, valid, pr).to(tl.int8), mask=m)
+
+
+def _replay_triton(pos, heading, speed, present, replayed, scenario, log_index,
+                   traj_pos, traj_heading, traj_vel, traj_valid, block: int = 1024):
+    W, A = present.shape
+    S, A2, T = traj_valid.shape
+    checks = [
+        (pos, (W, A, 2), torch.float32, "pos"), (heading, (W, A), torch.float32, "heading"),
+        (speed, (W, A), torch.float32, "speed"), (present, (W, A), torch.bool, "present"),
+        (replayed, (W, A), torch.bool, "replayed"), (scenario, (W,), torch.int64, "scenario"),
+        (traj_pos, (S, A, T, 2), torch.float32, "traj_pos"),
+        (traj_heading, (S, A, T), torch.float32, "traj_heading"),
+        (traj_vel, (S, A, T, 2), torch.float32, "traj_vel"), (traj_valid, (S, A, T), torch.bool, "traj_valid"),
+    ]
+    for t, shape, dtype, name in checks:
+        if tuple(t.shape) != shape:
+            raise ValueError(f"replay: {name} has shape {tuple(t.shape)}, expected {shape}")
+        if t.dtype != dtype:
+            raise ValueError(f"replay: {name} has dtype {t.dtype}, expected {dtype}")
+        if t.device != pos.device:
+            raise ValueError(f"replay: {name} is on {t.device}, expected {pos.device}")
+        if not t.is_contiguous():
+            raise ValueError(f"replay: {name} must be contiguous")
+    if tuple(log_index.shape) != (W,) or log_index.dtype not in (torch.int32, torch.int64):
+        raise ValueError("replay: log_index must be a [W] int32/int64 tensor")
+    log_index = log_index.contiguous()
+    out_pos = torch.empty_like(pos)
+    out_heading = torch.empty_like(heading)
+    out_speed = torch.empty_like(speed)
+    out_present = torch.empty((W, A), dtype=torch.int8, device=pos.device)
+    N = W * A
+    if N == 0:
+        return out_pos, out_heading, out_speed, out_present.bool()
+    grid = (triton.cdiv(N, block),)
+    _replay_kernel[grid](
+        pos, heading, speed, present.view(torch.int8), replayed.view(torch.int8), scenario, log_index,
+        traj_pos, traj_heading, traj_vel, traj_valid.view(torch.int8),
+        out_pos, out_heading, out_speed, out_present, N, A, T, BLOCK=block,
+    )
+    return out_pos, out_heading, out_speed, out_present.bool()
+
+
+def replay(pos, heading, speed, present, replayed, scenario, log_index,
+           traj_pos, traj_heading, traj_vel, traj_valid):
+    """Poses of log-replayed agents at each world's log index.
+
+    Same signature, semantics and errors as :func:`replay_reference`; runs the Triton kernel when
+    :func:`gpusim.backend.backend_for` says ``"triton"`` (CUDA tensors, or ``TRITON_INTERPRET=1``
+    with the backend forced), else the torch reference.
+    """
+    if backend_for(pos) == "triton":
+        return _replay_triton(pos, heading, speed, present, replayed, scenario, log_index,
+                              traj_pos, traj_heading, traj_vel, traj_valid)
+    return replay_reference(pos, heading, speed, present, replayed, scenario, log_index,
+                            traj_pos, traj_heading, traj_vel, traj_valid)
