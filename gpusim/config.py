@@ -168,6 +168,8 @@ class EnvConfig:
         collision_box_scale: collision boxes are the logged length/width times this factor
             (0.7 as in GPUDrive and PufferDrive: logged WOMD boxes are generous, and 41% of the
             default-controlled agents' full-size logged boxes overlap another object at some step).
+        offroad_box_scale: the offroad test uses the logged box times this factor (1.0: the real
+            outline must cross a road edge).
         k_trials: trials per episode in trial mode.
         log_ema_alpha: smoothing of the per-agent EMA metric slots (DESIGN.md section 8).
         num_partners, partner_radius: partner slots in observations and their range (m).
@@ -190,6 +192,7 @@ class EnvConfig:
     reward_offroad: float = -0.5
     stop_truncate_fraction: float = 0.5
     collision_box_scale: float = 0.7
+    offroad_box_scale: float = 1.0
     k_trials: int = 2
     log_ema_alpha: float = 0.707
     num_partners: int = 31
@@ -221,6 +224,8 @@ class EnvConfig:
             )
         if not 0.0 < self.collision_box_scale <= 2.0:
             raise ValueError(f"EnvConfig.collision_box_scale must be in (0, 2], got {self.collision_box_scale}")
+        if not 0.0 < self.offroad_box_scale <= 2.0:
+            raise ValueError(f"EnvConfig.offroad_box_scale must be in (0, 2], got {self.offroad_box_scale}")
         if self.k_trials < 1:
             raise ValueError(f"EnvConfig.k_trials must be >= 1, got {self.k_trials}")
         if not 0.0 <= self.log_ema_alpha < 1.0:

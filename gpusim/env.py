@@ -8,7 +8,7 @@ C = ``config.max_controlled`` policy slots (slot ``c`` = agent slot ``c``). All 
 2. kinematic bicycle for controlled agents in play (``dynamics.bicycle_step``);
 3. log replay of the experts at log index ``init_steps + (step - trial_start)`` (``replay``);
 4. contacts: OBB collisions among present agents with ``config.collision_box_scale``, offroad of
-   present controlled agents with :data:`OFFROAD_BOX_SCALE`;
+   present controlled agents with ``config.offroad_box_scale``;
 5. goals, rewards, contact behaviours, STOP invalid steps, early truncation and terminal flags
    (``events``), then RESPAWN / NEW_GOAL and the per-slot episode accumulators;
 6. after step H = ``config.horizon``: metrics of every finished agent-episode, then every world is
@@ -42,7 +42,7 @@ from gpusim.state import EnvState
 #: Box scale of the offroad test: the full logged box. An agent is offroad when its real outline
 #: crosses a road edge, and DESIGN.md's measured log rate (35% of controlled agents, 14% of valid
 #: steps) is for full boxes, so expert-replay rates stay comparable with it.
-OFFROAD_BOX_SCALE = 1.0
+OFFROAD_BOX_SCALE = 1.0  # default of EnvConfig.offroad_box_scale (kept for callers)
 #: NEW_GOAL: a new goal is the midpoint of a lane segment whose midpoint lies between these
 #: distances ahead of the agent (m; projection on the heading >= min, Euclidean distance <= max).
 NEW_GOAL_MIN_AHEAD = 10.0
@@ -379,7 +379,7 @@ class DriveEnv:
         collided = collisions(pos, heading, length, width, present, self.config.collision_box_scale, num_query=C)
         off_c = offroad(pos[:, :C].contiguous(), heading[:, :C].contiguous(), length[:, :C].contiguous(),
                         width[:, :C].contiguous(), (present & controlled)[:, :C].contiguous(), scenario,
-                        p.road_seg, p.grid_edge, p.grid_origin, p.grid_dims, p.cell_size, OFFROAD_BOX_SCALE)
+                        p.road_seg, p.grid_edge, p.grid_origin, p.grid_dims, p.cell_size, self.config.offroad_box_scale)
         off = torch.zeros_like(collided)
         off[:, :C] = off_c
         return collided & present, off

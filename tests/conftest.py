@@ -14,6 +14,10 @@ if not torch.cuda.is_available():
 
 import pytest  # noqa: E402
 
+# Tests run many small tensor ops; one intra-op thread avoids thread wake-up overhead that
+# dominates them on a 2-core machine (and keeps parallel test processes from oversubscribing).
+torch.set_num_threads(1)
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE_DIR = REPO / "data" / "womd_sample"
 
