@@ -1,67 +1,164 @@
-"""Episode metrics of finished agent-episodes, accumulated on the device.
+"""Episode metrics of finished agent-episodes, kept on the device (DESIGN.md sections 4 and 8).
 
-:class:`EpisodeMetrics` keeps device-side sums over agent-episodes finished since the last report;
-:meth:`EpisodeMetrics.report` reads them to the host (the only host read) and clears them. It is a
-plain mean over finished agent-episodes; the per-agent EMA slots of DESIGN.md section 8 come from
-``gpusim/kernels/ema.py`` and can be fed from the same per-episode values (:data:`METRIC_NAMES`).
+Metrics of one agent-episode, in the column order of :data:`METRIC_NAMES`:
 
-Metrics of one agent-episode (DESIGN.md section 4):
-
-* ``episode_return``: sum of the agent's rewards in the episode;
+* ``episode_return``: sum of the agent's rewards in the episode (invalid steps pay 0);
 * ``episode_length``: number of valid steps (``loss_mask = 1``) of the agent;
-* ``goal_reached``: 1 if the agent reached a goal at least once;
+* ``goal_reached``: 1 if the agent reached a goal at a valid step;
 * ``collided`` / ``offroad``: 1 if it was in collision / offroad at a valid step;
 * ``score``: 1 if it reached its goal and never collided nor went offroad.
+
+STOP-invalid steps and steps of removed agents never contribute: the env accumulates returns,
+lengths and flags only where the agent was in play (``loss_mask``).
+
+:class:`EpisodeMetrics` keeps two device-side logs fed from the same per-episode values:
+
+* the **per-agent EMA** of DESIGN.md section 8 (reported by ``DriveEnv.metrics()``): each of the
+  N = W x C policy slots keeps an exponential moving average of the metrics of the agent-episodes
+  that finished in it (first completion seeds it; later ones blend
+  ``slot = alpha * slot + (1 - alpha) * episode`` with ``alpha = EnvConfig.log_ema_alpha``) and a
+  has-data flag. A report is the mean over the slots with data plus ``n`` (their number); it never
+  resets, and is ``{}`` while no slot has data. Every slot weighs the same, however often it
+  finishes (an agent finishing ten short episodes counts once, like one finishing a single long
+  one). The kernels are ``gpusim.kernels.ema`` (torch reference, Triton, CUDA C).
+* a plain **mean over agent-episodes** finished since its last report (``kind="mean"``; resets at
+  every report): what a one-off evaluation wants.
+
+Extensible: the metric columns are ``names`` (default :data:`METRIC_NAMES`); trial mode appends
+:func:`trial_metric_names` columns (``trial_k_score``) through ``episode_values(..., extra=...)``;
+a report then also derives ``ada_delta_trial_k_minus_0 = trial_k_score - trial_0_score`` (exact
+for the EMA population mean too, since the EMA and the mean are linear and every column of a slot
+is updated together).
 """
 
 from __future__ import annotations
 
 import torch
 
+from gpusim.kernels.ema import EmaLog
+
 METRIC_NAMES = ("episode_return", "episode_length", "goal_reached", "collided", "offroad", "score")
 
 
-def episode_values(ep_return, ep_length, goal_reached, collided, offroad) -> torch.Tensor:
-    """Per agent-episode metric values ``[..., 6]`` float32 in the order of :data:`METRIC_NAMES`.
+def trial_metric_names(k_trials: int) -> tuple[str, ...]:
+    """Names of the per-trial score columns of trial mode: ``("trial_0_score", ..., "trial_{k-1}_score")``.
 
-    Args: tensors of the same shape (``[W, C]``): return (float), length (int), flags (bool).
+    Raises:
+        ValueError: if ``k_trials < 1``.
+    """
+    if int(k_trials) < 1:
+        raise ValueError(f"trial_metric_names: k_trials must be >= 1, got {k_trials}")
+    return tuple(f"trial_{k}_score" for k in range(int(k_trials)))
+
+
+def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=None) -> torch.Tensor:
+    """Per agent-episode metric values ``[..., 6 + E]`` float32 in the order of :data:`METRIC_NAMES`,
+    then the ``E`` columns of ``extra``.
+
+    Args:
+        ep_return: ``[W, C]`` float return. ep_length: ``[W, C]`` int number of valid steps.
+        goal_reached, collided, offroad: ``[W, C]`` bool episode flags.
+        extra: optional ``[W, C, E]`` further columns (e.g. trial scores), cast to float32.
+
+    Raises:
+        ValueError: if ``extra`` does not have shape ``[W, C, E]``.
     """
     g, c, o = goal_reached.float(), collided.float(), offroad.float()
     score = (goal_reached & ~collided & ~offroad).float()
-    return torch.stack([ep_return.float(), ep_length.float(), g, c, o, score], dim=-1)
+    cols = [ep_return.float(), ep_length.float(), g, c, o, score]
+    out = torch.stack(cols, dim=-1)
+    if extra is not None:
+        if extra.dim() != out.dim() or tuple(extra.shape[:-1]) != tuple(out.shape[:-1]):
+            raise ValueError(f"episode_values: extra must be {tuple(out.shape[:-1])} + [E], got {tuple(extra.shape)}")
+        out = torch.cat([out, extra.to(torch.float32)], dim=-1)
+    return out
+
+
+def _add_derived(out: dict[str, float]) -> dict[str, float]:
+    """Add ``ada_delta_trial_k_minus_0`` for every ``trial_k_score`` (k >= 1) when ``trial_0_score`` exists."""
+    if "trial_0_score" not in out:
+        return out
+    k = 1
+    while f"trial_{k}_score" in out:
+        out.setdefault(f"ada_delta_trial_{k}_minus_0", out[f"trial_{k}_score"] - out["trial_0_score"])
+        k += 1
+    return out
 
 
 class EpisodeMetrics:
-    """Device-side sums of finished agent-episodes.
+    """Device-side logs of finished agent-episodes: per-slot EMA (DESIGN.md section 8) and plain means.
 
     Args:
-        device: where the accumulators live.
+        num_worlds: W. num_slots: C (policy slots per world); the EMA has N = W x C rows.
+        alpha: EMA smoothing in [0, 1) (``EnvConfig.log_ema_alpha``); 0 keeps only the last episode.
+        device: where the logs live.
+        names: metric column names (default :data:`METRIC_NAMES`; ``"n"`` is reserved).
+
+    Attributes:
+        names: tuple of column names; ema: the :class:`~gpusim.kernels.ema.EmaLog` ([N, M] slots).
+
+    Raises:
+        ValueError: negative sizes, bad alpha, empty/duplicate names or a name ``"n"``.
     """
 
-    def __init__(self, device):
-        self.sums = torch.zeros(len(METRIC_NAMES), dtype=torch.float64, device=device)
+    def __init__(self, num_worlds: int, num_slots: int, alpha: float = 0.707, device="cpu", names=METRIC_NAMES):
+        if int(num_worlds) < 0 or int(num_slots) < 0:
+            raise ValueError(f"EpisodeMetrics: sizes must be >= 0, got W={num_worlds}, C={num_slots}")
+        self.shape = (int(num_worlds), int(num_slots))
+        self.ema = EmaLog(self.shape[0] * self.shape[1], names, alpha=alpha, device=device)
+        self.names = self.ema.names
+        self.sums = torch.zeros(len(self.names), dtype=torch.float64, device=device)
         self.count = torch.zeros((), dtype=torch.int64, device=device)
 
     def add(self, values: torch.Tensor, finished: torch.Tensor) -> None:
-        """Accumulate the agent-episodes where ``finished`` is True (no host sync).
+        """Record the agent-episodes where ``finished`` is True (device only, no host sync).
 
         Args:
-            values: ``[W, C, 6]`` float32 from :func:`episode_values`.
-            finished: ``[W, C]`` bool.
+            values: ``[W, C, M]`` float32 from :func:`episode_values` (rows not finished are ignored,
+                whatever they hold).
+            finished: ``[W, C]`` bool (``StepResult.terminal``).
+
+        Raises:
+            ValueError: wrong shapes.
         """
-        f = finished.to(values.dtype)[..., None]
-        self.sums += (values * f).sum(dim=(0, 1)).double()
+        W, C = self.shape
+        M = len(self.names)
+        if tuple(values.shape) != (W, C, M):
+            raise ValueError(f"EpisodeMetrics.add: values must be {(W, C, M)}, got {tuple(values.shape)}")
+        if tuple(finished.shape) != (W, C):
+            raise ValueError(f"EpisodeMetrics.add: finished must be {(W, C)}, got {tuple(finished.shape)}")
+        finished = finished.to(torch.bool)
+        values = values.to(torch.float32)
+        self.ema.update(values.reshape(W * C, M), finished.reshape(W * C))
+        f = finished[..., None]
+        self.sums += torch.where(f, values, 0.0).sum(dim=(0, 1), dtype=torch.float64)
         self.count += finished.sum()
 
-    def report(self) -> dict[str, float]:
-        """Means over the agent-episodes finished since the last report, plus ``n`` (their
-        number); ``{}`` when none finished. Clears the accumulators. Reads to the host."""
-        n = int(self.count)
-        if n == 0:
-            return {}
-        means = (self.sums / n).tolist()
-        out = {name: float(v) for name, v in zip(METRIC_NAMES, means)}
-        out["n"] = float(n)
+    def report(self, kind: str = "ema") -> dict[str, float]:
+        """Read the logs to the host (one small transfer).
+
+        Args:
+            kind: ``"ema"``: mean over the slots with data of their EMA, plus ``n`` = number of such
+                slots; never resets. ``"mean"``: mean over the agent-episodes finished since the last
+                ``"mean"`` report, plus ``n`` = their number; resets that accumulator.
+
+        Returns:
+            ``{name: value, ..., "n": float}`` (plus derived ``ada_delta_trial_k_minus_0`` when
+            trial columns exist), or ``{}`` when there is nothing to report.
+
+        Raises:
+            ValueError: unknown ``kind``.
+        """
+        if kind == "ema":
+            return _add_derived(self.ema.report())
+        if kind != "mean":
+            raise ValueError(f"EpisodeMetrics.report: kind must be 'ema' or 'mean', got {kind!r}")
+        host = torch.cat([self.sums, self.count.to(torch.float64).view(1)]).tolist()
         self.sums.zero_()
         self.count.zero_()
-        return out
+        n = host[-1]
+        if n == 0:
+            return {}
+        out = {name: v / n for name, v in zip(self.names, host[:-1])}
+        out["n"] = n
+        return _add_derived(out)

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
+from gpusim.backend import backend_for, interpreting
 from gpusim.config import ContactBehavior, GoalBehavior
 
 
@@ -274,46 +274,143 @@ def events(
     return events_reference(*args)
 
 
-def hit_by(pos, heading, length, width, present, source, box_scale: float) -> torch.Tensor:
-    """Agents touched by a source agent: the "agent it hit" of collision REMOVE.
+_HIT_BY_DOC = """Agents touched by a source agent: the "agent it hit" of collision REMOVE.
 
-    Oriented-bounding-box separating-axis test (boxes ``box_scale`` times the logged length and
-    width; overlap iff the centre offset projected on each of the four box axes is smaller than
-    the sum of the two boxes' half-extents on that axis; touching counts, as in ``collision.collisions``) between every source agent and every
-    other present agent of its world. Torch only (both backends): it runs only in steps of
-    collision REMOVE and costs ``W x C x A`` pair tests with sources restricted to the first C
-    slots.
+    Oriented-bounding-box separating-axis test between every source agent and every other present
+    agent of its world, with boxes ``box_scale`` times the logged length and width: two boxes
+    overlap iff, on each of the four box axes (the two edge normals of each box), the centre
+    offset projected on the axis is at most the sum of the two boxes' half-extents on it; touching
+    counts, as in ``collision.collisions``. Costs ``W x S x A`` pair tests (S = source slots); the
+    env calls it only with collision REMOVE.
 
     Args:
-        pos: [W, A, 2] float32 (m). heading, length, width: [W, A] float32 (rad, m, m).
-        present: [W, A] bool. source: [W, A] or [W, C] bool (C <= A): the source agents are the
-            first ``source.shape[1]`` slots where set.
-        box_scale: box scale factor.
+        pos: [W, A, 2] float32 box centres (m). heading, length, width: [W, A] float32 (rad, m, m).
+        present: [W, A] bool; absent agents neither hit nor are hit.
+        source: [W, S] bool with S <= A: the source agents are the first S agent slots where set
+            (and present); the env passes ``in_play & collided`` ([W, A]).
+        box_scale: factor on length and width (> 0).
 
     Returns:
-        [W, A] bool, True for present agents overlapping at least one source agent other than
-        themselves.
+        [W, A] bool, True for present agents whose box overlaps the box of at least one source
+        agent other than themselves.
+
+    Raises (Triton backend): ValueError on wrong shapes, dtypes or devices, or S > A.
     """
-    C = source.shape[1]
-    src = source[:, :C] & present[:, :C]
+
+
+def hit_by_reference(pos, heading, length, width, present, source, box_scale: float) -> torch.Tensor:
+    S = source.shape[1]
+    src = source & present[:, :S]
     hl = 0.5 * box_scale * length
     hw = 0.5 * box_scale * width
     c, s = torch.cos(heading), torch.sin(heading)
-    # source box i (first C), target box j (all A): pairs [W, C, A]
-    dx = pos[:, None, :, 0] - pos[:, :C, None, 0]
-    dy = pos[:, None, :, 1] - pos[:, :C, None, 1]
-    ci, si, li, wi = c[:, :C, None], s[:, :C, None], hl[:, :C, None], hw[:, :C, None]
+    # source box i (first S), target box j (all A): pairs [W, S, A]
+    dx = pos[:, None, :, 0] - pos[:, :S, None, 0]
+    dy = pos[:, None, :, 1] - pos[:, :S, None, 1]
+    ci, si, li, wi = c[:, :S, None], s[:, :S, None], hl[:, :S, None], hw[:, :S, None]
     cj, sj, lj, wj = c[:, None, :], s[:, None, :], hl[:, None, :], hw[:, None, :]
     cos_ij = (ci * cj + si * sj).abs()
     sin_ij = (ci * sj - si * cj).abs()
-    sep = torch.zeros_like(dx, dtype=torch.bool)
-    # axes of box i: (ci, si) and (-si, ci)
-    sep |= (dx * ci + dy * si).abs() > li + lj * cos_ij + wj * sin_ij
-    sep |= (-dx * si + dy * ci).abs() > wi + lj * sin_ij + wj * cos_ij
-    # axes of box j
+    # axes of box i: (ci, si) and (-si, ci); axes of box j likewise
+    sep = (dx * ci + dy * si).abs() > li + lj * cos_ij + wj * sin_ij
+    sep |= (dy * ci - dx * si).abs() > wi + lj * sin_ij + wj * cos_ij
     sep |= (dx * cj + dy * sj).abs() > lj + li * cos_ij + wi * sin_ij
-    sep |= (-dx * sj + dy * cj).abs() > wj + li * sin_ij + wi * cos_ij
+    sep |= (dy * cj - dx * sj).abs() > wj + li * sin_ij + wi * cos_ij
     A = pos.shape[1]
-    not_self = torch.arange(C, device=pos.device)[:, None] != torch.arange(A, device=pos.device)[None, :]
+    not_self = torch.arange(S, device=pos.device)[:, None] != torch.arange(A, device=pos.device)[None, :]
     touch = ~sep & src[:, :, None] & present[:, None, :] & not_self[None]
     return touch.any(1)
+
+
+hit_by_reference.__doc__ = _HIT_BY_DOC
+
+
+@triton.jit
+def _hit_by_kernel(pos_ptr, heading_ptr, length_ptr, width_ptr, present_ptr, source_ptr, out_ptr,
+                   A, S, box_scale, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program (w, b): targets j of block b of world w (rows of a [BLOCK, BLOCK_S] tile) against
+    the S source slots, BLOCK_S at a time (columns). Every program owns its outputs (no atomics)."""
+    w = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    mj = j < A
+    gj = w * A + j
+    qx = tl.load(pos_ptr + 2 * gj, mask=mj, other=0.0)[:, None]
+    qy = tl.load(pos_ptr + 2 * gj + 1, mask=mj, other=0.0)[:, None]
+    hj = tl.load(heading_ptr + gj, mask=mj, other=0.0)
+    lj = (0.5 * box_scale * tl.load(length_ptr + gj, mask=mj, other=0.0))[:, None]
+    wj = (0.5 * box_scale * tl.load(width_ptr + gj, mask=mj, other=0.0))[:, None]
+    pj = ((tl.load(present_ptr + gj, mask=mj, other=0) != 0) & mj)[:, None]
+    cj = tl.cos(hj)[:, None]
+    sj = tl.sin(hj)[:, None]
+    hit = tl.zeros([BLOCK], dtype=tl.int32)
+    for i0 in range(0, S, BLOCK_S):
+        i = i0 + tl.arange(0, BLOCK_S).to(tl.int64)
+        mi = i < S
+        gi = w * A + i
+        src = (tl.load(source_ptr + w * S + i, mask=mi, other=0) != 0) & \
+            (tl.load(present_ptr + gi, mask=mi, other=0) != 0) & mi
+        px = tl.load(pos_ptr + 2 * gi, mask=mi, other=0.0)[None, :]
+        py = tl.load(pos_ptr + 2 * gi + 1, mask=mi, other=0.0)[None, :]
+        hi = tl.load(heading_ptr + gi, mask=mi, other=0.0)
+        li = (0.5 * box_scale * tl.load(length_ptr + gi, mask=mi, other=0.0))[None, :]
+        wi = (0.5 * box_scale * tl.load(width_ptr + gi, mask=mi, other=0.0))[None, :]
+        ci = tl.cos(hi)[None, :]
+        si = tl.sin(hi)[None, :]
+        dx = qx - px
+        dy = qy - py
+        cos_ij = tl.abs(ci * cj + si * sj)
+        sin_ij = tl.abs(ci * sj - si * cj)
+        sep = tl.abs(dx * ci + dy * si) > li + lj * cos_ij + wj * sin_ij
+        sep = sep | (tl.abs(dy * ci - dx * si) > wi + lj * sin_ij + wj * cos_ij)
+        sep = sep | (tl.abs(dx * cj + dy * sj) > lj + li * cos_ij + wi * sin_ij)
+        sep = sep | (tl.abs(dy * cj - dx * sj) > wj + li * sin_ij + wi * cos_ij)
+        touch = (~sep) & pj & src[None, :] & (j[:, None] != i[None, :])
+        hit = tl.maximum(hit, tl.max(touch.to(tl.int32), axis=1))
+    tl.store(out_ptr + gj, hit.to(tl.int8), mask=mj)
+
+
+def _hit_by_triton(pos, heading, length, width, present, source, box_scale: float, block: int | None = None,
+                   block_s: int | None = None, out: torch.Tensor | None = None):
+    """Launcher. ``block`` (targets per program), ``block_s`` (sources per tile column) and ``out`` (a
+    preallocated [W, A] int8 tensor whose every element the kernel overwrites with 0 or 1) are for
+    tests; by default a program covers up to 64 targets x 32 sources per loop iteration (all S at
+    once when interpreting)."""
+    if heading.dim() != 2 or source.dim() != 2:
+        raise ValueError(f"hit_by: heading and source must be 2-D, got {tuple(heading.shape)}, {tuple(source.shape)}")
+    W, A = heading.shape
+    S = source.shape[1]
+    if S > A or source.shape[0] != W:
+        raise ValueError(f"hit_by: source must be [W={W}, S <= A={A}], got {tuple(source.shape)}")
+    dev = heading.device
+    for name, t, shape, dtype in (
+        ("pos", pos, (W, A, 2), torch.float32), ("heading", heading, (W, A), torch.float32),
+        ("length", length, (W, A), torch.float32), ("width", width, (W, A), torch.float32),
+        ("present", present, (W, A), torch.bool), ("source", source, (W, S), torch.bool),
+    ):
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != dev:
+            raise ValueError(f"hit_by: {name} must be {dtype} {shape} on {dev}, "
+                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if out is None:
+        out = torch.empty((W, A), dtype=torch.int8, device=dev)
+    if W and A:
+        if block is None:
+            block = max(16, min(64, triton.next_power_of_2(A)))
+        if block_s is None:
+            block_s = max(16, min(128 if interpreting() else 32, triton.next_power_of_2(max(S, 1))))
+        grid = (W, triton.cdiv(A, block))
+        _hit_by_kernel[grid](pos.contiguous(), heading.contiguous(), length.contiguous(), width.contiguous(),
+                             present.contiguous().view(torch.uint8), source.contiguous().view(torch.uint8), out,
+                             A, S, float(box_scale), BLOCK=block, BLOCK_S=block_s)
+    return out != 0
+
+
+def hit_by(pos, heading, length, width, present, source, box_scale: float) -> torch.Tensor:
+    if backend_for(heading) == "triton":
+        return _hit_by_triton(pos, heading, length, width, present, source, box_scale)
+    return hit_by_reference(pos, heading, length, width, present, source, box_scale)
+
+
+hit_by.__doc__ = _HIT_BY_DOC + """
+    Dispatch: :func:`gpusim.backend.backend_for` (Triton kernel: one program per world and block of
+    target agents), else :func:`hit_by_reference`.
+    """

@@ -1,0 +1,185 @@
+"""Episodes as videos: :func:`write_video` (GIF, or MP4 with imageio-ffmpeg), :func:`render_episode`
+(a rollout of an env driven by a policy, the expert actions or random actions) and
+:func:`render_log_episode` (the log itself).
+
+Part of :mod:`gpusim.render` (see the package docstring); split out of the former single module
+without behaviour change.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import warnings
+from typing import Callable
+
+import numpy as np
+import torch
+
+from gpusim.render.draw import SceneCanvas, draw_frame
+from gpusim.render.ego import render_ego_view
+from gpusim.render.frame import TrailRecorder, frame_from_env, frame_from_log, scene_extent
+
+
+def _has_ffmpeg() -> bool:
+    try:
+        import imageio_ffmpeg  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def write_video(frames: list, out, fps: int = 10) -> pathlib.Path:
+    """Write [H, W, 3] uint8 frames as an animated GIF, or MP4 when ``out`` ends in ``.mp4``.
+
+    MP4 needs the ``imageio-ffmpeg`` package; without it the frames are written as a GIF next to
+    the requested name (``.gif`` suffix) with a warning. GIF frame durations are ``1000 / fps`` ms
+    (GIF stores 10 ms units, so 10 fps is exact). Returns the path written.
+
+    Raises:
+        ValueError: if there are no frames or ``fps <= 0``.
+    """
+    import imageio.v3 as iio
+
+    if not frames:
+        raise ValueError("write_video: no frames")
+    if fps <= 0:
+        raise ValueError(f"write_video: fps must be > 0, got {fps}")
+    out = pathlib.Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".mp4":
+        if _has_ffmpeg():
+            _write_mp4(out, frames, fps)
+            return out
+        warnings.warn("imageio-ffmpeg is not installed: writing a GIF instead of MP4 "
+                      "(pip install imageio-ffmpeg for MP4)", stacklevel=2)
+        out = out.with_suffix(".gif")
+    iio.imwrite(out, np.stack(frames), extension=".gif", duration=1000.0 / fps, loop=0)
+    return out
+
+
+def _write_mp4(out: pathlib.Path, frames: list, fps: int) -> None:
+    import imageio
+
+    # libx264 wants even sizes; crop one pixel row/column if needed.
+    h, w = frames[0].shape[:2]
+    h2, w2 = h - h % 2, w - w % 2
+    with imageio.get_writer(out, fps=fps, macro_block_size=1) as wr:
+        for fr in frames:
+            wr.append_data(np.ascontiguousarray(fr[:h2, :w2]))
+
+
+def _random_actions(env, generator: torch.Generator | None) -> torch.Tensor:
+    W, C = env.num_worlds, env.num_slots
+    from gpusim.config import ActionSpace
+
+    if env.config.action_space == ActionSpace.CONTINUOUS:
+        return torch.rand((W, C, 2), generator=generator, device="cpu").mul(2).sub(1).to(env.device)
+    return torch.randint(0, int(env.num_actions), (W, C), generator=generator, device="cpu").to(env.device)
+
+
+def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps: int | None = None,
+                   out=None, fps: int = 10, seed: int | None = None, trail_length: int = 10,
+                   ego_agent: int | None = None, figsize: float = 6.0,
+                   dpi: int = 100) -> tuple[list, pathlib.Path | None]:
+    """Reset an env, roll it forward and record world ``world`` as a GIF/MP4.
+
+    Args:
+        env: a ``DriveEnv``.
+        policy: ``"expert"`` (``env.expert_actions()``), ``"random"`` (uniform actions, seeded by
+            ``seed``), or a callable ``policy(obs [W, C, D]) -> actions`` ([W, C] int64 discrete
+            indices or [W, C, 2] continuous). A stateful policy keeps its own memory; one call to
+            ``render_episode`` stays within one episode, so no memory reset is needed in between.
+        world: the world drawn (all worlds step).
+        steps: env steps to take; default ``env.horizon - 1`` (the step that completes the
+            episode auto-resets the env and would show the next episode). Frames written =
+            ``steps + 1`` (the first state, then one per step).
+        out: output path (``.gif``, or ``.mp4`` with imageio-ffmpeg; see :func:`write_video`);
+            None keeps the frames in memory only.
+        fps: frames per second of the video.
+        seed: passed to ``env.reset`` and used for random actions.
+        trail_length: trail positions kept per agent.
+        ego_agent: also draw the ego view of this policy slot in a second panel (and outline the
+            agent in the top-down view).
+        figsize, dpi: panel size (inches, dots per inch).
+
+    Returns:
+        (frames, path): the [H, W, 3] uint8 frames and the path written (None without ``out``).
+
+    Raises:
+        ValueError: for an unknown policy name, ``steps`` outside ``[0, env.horizon - 1]`` or an
+            ``ego_agent`` outside ``[0, env.num_slots)``.
+    """
+    if isinstance(policy, str) and policy not in ("expert", "random"):
+        raise ValueError(f"render_episode: policy must be 'expert', 'random' or a callable, got {policy!r}")
+    if steps is None:
+        steps = env.horizon - 1
+    if not 0 <= steps <= env.horizon - 1:
+        raise ValueError(f"render_episode: steps must be in [0, horizon - 1 = {env.horizon - 1}], got {steps}")
+    if ego_agent is not None and not 0 <= ego_agent < env.num_slots:
+        raise ValueError(f"render_episode: ego_agent must be in [0, {env.num_slots}), got {ego_agent}")
+    gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
+    obs = env.reset(seed=seed)
+    s = int(env.state.scenario[world])
+    extent = scene_extent(env.pack, s)
+    trail = TrailRecorder(trail_length)
+    canvas = SceneCanvas(ego=ego_agent is not None, figsize=figsize, dpi=dpi)
+    layout = env.obs_layout if ego_agent is not None else None
+    frames = []
+
+    def snap(obs_now):
+        f = frame_from_env(env, world, trail=trail, extent=extent)
+        if ego_agent is not None:
+            f.highlight = ego_agent
+        draw_frame(f, canvas.ax)
+        if ego_agent is not None:
+            render_ego_view(obs_now[world, ego_agent], layout, ax=canvas.ego_ax,
+                            title=f"ego view, slot {ego_agent}", partner_radius=env.config.partner_radius,
+                            road_radius=env.config.road_radius)
+        frames.append(canvas.image())
+
+    snap(obs)
+    for _ in range(steps):
+        if policy == "expert":
+            actions = env.expert_actions()
+        elif policy == "random":
+            actions = _random_actions(env, gen)
+        else:
+            actions = policy(obs)
+        res = env.step(actions)
+        obs = res.obs
+        snap(obs)
+    path = write_video(frames, out, fps) if out is not None else None
+    return frames, path
+
+
+def render_log_episode(pack, scenario: int = 0, steps: int | None = None, out=None, fps: int = 10,
+                       trail_length: int = 10, figsize: float = 6.0, dpi: int = 100) -> tuple[list, pathlib.Path | None]:
+    """Video of the logged scenario (every agent follows its log; no env needed).
+
+    Args:
+        pack: :class:`gpusim.data.ScenarioPack`. scenario: scenario index.
+        steps: log steps after the first; default all (``num_steps - 1 - init_steps``). Frames
+            written = ``steps + 1``, starting at log step ``pack.config.init_steps``.
+        out, fps, trail_length, figsize, dpi: as :func:`render_episode`.
+
+    Returns:
+        (frames, path) as :func:`render_episode`.
+
+    Raises:
+        IndexError / ValueError: for a scenario or step count out of range.
+    """
+    t0 = int(pack.config.init_steps)
+    max_steps = pack.num_steps - 1 - t0
+    if steps is None:
+        steps = max_steps
+    if not 0 <= steps <= max_steps:
+        raise ValueError(f"render_log_episode: steps must be in [0, {max_steps}], got {steps}")
+    extent = scene_extent(pack, scenario)
+    trail = TrailRecorder(trail_length)
+    canvas = SceneCanvas(figsize=figsize, dpi=dpi)
+    frames = []
+    for t in range(t0, t0 + steps + 1):
+        draw_frame(frame_from_log(pack, scenario, t, trail=trail, extent=extent), canvas.ax)
+        frames.append(canvas.image())
+    path = write_video(frames, out, fps) if out is not None else None
+    return frames, path

@@ -1,0 +1,197 @@
+"""Triton kernel launches per env step and the bytes each kernel moves per agent-step.
+
+Runs a few DriveEnv steps on the sample scenarios under the Triton backend (Triton's interpreter
+when there is no GPU), intercepts every kernel launch, and from the launch's tensor arguments
+derives the memory traffic of one step:
+
+* dense tensors (leading dimension = worlds W, or the W x C rows of the EMA log): every element
+  is read once (inputs) or written once (arguments named ``out_*`` / ``o_*``; the EMA's in-place
+  ``slots`` / ``has`` count as read and written) -- the full tensor size. A world's agent arrays
+  read by all of its slots' programs (partners, collision pairs) count once: this assumes they
+  stay in cache; an input aliasing an output (placeholder for an unused optional input) is skipped;
+* scenario tables of the pack (``traj_*``, ``seg``, ``rtype``, ``grid``, ``origin``, ``dims``) are
+  gathered, not streamed: they count as ``rows gathered x bytes per row``, with the rows per
+  kernel given by :data:`GATHERS` (e.g. observations read the ``K = num_roads`` candidate
+  segments of each slot's grid cell).
+
+Bytes are upper bounds for masked-out work (a kernel may skip inactive slots' loads) and assume no
+cache reuse for gathers. Normalised per agent-step = per policy slot (W x C) and step. Timings are not
+measured here (see ``profiling/bench_env.py``).
+
+Usage::
+
+    python profiling/kernel_costs.py [--worlds 4] [--steps 3] [--data data/womd_sample]
+
+Prints a Markdown table (one row per kernel and behaviour set) that docs/kernels.md reproduces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import pathlib
+import sys
+
+import torch
+
+if not torch.cuda.is_available():  # must be set before gpusim defines its kernels
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+#: Table arguments that kernels gather from, and how many rows each processed item reads:
+#: kernel -> {argument: function(sizes) -> rows per launch}. ``sizes`` has W, A, C, K, KE, N.
+GATHERS = {
+    "_replay_kernel": {  # one log index per agent
+        "traj_pos_ptr": lambda z: z["W"] * z["A"], "traj_heading_ptr": lambda z: z["W"] * z["A"],
+        "traj_vel_ptr": lambda z: z["W"] * z["A"], "traj_valid_ptr": lambda z: z["W"] * z["A"],
+    },
+    "_offroad_kernel": {  # per controlled slot: its cell's KE road edges
+        "seg_ptr": lambda z: z["W"] * z["C"] * z["KE"], "grid_ptr": lambda z: z["W"] * z["C"],
+        "origin_ptr": lambda z: z["W"] * z["C"], "dims_ptr": lambda z: z["W"] * z["C"],
+    },
+    "_observations_kernel": {  # per slot: its cell's K road candidates
+        "seg_ptr": lambda z: z["W"] * z["C"] * z["K"], "rtype_ptr": lambda z: z["W"] * z["C"] * z["K"],
+        "grid_ptr": lambda z: z["W"] * z["C"], "origin_ptr": lambda z: z["W"] * z["C"],
+        "dims_ptr": lambda z: z["W"] * z["C"],
+    },
+}
+IN_PLACE = {"slots_ptr", "has_ptr"}
+
+
+def _row_bytes(t: torch.Tensor, arg: str, z: dict) -> int:
+    """Bytes of one gathered row of table ``t`` (the grid table row is one cell's candidate list)."""
+    if arg == "grid_ptr":
+        return t.shape[-1] * t.element_size()
+    if arg in ("origin_ptr", "dims_ptr"):
+        return t.shape[-1] * t.element_size()
+    if arg.startswith("traj_"):  # [S, A, T, ...]: one step of one agent
+        return (t[0, 0, 0].numel() if t.dim() > 3 else 1) * t.element_size()
+    if arg == "seg_ptr":
+        return t.shape[-1] * t.element_size()
+    return t.element_size()
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Yield a list that receives ``(kernel_name, {arg_name: value})`` for every Triton launch."""
+    log: list = []
+    classes = []
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+
+        classes.append(InterpretedFunction)
+    except ImportError:  # pragma: no cover
+        pass
+    from triton.runtime.jit import JITFunction
+
+    classes.append(JITFunction)
+    saved = []
+    for cls in classes:
+        orig = cls.run
+
+        def run(self, *args, __orig=orig, **kwargs):
+            if not kwargs.get("warmup", False):
+                bound = dict(zip(self.arg_names, args))
+                bound.update({k: v for k, v in kwargs.items() if k in self.arg_names})
+                log.append((self.fn.__name__, bound))
+            return __orig(self, *args, **kwargs)
+
+        cls.run = run
+        saved.append((cls, orig))
+    try:
+        yield log
+    finally:
+        for cls, orig in saved:
+            cls.run = orig
+
+
+def launch_bytes(name: str, args: dict, z: dict) -> tuple[int, int]:
+    """(bytes read, bytes written) of one launch, by the rules of the module docstring."""
+    read = written = 0
+    gathers = GATHERS.get(name, {})
+    outs = {v.data_ptr() for a, v in args.items()
+            if isinstance(v, torch.Tensor) and (a.startswith("out") or a.startswith("o_"))}
+    for arg, v in args.items():
+        if not isinstance(v, torch.Tensor):
+            continue
+        if v.data_ptr() in outs and not (arg.startswith("out") or arg.startswith("o_")):
+            continue  # a placeholder pointer aliasing an output (e.g. an unused optional input)
+        if arg in gathers:
+            read += gathers[arg](z) * _row_bytes(v, arg, z)
+        elif arg.startswith("out") or arg.startswith("o_"):
+            written += v.numel() * v.element_size()
+        elif arg in IN_PLACE:
+            read += v.numel() * v.element_size()
+            written += v.numel() * v.element_size()
+        else:
+            read += v.numel() * v.element_size()
+    return read, written
+
+
+def measure(pack, config, worlds: int, steps: int, seed: int = 0):
+    """Per kernel: (launches per step, bytes read / written per agent-step) over ``steps`` steps."""
+    from gpusim.backend import use_backend
+    from gpusim.env import DriveEnv
+
+    env = DriveEnv(pack, worlds, config, seed=seed)
+    z = dict(W=worlds, A=config.max_agents, C=config.max_controlled, K=config.num_roads,
+             KE=pack.grid_edge.shape[-1], N=worlds * config.max_controlled)
+    g = torch.Generator().manual_seed(seed)
+    with use_backend("triton"):
+        env.reset()
+        with record_launches() as log:
+            for _ in range(steps):
+                env.step(torch.randint(0, env.num_actions, (worlds, env.num_slots), generator=g))
+    per = collections.defaultdict(lambda: [0, 0, 0])
+    for name, args in log:
+        r, w = launch_bytes(name, args, z)
+        p = per[name]
+        p[0] += 1
+        p[1] += r
+        p[2] += w
+    agent_steps = steps * worlds * config.max_controlled
+    return {k: (v[0] / steps, v[1] / agent_steps, v[2] / agent_steps) for k, v in per.items()}
+
+
+def main(argv=None) -> int:
+    """Print the launch/bytes table for three behaviour sets."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=str(REPO / "data" / "womd_sample"))
+    ap.add_argument("--worlds", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    from gpusim.config import EnvConfig
+    from gpusim.data import ScenarioPack
+
+    files = sorted(pathlib.Path(args.data).glob("*.json*"))
+    if not files:
+        print(f"no scenarios in {args.data}", file=sys.stderr)
+        return 2
+    base = EnvConfig()
+    pack = ScenarioPack.from_json(files, base.data_config())
+    sets = {
+        "contact ignore": base,
+        "collision remove, offroad stop": base.replace(collision_behavior="remove", offroad_behavior="stop"),
+    }
+    print(f"W = {args.worlds} worlds, C = {base.max_controlled} slots, A = {base.max_agents} agents, "
+          f"K = {base.num_roads} roads, P = {base.num_partners} partners, KE = {pack.grid_edge.shape[-1]} "
+          f"edges per cell; bytes per agent-step (per policy slot and step)\n")
+    for label, cfg in sets.items():
+        res = measure(pack, cfg, args.worlds, args.steps)
+        print(f"### {label}\n")
+        print("| kernel | launches / step | bytes read / agent-step | bytes written / agent-step |")
+        print("|---|---:|---:|---:|")
+        tot = [0.0, 0.0, 0.0]
+        for name, (n, r, w) in res.items():
+            print(f"| `{name}` | {n:g} | {r:,.0f} | {w:,.0f} |")
+            tot = [tot[0] + n, tot[1] + r, tot[2] + w]
+        print(f"| **total** | {tot[0]:g} | {tot[1]:,.0f} | {tot[2]:,.0f} |\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
