@@ -1,18 +1,28 @@
-"""Env-only throughput: controlled-agent-steps per second of ``DriveEnv.step`` with random actions.
+"""Env-only throughput of ``DriveEnv.step`` with random actions, observations included.
 
-Observations are included (every step builds them). Only controlled agents in active slots count
-(DESIGN.md section 9): a world whose scenario has 3 controlled agents adds 3 per step even though
-it computes C = 32 slots. Per world count: median over ``--repeats`` timed runs of ``--steps``
-steps each, after ``--warmup`` untimed steps.
+Reports, for every (worlds, max_controlled) pair of the sweep:
 
-Usage (from the repository root):
+* ``agent_steps_per_s``: controlled-agent-steps per second. Only controlled agents in active slots
+  count (DESIGN.md section 9): a world whose scenario has 3 controlled agents adds 3 per step even
+  though it has C = ``max_controlled`` slots;
+* ``world_steps_per_s``, ``ms_per_step`` and ``us_per_agent_step`` (the cost of one agent-step);
+* ``breakdown_ms`` (with ``--breakdown``): milliseconds per step in each kernel the env calls
+  (``profiling/timers.py``; synchronised on CUDA) and ``other`` (everything else);
+* memory: ``state_bytes_per_world`` (the ``EnvState`` tensors), ``obs_bytes_per_world`` (the
+  observation buffer) and ``pack_bytes`` (the scenario pack, shared by all worlds).
 
-    python profiling/bench_env.py                       # 1, 16, 64, 256 worlds, table
-    python profiling/bench_env.py --worlds 64 --json    # one size, JSON on stdout
-    python profiling/bench_env.py --pack /tmp/pack      # a saved ScenarioPack (skips conversion)
+Timing: ``--warmup`` untimed steps, then the median over ``--repeats`` runs of ``--steps`` steps.
+
+Usage (from the repository root)::
+
+    python profiling/bench_env.py                                # 1 ... 1024 worlds, table
+    python profiling/bench_env.py --worlds 64 256 --max-controlled 8 32 --breakdown
+    python profiling/bench_env.py --worlds 64 --json              # JSON on stdout
+    python profiling/bench_env.py --data /tmp/pack                # a saved ScenarioPack or WOMD JSON dir
 
 ``--threads`` sets torch's intra-op threads (default 1: on a shared 2-core machine the step is many
-small ops, and two threads that wait for each other at every op are much slower than one).
+small ops, and two threads that wait for each other at every op are often slower than one).
+``--backend triton`` needs CUDA (Triton's CPU interpreter is a test tool, far too slow to time).
 """
 
 from __future__ import annotations
@@ -24,91 +34,185 @@ import statistics
 import sys
 import time
 
+if __package__ in (None, ""):  # `python profiling/bench_env.py`: make `profiling` importable
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+DEFAULT_WORLDS = [1, 16, 64, 256, 1024]
 
 
 def load_pack(path: str | None, config):
-    """A ScenarioPack from a saved pack (dir/.pt) or from a directory of WOMD JSON files."""
+    """A ScenarioPack for ``config``: a saved pack (directory with ``pack.pt`` or ``.pt`` file) or a
+    directory / glob of WOMD JSON files converted with ``config.data_config()``.
+
+    Raises:
+        SystemExit: nothing usable at ``path``, or a saved pack built for another ``max_controlled``.
+    """
     from gpusim.data import ScenarioPack
 
     p = pathlib.Path(path) if path else REPO / "data" / "womd_sample"
     if (p / "pack.pt").exists() or p.suffix == ".pt":
-        return ScenarioPack.load(p)
-    files = sorted(f for f in p.glob("*.json*"))
-    if not files:
+        pack = ScenarioPack.load(p)
+        if pack.config.max_controlled != config.max_controlled or pack.config.max_agents != config.max_agents:
+            raise SystemExit(
+                f"{p}: saved pack has max_controlled={pack.config.max_controlled}, max_agents={pack.config.max_agents}; "
+                f"pass --max-controlled {pack.config.max_controlled} or a WOMD JSON directory")
+        return pack
+    files = sorted(f for f in p.glob("*.json*")) if p.is_dir() else [p]
+    if not files or not files[0].exists():
         raise SystemExit(f"no scenario pack or WOMD JSON files in {p}")
     return ScenarioPack.from_json(files, config.data_config())
 
 
-def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, device: str, seed: int = 0):
-    """Median controlled-agent-steps/s (and seconds per step) of ``num_worlds`` worlds."""
+def tensor_bytes(obj) -> int:
+    """Bytes of all tensors that are attributes of a dataclass-like object."""
+    return sum(v.numel() * v.element_size() for v in vars(obj).values() if isinstance(v, torch.Tensor))
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, device: str, seed: int = 0,
+          breakdown: bool = False) -> dict:
+    """Measure one configuration (see the module docstring for the keys of the returned dict)."""
     from gpusim.env import DriveEnv
+
+    from profiling.timers import KernelTimer, instrument_env
 
     env = DriveEnv(pack, num_worlds, config, device=device, seed=seed)
     env.reset()
     g = torch.Generator(device=env.device).manual_seed(seed)
-    shape = (num_worlds, env.num_slots) if config.action_space == 0 else (num_worlds, env.num_slots, 2)
+    discrete = int(config.action_space) == 0
+    shape = (num_worlds, env.num_slots) if discrete else (num_worlds, env.num_slots, 2)
 
     def actions():
-        if config.action_space == 0:
+        if discrete:
             return torch.randint(0, env.num_actions, shape, generator=g, device=env.device)
         return torch.rand(shape, generator=g, device=env.device) * 2 - 1
 
     for _ in range(warmup):
         env.step(actions())
-    rates, per_step = [], []
+    rates, per_step, agents = [], [], []
     for _ in range(repeats):
         count = torch.zeros((), dtype=torch.int64, device=env.device)
         acts = [actions() for _ in range(steps)]
-        if env.device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(env.device)
         t0 = time.perf_counter()
         for a in acts:
             count += env.state.slot_active.sum()  # the agents that act in this step
             env.step(a)
-        if env.device.type == "cuda":
-            torch.cuda.synchronize()
+        _sync(env.device)
         dt = time.perf_counter() - t0
-        rates.append(int(count) / dt)
+        n = int(count)
+        rates.append(n / dt)
         per_step.append(dt / steps)
-    return {"worlds": num_worlds, "agent_steps_per_s": statistics.median(rates),
-            "ms_per_step": 1000 * statistics.median(per_step),
-            "agents_per_world": float(env.pack.num_controlled.float().mean())}
+        agents.append(n / steps)
+    ms = 1000 * statistics.median(per_step)
+    row = {
+        "worlds": num_worlds,
+        "max_controlled": config.max_controlled,
+        "agents_per_step": statistics.median(agents),
+        "agent_steps_per_s": statistics.median(rates),
+        "world_steps_per_s": num_worlds / statistics.median(per_step),
+        "ms_per_step": ms,
+        "us_per_agent_step": 1000 * ms / max(statistics.median(agents), 1e-9),
+        "state_bytes_per_world": tensor_bytes(env.state) / num_worlds,
+        "obs_bytes_per_world": env.num_slots * env.obs_dim * 4,
+        "pack_bytes": env.pack.nbytes(),
+    }
+    if breakdown:
+        timer = KernelTimer(sync_cuda=env.device.type == "cuda")
+        acts = [actions() for _ in range(steps)]
+        with instrument_env(timer):
+            _sync(env.device)
+            t0 = time.perf_counter()
+            for a in acts:
+                env.step(a)
+            _sync(env.device)
+            total = 1000 * (time.perf_counter() - t0) / steps
+        rep = timer.report(steps)
+        rep["other"] = max(0.0, total - sum(rep.values()))
+        row["breakdown_ms"] = rep
+        row["breakdown_total_ms"] = total
+    return row
 
 
-def main(argv=None):
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pack", default=None, help="saved pack or WOMD JSON dir (default data/womd_sample)")
-    ap.add_argument("--worlds", type=int, nargs="+", default=[1, 16, 64, 256])
+    ap.add_argument("--data", "--pack", dest="data", default=None,
+                    help="saved pack or WOMD JSON dir (default data/womd_sample)")
+    ap.add_argument("--worlds", type=int, nargs="+", default=DEFAULT_WORLDS)
+    ap.add_argument("--max-controlled", type=int, nargs="+", default=[32])
     ap.add_argument("--steps", type=int, default=20, help="timed steps per repeat")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = leave torch's default)")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default=None, help="default: cuda for --backend triton, else cpu")
+    ap.add_argument("--backend", default="torch", choices=["torch", "triton"],
+                    help="torch: the vectorised reference (CPU); triton: the kernels (needs CUDA)")
     ap.add_argument("--action-space", default="discrete", choices=["discrete", "continuous"])
+    ap.add_argument("--breakdown", action="store_true", help="also time each kernel call (per-kernel ms/step)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    """Run the sweep; print a table (or JSON with ``--json``) and return the result dict."""
+    args = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    from gpusim.backend import backend_for
+    from gpusim.backend import use_backend
     from gpusim.config import EnvConfig
 
-    config = EnvConfig(action_space=args.action_space)
-    pack = load_pack(args.pack, config)
-    rows = [bench(pack, config, w, args.steps, args.repeats, args.warmup, args.device) for w in args.worlds]
-    meta = {"device": args.device, "backend": backend_for(torch.empty(0, device=args.device)),
-            "threads": torch.get_num_threads(), "scenarios": pack.num_scenarios, "steps": args.steps,
-            "repeats": args.repeats, "torch": torch.__version__}
+    device = args.device or ("cuda" if args.backend == "triton" else "cpu")
+    if args.backend == "triton" and not device.startswith("cuda"):
+        raise SystemExit("--backend triton needs a CUDA device (the CPU interpreter is not a benchmark)")
+    rows = []
+    pack_bytes = {}
+    with use_backend(args.backend):
+        for mc in args.max_controlled:
+            config = EnvConfig(action_space=args.action_space, max_controlled=mc)
+            pack = load_pack(args.data, config)
+            pack_bytes[mc] = pack.nbytes()
+            for w in args.worlds:
+                rows.append(bench(pack, config, w, args.steps, args.repeats, args.warmup, device,
+                                  breakdown=args.breakdown))
+    meta = {"device": device, "backend": args.backend, "threads": torch.get_num_threads(),
+            "scenarios": pack.num_scenarios, "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup,
+            "torch": torch.__version__, "data": str(args.data or "data/womd_sample"),
+            "loadavg_1min": _loadavg()}
+    result = {"meta": meta, "results": rows}
     if args.json:
-        json.dump({"meta": meta, "results": rows}, sys.stdout, indent=1)
+        json.dump(result, sys.stdout, indent=1)
         print()
-        return
+        return result
     print(f"# env-only, observations included; {meta}")
-    print(f"{'worlds':>7} {'agent-steps/s':>14} {'ms/step':>9} {'agents/world':>13}")
+    print(f"{'worlds':>7} {'C':>3} {'agents':>7} {'agent-steps/s':>14} {'world-steps/s':>14} {'ms/step':>9} "
+          f"{'us/agent-step':>14} {'state KB/w':>10} {'obs KB/w':>9}")
     for r in rows:
-        print(f"{r['worlds']:>7} {r['agent_steps_per_s']:>14,.0f} {r['ms_per_step']:>9.2f} {r['agents_per_world']:>13.1f}")
+        print(f"{r['worlds']:>7} {r['max_controlled']:>3} {r['agents_per_step']:>7.0f} {r['agent_steps_per_s']:>14,.0f} "
+              f"{r['world_steps_per_s']:>14,.0f} {r['ms_per_step']:>9.2f} {r['us_per_agent_step']:>14.2f} "
+              f"{r['state_bytes_per_world'] / 1024:>10.1f} {r['obs_bytes_per_world'] / 1024:>9.1f}")
+    if args.breakdown:
+        print("\n# per-kernel ms/step")
+        for r in rows:
+            parts = " ".join(f"{k}={v:.2f}" for k, v in sorted(r["breakdown_ms"].items(), key=lambda kv: -kv[1]))
+            print(f"worlds={r['worlds']} C={r['max_controlled']}: {parts}")
+    print(f"\n# pack bytes (shared by all worlds): {pack_bytes}")
+    return result
+
+
+def _loadavg():
+    try:
+        import os
+
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 if __name__ == "__main__":

@@ -122,3 +122,67 @@ def test_kernel_rejects_bad_input():
             collisions(pos, heading, length, width, present.float(), 1.0)
         with pytest.raises(ValueError, match="width"):
             collisions(pos, heading, length, width[:, :3], present, 1.0)
+
+
+# ------------------------------------------------------------------------------ CPU fast path
+def _dense_oracle(pos, heading, length, width, present, box_scale, query):
+    """All pairs, no pre-check: the separating-axis test of the module docstring on [W, A, A];
+    a pair counts when its first agent is a query agent."""
+    a, b = 0.5 * box_scale * length, 0.5 * box_scale * width
+    ch, sh = torch.cos(heading), torch.sin(heading)
+    ai, bi, ci, si = a[:, :, None], b[:, :, None], ch[:, :, None], sh[:, :, None]
+    aj, bj, cj, sj = a[:, None, :], b[:, None, :], ch[:, None, :], sh[:, None, :]
+    dx = pos[:, None, :, 0] - pos[:, :, None, 0]
+    dy = pos[:, None, :, 1] - pos[:, :, None, 1]
+    c, s = (ci * cj + si * sj).abs(), (ci * sj - si * cj).abs()
+    sep = (dx * ci + dy * si).abs() > ai + aj * c + bj * s
+    sep |= (dy * ci - dx * si).abs() > bi + aj * s + bj * c
+    sep |= (dx * cj + dy * sj).abs() > aj + ai * c + bi * s
+    sep |= (dy * cj - dx * sj).abs() > bj + ai * s + bi * c
+    A = heading.shape[1]
+    hit = ~sep & present[:, :, None] & present[:, None, :] & ~torch.eye(A, dtype=torch.bool)
+    hit &= query[:, :, None]
+    return hit.any(2) | hit.any(1)
+
+
+@pytest.mark.parametrize("W,A,scale", [(3, 37, 0.7), (2, 64, 1.0), (4, 9, 1.3)])
+def test_reference_equals_dense_all_pairs(W, A, scale):
+    """Compaction + circle pre-check give the answer of the exhaustive test (random, dense scenes)."""
+    args = _random(W, A, seed=100 + A)
+    g = torch.Generator().manual_seed(A)
+    query = torch.rand(W, A, generator=g) < 0.4
+    want = _dense_oracle(*args, scale, query)
+    got = collisions_reference(*args, scale, query=query)
+    assert want.any() and not want.all()
+    assert torch.equal(got, want)
+    assert torch.equal(collisions_reference(*args, scale), _dense_oracle(*args, scale, torch.ones_like(query)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_query_mask_flags_only_overlaps_with_query_agents(backend):
+    # 0 (query) overlaps 1; 2 and 3 overlap each other but neither is a query agent
+    args = _boxes((0, 0, 0, 4, 2), (3, 0, 0, 4, 2), (50, 0, 0, 4, 2), (52, 0, 0, 4, 2))
+    query = torch.tensor([[True, False, False, False]])
+    with use_backend(backend):
+        hit = collisions(*args, 1.0, query=query)
+        assert hit.tolist() == [[True, True, False, False]]
+        assert collisions(*args, 1.0).tolist() == [[True, True, True, True]]
+
+
+def test_query_mask_kernel_matches_reference():
+    args = _random(2, 70, seed=9)
+    query = torch.rand(2, 70, generator=torch.Generator().manual_seed(1)) < 0.3
+    ref = collisions_reference(*args, 0.8, query=query)
+    assert ref.any()
+    with use_backend("triton"):
+        assert torch.equal(collisions(*args, 0.8, query=query), ref)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_query_raises(backend):
+    args = _random(2, 5, seed=0)
+    with use_backend(backend):
+        with pytest.raises(ValueError, match="query"):
+            collisions(*args, 1.0, query=torch.ones(2, 4, dtype=torch.bool))
+        with pytest.raises(ValueError, match="query"):
+            collisions(*args, 1.0, query=torch.ones(2, 5))

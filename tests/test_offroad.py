@@ -115,3 +115,37 @@ def test_kernel_rejects_bad_input():
     with use_backend("triton"):
         with pytest.raises(ValueError, match="scenario"):
             offroad(*args, CELL, 1.0)
+
+
+# ------------------------------------------------------------------------------ CPU fast path
+def _dense_oracle(pos, heading, length, width, present, scen, road, grid, origin, dims, cell, box_scale):
+    """Every listed segment against every box edge, no pre-check ([W, A, KE, 4] orientation test)."""
+    from gpusim.kernels.grid import cell_index
+
+    c = cell_index(pos, scen, origin, dims, cell)
+    idx = grid[scen[:, None], c].long()
+    seg = road[scen[:, None, None], idx.clamp_min(0)]
+    qx1, qy1, qx2, qy2 = (seg[..., k, None] for k in range(4))
+    a, b = 0.5 * box_scale * length, 0.5 * box_scale * width
+    co, si = torch.cos(heading), torch.sin(heading)
+    ux, uy, vx, vy = a * co, a * si, -b * si, b * co
+    x, y = pos[..., 0], pos[..., 1]
+    cx = torch.stack((x + ux + vx, x - ux + vx, x - ux - vx, x + ux - vx), -1)[:, :, None, :]
+    cy = torch.stack((y + uy + vy, y - uy + vy, y - uy - vy, y + uy - vy), -1)[:, :, None, :]
+    px2, py2 = torch.roll(cx, -1, -1), torch.roll(cy, -1, -1)
+    ex, ey, fx, fy = px2 - cx, py2 - cy, qx2 - qx1, qy2 - qy1
+    o1 = ex * (qy1 - cy) - ey * (qx1 - cx)
+    o2 = ex * (qy2 - cy) - ey * (qx2 - cx)
+    o3 = fx * (cy - qy1) - fy * (cx - qx1)
+    o4 = fx * (py2 - qy1) - fy * (px2 - qx1)
+    cross = (o1 * o2 < 0) & (o3 * o4 < 0)
+    return (cross.any(-1) & (idx >= 0)).any(-1) & present
+
+
+@pytest.mark.parametrize("W,A,S,R,KE,scale", [(3, 37, 2, 50, 8, 0.9), (2, 300, 3, 17, 5, 1.0), (4, 64, 2, 40, 32, 1.7)])
+def test_reference_equals_dense_oracle(W, A, S, R, KE, scale):
+    """Compaction + bounding-box pre-check give the answer of the exhaustive test."""
+    args = _random_case(W, A, S, R, KE, seed=7 * W + A)
+    want = _dense_oracle(*args, CELL, scale)
+    assert want.any() and not want.all()
+    assert torch.equal(offroad_reference(*args, CELL, scale), want)

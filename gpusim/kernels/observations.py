@@ -172,12 +172,46 @@ def _sort_key(d2: torch.Tensor, ok: torch.Tensor, bits: int) -> torch.Tensor:
     return (raw & ~((1 << bits) - 1)) | ar
 
 
-def _road_table(road_seg: torch.Tensor, road_type: torch.Tensor) -> torch.Tensor:
-    """[S*R + 1, 10] per-segment rows: mid x, mid y, half length, unit direction x, y, 4 type
-    one-hots, 1 — and a final all-zero row that padding road slots gather.
+#: int32 bit pattern of float32 +inf: sort keys at or above it are invalid candidates.
+_INF_BITS = 0x7F800000
+#: Slot rows per block of the CPU reference: with K = 128 about 64K road candidates, so the
+#: per-candidate intermediates of a block stay in the CPU cache.
+_BLOCK_CANDIDATES = 65536
+#: Midpoint of the "far" padding row of the road table: any ego is farther than any road radius
+#: from it (finite, so the distance arithmetic stays finite: (1e18)^2 < float32 max).
+_FAR = 1.0e18
+#: Columns of the per-segment road table (see :func:`road_table`).
+_ROAD_COLS = 10
+#: Columns of the per-agent table (see :func:`_agent_table`).
+_AGENT_COLS = 12
 
-    Zero-length segments get direction (1, 0), which keeps the distance formula exact.
+_road_table_cache: list = []  # [(weakref road_seg, weakref road_type, versions, table)]
+
+
+def road_table(road_seg: torch.Tensor, road_type: torch.Tensor) -> torch.Tensor:
+    """Per-segment road features, computed once per pack and cached (CPU reference).
+
+    Args:
+        road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
+        road_type: [S, R] int8 ``RoadType`` codes.
+
+    Returns:
+        [S*R + 2, 10] float32 rows ``(mid_x, mid_y, dir_x, dir_y, half_length, is_lane,
+        is_road_line, is_road_edge, is_other, 1)`` for global segment ``s * R + r``; row ``S*R`` is
+        a "far" row (midpoint at 1e18 m: never within a road radius) that grid padding points to,
+        row ``S*R + 1`` is all zero (what padding observation slots gather).
+        Zero-length segments get direction (1, 0), which keeps the distance formula exact.
+
+    The table is cached for the last few (road_seg, road_type) tensor objects (weak references
+    plus the tensors' in-place version counters, so an edited or freed tensor is never served a
+    stale table).
     """
+    import weakref
+
+    key = (road_seg._version, road_type._version)
+    for ref_s, ref_t, ver, tab in _road_table_cache:
+        if ref_s() is road_seg and ref_t() is road_type and ver == key:
+            return tab
     S, R = road_type.shape
     p0, p1 = road_seg[..., 0:2], road_seg[..., 2:4]
     d = p1 - p0
@@ -190,10 +224,38 @@ def _road_table(road_seg: torch.Tensor, road_type: torch.Tensor) -> torch.Tensor
     group = torch.where((t >= 0) & (t < 3), t, 3)
     onehot = (group[..., None] == torch.arange(_NUM_ROAD_OBS_TYPES, device=road_seg.device)).to(torch.float32)
     mid = 0.5 * (p0 + p1)
-    rows = torch.cat(
-        [mid, torch.stack([0.5 * seg_len, ux, uy], dim=-1), onehot, torch.ones_like(ux)[..., None]], dim=-1
-    ).reshape(S * R, 10)
-    return torch.cat([rows, rows.new_zeros(1, 10)], dim=0)
+    tab = road_seg.new_zeros(S * R + 2, _ROAD_COLS)
+    tab[: S * R] = torch.cat(
+        [mid, torch.stack([ux, uy, 0.5 * seg_len], dim=-1), onehot, torch.ones_like(ux)[..., None]], dim=-1
+    ).reshape(S * R, _ROAD_COLS)
+    tab[S * R, 0:2] = _FAR
+    tab[S * R, 2] = 1.0
+    _road_table_cache.insert(0, (weakref.ref(road_seg), weakref.ref(road_type), key, tab))
+    del _road_table_cache[4:]
+    return tab
+
+
+def _agent_table(pos, heading, speed, length, width, agent_type) -> torch.Tensor:
+    """[W*A + 1, 12] per-agent rows x, y, cos h, sin h, speed/20, length/5, width/5, 3 type
+    one-hots, 1, 0 — and a final all-zero row that padding partner slots gather."""
+    W, A = speed.shape
+    n = W * A
+    tab = pos.new_empty(n + 1, _AGENT_COLS)
+    tab[n] = 0.0
+    t = tab[:n]
+    t[:, 0:2] = pos.view(n, 2)
+    h = heading.view(n)
+    torch.cos(h, out=t[:, 2])
+    torch.sin(h, out=t[:, 3])
+    torch.mul(speed.view(n), 1.0 / SPEED_SCALE, out=t[:, 4])
+    torch.mul(length.view(n), 1.0 / SIZE_SCALE, out=t[:, 5])
+    torch.mul(width.view(n), 1.0 / SIZE_SCALE, out=t[:, 6])
+    at = agent_type.view(n)
+    for k in range(_NUM_OBJECT_TYPES):
+        torch.eq(at, k, out=t[:, 7 + k])
+    t[:, 10] = 1.0
+    t[:, 11] = 0.0
+    return tab
 
 
 def observations_reference(
@@ -218,6 +280,7 @@ def observations_reference(
     partner_radius: float,
     road_radius: float,
     out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Ego-centric observation of every policy slot (layout: :func:`obs_layout`, module docstring).
 
@@ -242,166 +305,146 @@ def observations_reference(
         num_partners: P partner slots.
         partner_radius: partners farther than this (centre distance, m) are not observed.
         road_radius: segments farther than this (point-to-segment distance, m) are invalid.
-        out: optional preallocated [W, C, D] float32 contiguous output (every element is
-            written); reusing one buffer avoids re-faulting a large fresh allocation each step.
+        out: optional preallocated [W, C, D] float32 contiguous output; reusing one buffer avoids
+            re-faulting a large fresh allocation each step. Without ``rows`` every element is
+            written.
+        rows: optional [N] int64 flat slot indices ``w * C + c`` (unique, any order; requires
+            ``out``): only these slots are written (an inactive listed slot gets zeros), every
+            other element of ``out`` is left as it is. The env uses it to rewrite only the slots
+            whose content can change and keep the rest of a zeroed buffer (see docs/performance.md).
 
     Returns:
-        [W, C, D] float32 observations, D = ``obs_layout(num_partners, K).obs_dim``.
+        [W, C, D] float32 observations, D = ``obs_layout(num_partners, K).obs_dim``
+        (``out`` itself when given).
 
     Raises:
         ValueError: on inconsistent shapes, wrong dtypes or devices, non-contiguous tensors,
-            C > A, num_partners < 1, or non-positive radii / cell size.
+            C > A, num_partners < 1, non-positive radii / cell size, or ``rows`` that is not a
+            1-D int64 tensor on the same device, or is given without ``out``.
     """
     lay = _check_inputs(
         pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
         road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-        road_radius, out,
+        road_radius, out, rows,
     )
     W, A = heading.shape
     C = goal.shape[1]
+    D = lay.obs_dim
+    obs = out if out is not None else torch.empty(W, C, D, device=pos.device, dtype=torch.float32)
+    obs2d = obs.view(W * C, D)
+    act = ego_active.view(W * C)
+    # Compaction: only in-play slots are computed (CPU: nonzero costs no device sync).
+    if rows is None:
+        live = act.nonzero().squeeze(1)
+        dead = (~act).nonzero().squeeze(1)
+    else:
+        sel = act.index_select(0, rows)
+        live = rows[sel]
+        dead = rows[~sel]
+    if dead.numel():
+        obs2d.index_fill_(0, dead, 0.0)
+    n_live = live.numel()
+    if n_live == 0:
+        return obs
+    agent_tab = _agent_table(pos, heading, speed, length, width, agent_type)  # [W*A + 1, 12]
+    road_tab = road_table(road_seg, road_type)  # [S*R + 2, 10]
     K = grid_road.shape[2]
-    obs = out if out is not None else torch.empty(W, C, lay.obs_dim, device=pos.device, dtype=torch.float32)
-    cos_h, sin_h = torch.cos(heading), torch.sin(heading)  # [W, A]
-    agent_tab = _agent_table(pos, cos_h, sin_h, speed, length, width, agent_type)  # [W*A + 1, 11]
-    road_tab = _road_table(road_seg, road_type)  # [S*R + 1, 10]
-    cell = cell_index(pos[:, :C], scenario, grid_origin, grid_dims, cell_size)  # [W, C] int64
-    cand = grid_road[scenario[:, None], cell]  # [W, C, K] int32
-    # Cache blocking: the per-candidate intermediates of a block of worlds stay in the CPU cache
-    # (about 64K road candidates per block); on a GPU one block covers everything.
-    step = W if pos.is_cuda else max(1, _BLOCK_CANDIDATES // max(1, C * max(K, A)))
-    agent_base = torch.arange(W, device=pos.device, dtype=torch.int32) * A  # first agent_tab row per world
-    for w0 in range(0, W, step):
-        w1 = min(W, w0 + step)
-        _observe_block(
-            obs[w0:w1], lay, agent_base[w0:w1], A, pos[w0:w1], cos_h[w0:w1], sin_h[w0:w1], speed[w0:w1], length[w0:w1],
-            width[w0:w1], present[w0:w1], goal[w0:w1], ego_extra[w0:w1], ego_active[w0:w1],
-            scenario[w0:w1], road_seg.shape[1], cand[w0:w1], agent_tab, road_tab, partner_radius, road_radius,
+    block = n_live if pos.is_cuda else max(1, _BLOCK_CANDIDATES // max(K, A, 1))
+    for r0 in range(0, n_live, block):
+        _observe_rows(
+            obs2d, live[r0 : r0 + block], lay, C, pos, present, goal, ego_extra, scenario, road_seg.shape[1],
+            grid_road, grid_origin, grid_dims, cell_size, agent_tab, road_tab, partner_radius, road_radius,
         )
     return obs
 
 
-#: Road candidates per cache block of the CPU reference.
-_BLOCK_CANDIDATES = 65536
-
-
-def _agent_table(pos, cos_h, sin_h, speed, length, width, agent_type) -> torch.Tensor:
-    """[W*A + 1, 11] per-agent rows x, y, cos h, sin h, speed/20, length/5, width/5, 3 type
-    one-hots, 1 — and a final all-zero row that padding partner slots gather."""
-    W, A = speed.shape
-    onehot = (agent_type.to(torch.int64)[..., None] == torch.arange(_NUM_OBJECT_TYPES, device=pos.device)).to(
-        torch.float32
-    )
-    rows = torch.cat(
-        [
-            pos,
-            torch.stack(
-                [cos_h, sin_h, speed / SPEED_SCALE, length / SIZE_SCALE, width / SIZE_SCALE], dim=-1
-            ),
-            onehot,
-            torch.ones_like(speed)[..., None],
-        ],
-        dim=-1,
-    ).reshape(W * A, 11)
-    return torch.cat([rows, rows.new_zeros(1, 11)], dim=0)
-
-
-def _observe_block(
-    obs, lay, agent_base, A, pos, cos_h, sin_h, speed, length, width, present, goal, ego_extra, act, scenario, R, cand,
+def _observe_rows(
+    obs2d, rows, lay, C, pos, present, goal, ego_extra, scenario, R, grid_road, grid_origin, grid_dims, cell_size,
     agent_tab, road_tab, partner_radius, road_radius,
 ):
-    """Fill ``obs`` [Wb, C, D] for a block of Wb worlds whose agents start at rows ``agent_base``
-    [Wb] of ``agent_tab`` (see :func:`observations_reference`)."""
-    Wb, C, _ = obs.shape
-    K = cand.shape[2]
+    """Compute the observations of the in-play slots ``rows`` [n] (flat ``w * C + c``) and copy
+    them into ``obs2d`` [W*C, D] (see :func:`observations_reference`)."""
+    n = rows.shape[0]
+    W, A = present.shape
+    S, NC, K = grid_road.shape
     P = lay.num_partners
     dev = pos.device
-    ex, ey = pos[:, :C, 0], pos[:, :C, 1]  # [Wb, C]
-    ec, es = cos_h[:, :C], sin_h[:, :C]
+    w = torch.div(rows, C, rounding_mode="floor")
+    c = rows - w * C
+    blk = torch.empty(n, lay.obs_dim, device=dev, dtype=torch.float32)
 
-    # ------------------------------------------------------------ ego block [Wb, C, 11]
-    gx, gy = goal[..., 0] - ex, goal[..., 1] - ey
-    ego = torch.cat(
-        [
-            torch.stack(
-                [
-                    speed[:, :C] / SPEED_SCALE,
-                    length[:, :C] / SIZE_SCALE,
-                    width[:, :C] / SIZE_SCALE,
-                    (gx * ec + gy * es) / GOAL_SCALE,
-                    (gy * ec - gx * es) / GOAL_SCALE,
-                    torch.sqrt(gx * gx + gy * gy) / GOAL_SCALE,
-                ],
-                dim=-1,
-            ),
-            ego_extra,
-        ],
-        dim=-1,
-    )
-    obs[..., lay.ego] = torch.where(act[..., None], ego, 0.0)
-    ec1, es1 = ec[..., None], es[..., None]  # [Wb, C, 1]
-    ex1, ey1 = ex[..., None], ey[..., None]
+    # ------------------------------------------------------------ ego block [n, 11]
+    e = agent_tab.index_select(0, w * A + c)  # [n, 12]
+    ex, ey, ec, es = e[:, 0:1], e[:, 1:2], e[:, 2:3], e[:, 3:4]  # [n, 1]
+    gl = goal.view(W * C, 2).index_select(0, rows)
+    gx, gy = gl[:, 0:1] - ex, gl[:, 1:2] - ey
+    blk[:, 0:3] = e[:, 4:7]
+    blk[:, 3:4] = (gx * ec + gy * es) / GOAL_SCALE
+    blk[:, 4:5] = (gy * ec - gx * es) / GOAL_SCALE
+    blk[:, 5:6] = torch.sqrt(gx * gx + gy * gy) / GOAL_SCALE
+    blk[:, 6:lay.ego_dim] = ego_extra.view(W * C, -1).index_select(0, rows)
 
-    # ------------------------------------------------------------ partners [Wb, C, P, 11]
-    rx = pos[:, None, :, 0] - ex1  # [Wb, C, A]
-    ry = pos[:, None, :, 1] - ey1
+    # ------------------------------------------------------------ partners [n, P, 11]
+    pw = pos.view(W, A * 2).index_select(0, w).view(n, A, 2)
+    rx, ry = pw[..., 0] - ex, pw[..., 1] - ey  # [n, A]
     d2 = rx * rx + ry * ry
-    not_self = torch.arange(C, device=dev)[:, None] != torch.arange(A, device=dev)[None, :]  # [C, A]
-    ok = present[:, None, :] & not_self & act[..., None] & (d2 <= partner_radius * partner_radius)
+    ok = present.index_select(0, w)
+    ok &= torch.arange(A, device=dev)[None, :] != c[:, None]
+    ok &= d2 <= partner_radius * partner_radius
     kp = min(P, A)
     abits = _index_bits(A)
-    top = torch.topk(_sort_key(d2, ok, abits), kp, dim=-1, largest=False, sorted=True).values  # [Wb, C, kp]
-    row = (top & ((1 << abits) - 1)) + agent_base[:, None, None]
-    row = torch.where(top < _INF_BITS, row, agent_tab.shape[0] - 1)  # padding -> zero row
-    g = agent_tab.index_select(0, row.reshape(-1)).reshape(Wb, C, kp, 11)
+    top = torch.topk(_sort_key(d2, ok, abits), kp, dim=-1, largest=False, sorted=True).values  # [n, kp]
+    prow = torch.where(top < _INF_BITS, (top & ((1 << abits) - 1)) + (w * A)[:, None], agent_tab.shape[0] - 1)
+    g = agent_tab.index_select(0, prow.view(-1)).view(n, kp, _AGENT_COLS)
     one = g[..., 10]
-    px, py = g[..., 0] - ex1 * one, g[..., 1] - ey1 * one  # zero on padding rows
+    px, py = g[..., 0] - ex * one, g[..., 1] - ey * one  # zero on padding rows
     pc, ps = g[..., 2], g[..., 3]
     inv_pr = 1.0 / partner_radius
-    part = obs[..., lay.partners].view(Wb, C, P, lay.partner_dim)
-    part[:, :, :kp, 0] = (px * ec1 + py * es1) * inv_pr
-    part[:, :, :kp, 1] = (py * ec1 - px * es1) * inv_pr
-    part[:, :, :kp, 2] = pc * ec1 + ps * es1
-    part[:, :, :kp, 3] = ps * ec1 - pc * es1
-    part[:, :, :kp, 4:] = g[..., 4:]
+    part = blk[:, lay.partners].view(n, P, lay.partner_dim)
+    part[:, :kp, 0] = (px * ec + py * es) * inv_pr
+    part[:, :kp, 1] = (py * ec - px * es) * inv_pr
+    part[:, :kp, 2] = pc * ec + ps * es
+    part[:, :kp, 3] = ps * ec - pc * es
+    part[:, :kp, 4:] = g[..., 4:11]
     if kp < P:
-        part[:, :, kp:] = 0.0
+        part[:, kp:] = 0.0
 
-    # ------------------------------------------------------------ roads [Wb, C, K, 10]
-    gidx = torch.where(cand >= 0, cand + (scenario.to(torch.int32) * R)[:, None, None], road_tab.shape[0] - 1)
-    g = road_tab.index_select(0, gidx.reshape(-1)).reshape(Wb, C, K, 10)
-    qx, qy = ex1 - g[..., 0], ey1 - g[..., 1]  # ego minus midpoint
-    ux, uy, half = g[..., 3], g[..., 4], g[..., 2]
+    # ------------------------------------------------------------ roads [n, K, 10]
+    s = scenario.index_select(0, w)  # [n] int64
+    cell = cell_index(e[:, None, 0:2], s, grid_origin, grid_dims, cell_size)[:, 0]  # [n]
+    cand = grid_road.view(S * NC, K).index_select(0, s * NC + cell)  # [n, K] int32
+    far = road_tab.shape[0] - 2
+    gidx = torch.where(cand >= 0, cand + (s * R).to(torch.int32)[:, None], far)  # [n, K] int32
+    g = road_tab.index_select(0, gidx.view(-1)).view(n, K, _ROAD_COLS)
+    qx, qy = ex - g[..., 0], ey - g[..., 1]  # ego minus midpoint
+    ux, uy, half = g[..., 2], g[..., 3], g[..., 4]
     along = qx * ux + qy * uy
     perp = qx * uy - qy * ux
-    over = along - torch.minimum(torch.maximum(along, -half), half)
+    over = along - torch.clamp(along, -half, half)
     rd2 = perp * perp + over * over
-    rok = (cand >= 0) & act[..., None] & (rd2 <= road_radius * road_radius)
     rbits = _index_bits(K)
-    rkey = torch.sort(_sort_key(rd2, rok, rbits), dim=-1).values  # [Wb, C, K] int32
+    rkey = torch.sort(_sort_key(rd2, rd2 <= road_radius * road_radius, rbits), dim=-1).values  # [n, K]
     order = (rkey & ((1 << rbits) - 1)).to(torch.int64)
-    srow = torch.where(rkey < _INF_BITS, torch.gather(gidx, 2, order), road_tab.shape[0] - 1)
-    g = road_tab.index_select(0, srow.reshape(-1)).reshape(Wb, C, K, 10)
+    srow = torch.where(rkey < _INF_BITS, torch.gather(gidx, 1, order), far + 1)  # invalid -> zero row
+    g = road_tab.index_select(0, srow.view(-1)).view(n, K, _ROAD_COLS)
     one = g[..., 9]
-    mx, my = g[..., 0] - ex1 * one, g[..., 1] - ey1 * one  # zero on padding rows
-    ux, uy = g[..., 3], g[..., 4]
+    mx, my = g[..., 0] - ex * one, g[..., 1] - ey * one  # zero on padding rows
+    ux, uy = g[..., 2], g[..., 3]
     inv_rr = 1.0 / road_radius
-    road = obs[..., lay.roads].view(Wb, C, K, lay.road_dim)
-    road[..., 0] = (mx * ec1 + my * es1) * inv_rr
-    road[..., 1] = (my * ec1 - mx * es1) * inv_rr
-    road[..., 2] = g[..., 2] * (2.0 * inv_rr)
-    road[..., 3] = ux * ec1 + uy * es1
-    road[..., 4] = uy * ec1 - ux * es1
+    road = blk[:, lay.roads].view(n, K, lay.road_dim)
+    road[..., 0] = (mx * ec + my * es) * inv_rr
+    road[..., 1] = (my * ec - mx * es) * inv_rr
+    road[..., 2] = g[..., 4] * (2.0 * inv_rr)
+    road[..., 3] = ux * ec + uy * es
+    road[..., 4] = uy * ec - ux * es
     road[..., 5:] = g[..., 5:]
-
-
-#: int32 bit pattern of float32 +inf: sort keys at or above it are invalid candidates.
-_INF_BITS = 0x7F800000
+    obs2d.index_copy_(0, rows, blk)
 
 
 def _check_inputs(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out,
+    road_radius, out, rows=None,
 ) -> ObsLayout:
     """Validate shapes/dtypes/devices (host-side metadata only, no device sync); return the layout."""
     if pos.dim() != 3 or pos.shape[-1] != 2:
@@ -465,6 +508,13 @@ def _check_inputs(
             )
         if not out.is_contiguous():
             raise ValueError("observations: out must be contiguous")
+    if rows is not None:
+        if out is None:
+            raise ValueError("observations: rows needs out (the slots not listed are left as they are in out)")
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype != torch.int64:
+            raise ValueError("observations: rows must be a 1-D int64 tensor of flat slot indices w * C + c")
+        if rows.device != pos.device:
+            raise ValueError(f"observations: rows is on {rows.device}, pos on {pos.device}")
     return lay
 
 
@@ -478,15 +528,18 @@ def _check_inputs(
 def _observations_kernel(
     pos_ptr, heading_ptr, speed_ptr, length_ptr, width_ptr, type_ptr, present_ptr,
     goal_ptr, extra_ptr, active_ptr, scenario_ptr,
-    seg_ptr, rtype_ptr, grid_ptr, origin_ptr, dims_ptr, out_ptr,
+    seg_ptr, rtype_ptr, grid_ptr, origin_ptr, dims_ptr, out_ptr, rows_ptr,
     cell_size, partner_r2, inv_pr, road_r2, inv_rr, two_inv_rr,
     A: tl.constexpr, C: tl.constexpr, K: tl.constexpr, NC: tl.constexpr, R: tl.constexpr,
     P: tl.constexpr, D: tl.constexpr, EGO_DIM: tl.constexpr, NEXTRA: tl.constexpr,
     PDIM: tl.constexpr, RDIM: tl.constexpr, ABITS: tl.constexpr, RBITS: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_F: tl.constexpr,
-    SPEED_S: tl.constexpr, SIZE_S: tl.constexpr, GOAL_S: tl.constexpr,
+    SPEED_S: tl.constexpr, SIZE_S: tl.constexpr, GOAL_S: tl.constexpr, HAS_ROWS: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
+    if HAS_ROWS:  # program i computes the listed slot rows[i]
+        pid = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
+    else:
+        pid = tl.program_id(0).to(tl.int64)
     w = pid // C
     c = pid % C
     out_base = out_ptr + pid * D
@@ -623,13 +676,13 @@ def _observations_kernel(
 def _observations_triton(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None,
+    road_radius, out=None, rows=None,
 ):
     """Launcher of :func:`_observations_kernel` (same arguments and result as the reference)."""
     lay = _check_inputs(
         pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
         road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-        road_radius, out,
+        road_radius, out, rows,
     )
     W, A = heading.shape
     C = goal.shape[1]
@@ -638,19 +691,20 @@ def _observations_triton(
     if lay.partner_dim > 16 or lay.road_dim > 16 or len(EGO_EXTRA) > 16:
         raise ValueError("observations: feature blocks wider than 16 need a larger BLOCK_F")
     obs = out if out is not None else torch.empty(W, C, lay.obs_dim, device=pos.device, dtype=torch.float32)
-    if W * C == 0:
+    n_prog = W * C if rows is None else rows.numel()
+    if n_prog == 0:
         return obs
-    _observations_kernel[(W * C,)](
+    _observations_kernel[(n_prog,)](
         pos, heading, speed, length, width, agent_type, present.view(torch.uint8),
         goal, ego_extra, ego_active.view(torch.uint8), scenario,
-        road_seg, road_type, grid_road, grid_origin, grid_dims, obs,
+        road_seg, road_type, grid_road, grid_origin, grid_dims, obs, obs if rows is None else rows,
         float(cell_size), float(partner_radius) ** 2, 1.0 / float(partner_radius), float(road_radius) ** 2,
         1.0 / float(road_radius), 2.0 / float(road_radius),
         A=A, C=C, K=K, NC=NC, R=R, P=lay.num_partners, D=lay.obs_dim, EGO_DIM=lay.ego_dim,
         NEXTRA=len(EGO_EXTRA), PDIM=lay.partner_dim, RDIM=lay.road_dim, ABITS=_index_bits(A),
         RBITS=_index_bits(K), BLOCK_A=triton.next_power_of_2(A), BLOCK_K=triton.next_power_of_2(K),
         BLOCK_P=triton.next_power_of_2(lay.num_partners), BLOCK_F=16,
-        SPEED_S=SPEED_SCALE, SIZE_S=SIZE_SCALE, GOAL_S=GOAL_SCALE,
+        SPEED_S=SPEED_SCALE, SIZE_S=SIZE_SCALE, GOAL_S=GOAL_SCALE, HAS_ROWS=rows is not None,
         num_warps=4,
     )
     return obs
@@ -659,18 +713,18 @@ def _observations_triton(
 def observations(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None,
+    road_radius, out=None, rows=None,
 ):
     if backend_for(pos) == "triton":
         return _observations_triton(
             pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
             road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-            road_radius, out,
+            road_radius, out, rows,
         )
     return observations_reference(
         pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
         road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-        road_radius, out,
+        road_radius, out, rows,
     )
 
 

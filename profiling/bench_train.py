@@ -1,0 +1,153 @@
+"""End-to-end training throughput of the ``train/run.py`` loop, with a time split.
+
+Runs the trainer's own pieces (``train.run.make_env``, ``train.rollout.collect_rollout``,
+``train.run.update_policy``) on the configuration ``train/run.py`` would use (its defaults, or the
+trainer flags given after ``--``), and reports per iteration (one rollout + one PPO update):
+
+* ``sps``: controlled-agent steps per second, counted as ``train/run.py`` counts them (active slots x
+  horizon per rollout);
+* the split in seconds per iteration: ``env_step`` (``env.step``), ``policy_rollout``
+  (``forward_eval`` + ``sample`` + ``log_prob`` while collecting), ``rollout_other`` (buffer writes,
+  cache resets), ``advantage`` (GAE / V-trace inside the PPO loss), ``ppo_update`` (the rest of the
+  update: hook, forward/backward, optimizer);
+* ``peak_rss_mb`` (CPU, process high-water mark) or ``peak_cuda_mb`` (CUDA).
+
+The timers wrap the calls from outside (instance attributes and the ``advantage`` name in
+``train.ppo``); the trainer is not modified. On CUDA the wrappers synchronise the device.
+
+Usage (from the repository root)::
+
+    python profiling/bench_train.py                          # default train/run.py config, table
+    python profiling/bench_train.py --iters 3 --json
+    python profiling/bench_train.py -- --num-worlds 64 --env.max-controlled 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import resource
+import statistics
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import torch
+
+PHASES = ("env_step", "policy_rollout", "rollout_other", "advantage", "ppo_update")
+
+
+def parse_args(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    train_argv = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, train_argv = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 epilog="arguments after -- go to train/run.py's parser")
+    ap.add_argument("--iters", type=int, default=2, help="timed iterations (rollout + update)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = ap.parse_args(argv)
+    args.train_argv = train_argv
+    return args
+
+
+def main(argv=None) -> dict:
+    """Run the benchmark; print a table (or JSON) and return the result dict."""
+    args = parse_args(argv)
+    from policy.actor_critic import ActorCritic
+    from policy.encoders import ObsDims
+    import train.ppo as ppo_mod
+    from train.config import parse_args as train_parse
+    from train.experience import make_hook
+    from train.rollout import RolloutBatch, collect_rollout
+    from train.run import make_env, update_policy
+
+    from profiling.timers import KernelTimer
+
+    cfg = train_parse(args.train_argv + ["--quiet"])
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    torch.manual_seed(cfg.seed)
+    device = torch.device(cfg.device)
+    env = make_env(cfg, cfg.env)
+    dims = ObsDims.from_layout(env.obs_layout)
+    continuous = int(env.config.action_space) == 1
+    policy = ActorCritic(dims, env.num_actions, continuous, cfg.policy).to(device)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    hook = make_hook(cfg.experience, cfg.experience_arg, {"scenario_ids": list(env.pack.scenario_ids)})
+    W, C, H = env.num_worlds, env.num_slots, env.horizon
+    R = W * C
+    buffer = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, device)
+    cache = policy.init_cache(R, H, device)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(cfg.seed)
+
+    timer = KernelTimer(sync_cuda=device.type == "cuda")
+    env.step = timer.wrap("env_step", env.step)
+    for name in ("forward_eval", "sample", "log_prob"):
+        setattr(policy, name, timer.wrap("policy_rollout", getattr(policy, name)))
+    saved_adv = ppo_mod.advantage
+    ppo_mod.advantage = timer.wrap("advantage", saved_adv)
+    obs = env.reset(seed=cfg.seed)
+    iters = []
+    try:
+        for it in range(args.warmup + args.iters):
+            timer.reset()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            policy.eval()
+            obs, batch = collect_rollout(env, policy, obs, buffer, cache)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            policy.log_prob = policy.log_prob.__wrapped__  # the PPO loss calls it too: time it there as update
+            _, counts = update_policy(policy, optimizer, batch, hook, cfg.ppo, gen)
+            policy.log_prob = timer.wrap("policy_rollout", policy.log_prob)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            if it < args.warmup:
+                continue
+            sec = dict(timer.seconds)
+            steps = (counts["active_slots"] if counts["active_slots"] > 0 else R) * H
+            rollout = t1 - t0
+            update = t2 - t1
+            iters.append({
+                "agent_steps": steps, "seconds": t2 - t0, "sps": steps / (t2 - t0),
+                "env_step": sec.get("env_step", 0.0), "policy_rollout": sec.get("policy_rollout", 0.0),
+                "rollout_other": rollout - sec.get("env_step", 0.0) - sec.get("policy_rollout", 0.0),
+                "advantage": sec.get("advantage", 0.0), "ppo_update": update - sec.get("advantage", 0.0),
+                "optimizer_steps": counts["optimizer_steps"],
+            })
+    finally:
+        ppo_mod.advantage = saved_adv
+    med = {k: statistics.median(i[k] for i in iters) for k in iters[0]} if iters else {}
+    peak = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    if device.type == "cuda":
+        peak["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    meta = {"device": str(device), "threads": torch.get_num_threads(), "worlds": W, "slots": C, "horizon": H,
+            "policy_params": sum(p.numel() for p in policy.parameters()), "iters": args.iters,
+            "warmup": args.warmup, "train_argv": args.train_argv, "torch": torch.__version__}
+    result = {"meta": meta, "median": med, "iterations": iters, **peak}
+    if args.json:
+        json.dump(result, sys.stdout, indent=1)
+        print()
+        return result
+    print(f"# end-to-end training (train/run.py loop); {meta}")
+    if med:
+        print(f"SPS {med['sps']:,.0f} controlled-agent-steps/s ({med['agent_steps']:.0f} steps in {med['seconds']:.2f} s "
+              f"per iteration, {med['optimizer_steps']:.0f} optimizer steps)")
+        for k in PHASES:
+            print(f"  {k:<15} {med[k]:8.3f} s  {100 * med[k] / med['seconds']:5.1f}%")
+    print(" ".join(f"{k} {v:.0f}" for k, v in peak.items()))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""Smoke tests of the profiling scripts: tiny sweeps, output parses, numbers positive.
+
+No timing is asserted (benchmarks are scripts, DESIGN.md section 9)."""
+
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # `profiling` is a directory of scripts, not an installed package
+    sys.path.insert(0, str(REPO))
+
+from profiling import bench_env, bench_train, trace  # noqa: E402
+from profiling.timers import KernelTimer, instrument_env  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pack8(sample_dir, tmp_path_factory):
+    """A saved pack of 3 sample scenarios with max_controlled = 8 (the trainer's default)."""
+    from gpusim.config import EnvConfig
+    from gpusim.data import ScenarioPack
+
+    files = sorted(sample_dir.glob("*.json*"))[:3]
+    path = tmp_path_factory.mktemp("pack8") / "pack"
+    ScenarioPack.from_json(files, EnvConfig(max_controlled=8).data_config()).save(path)
+    return path
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_bench_env_json(pack8, capsys):
+    torch.set_num_threads(1)
+    res = bench_env.main(["--data", str(pack8), "--worlds", "1", "3", "--max-controlled", "8", "--steps", "2",
+                          "--repeats", "2", "--warmup", "1", "--breakdown", "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["results"] == json.loads(json.dumps(res["results"]))
+    assert printed["meta"]["backend"] == "torch" and printed["meta"]["threads"] == 1
+    rows = printed["results"]
+    assert [r["worlds"] for r in rows] == [1, 3] and all(r["max_controlled"] == 8 for r in rows)
+    for r in rows:
+        for key in ("agent_steps_per_s", "world_steps_per_s", "ms_per_step", "us_per_agent_step",
+                    "agents_per_step", "state_bytes_per_world", "obs_bytes_per_world", "pack_bytes"):
+            assert _positive(r[key]), key
+        # agent-steps count controlled agents only: at most C per world and step
+        assert r["agents_per_step"] <= 8 * r["worlds"]
+        assert r["agent_steps_per_s"] == pytest.approx(r["agents_per_step"] / (r["ms_per_step"] / 1000), rel=0.5)
+        bd = r["breakdown_ms"]
+        for k in ("observations", "offroad", "collisions", "events", "replay", "bicycle_step", "other"):
+            assert k in bd and bd[k] >= 0
+        assert bd["observations"] > 0
+        assert sum(bd.values()) == pytest.approx(r["breakdown_total_ms"], rel=1e-6, abs=1e-6)
+
+
+def test_bench_env_table_and_max_controlled_sweep(sample_dir, tmp_path, capsys):
+    src = tmp_path / "json"
+    src.mkdir()
+    for f in sorted(sample_dir.glob("*.json*"))[:2]:
+        (src / f.name).write_bytes(f.read_bytes())
+    bench_env.main(["--data", str(src), "--worlds", "2", "--max-controlled", "4", "8", "--steps", "1",
+                    "--repeats", "1", "--warmup", "0"])
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert lines[0].split()[:3] == ["worlds", "C", "agents"]
+    assert [ln.split()[1] for ln in lines[1:3]] == ["4", "8"]
+
+
+def test_bench_env_rejects_mismatched_pack(pack8):
+    with pytest.raises(SystemExit, match="max_controlled=8"):
+        bench_env.main(["--data", str(pack8), "--worlds", "1", "--max-controlled", "32", "--json"])
+
+
+def test_instrument_env_restores_kernels():
+    import gpusim.env as env_mod
+
+    before = (env_mod.observations, env_mod.offroad, env_mod.dynamics)
+    timer = KernelTimer(sync_cuda=False)
+    with pytest.raises(RuntimeError):
+        with instrument_env(timer):
+            assert env_mod.observations is not before[0]
+            assert env_mod.dynamics.bicycle_step.__wrapped__ is before[2].bicycle_step
+            raise RuntimeError("boom")
+    assert (env_mod.observations, env_mod.offroad, env_mod.dynamics) == before
+
+
+def test_bench_train_json(pack8, capsys):
+    torch.set_num_threads(1)
+    bench_train.main(["--iters", "1", "--warmup", "0", "--json", "--", "--data", str(pack8), "--num-worlds", "2",
+                      "--env.scenario-length", "4", "--device", "cpu"])
+    res = json.loads(capsys.readouterr().out)
+    med = res["median"]
+    assert res["meta"]["horizon"] == 4 and res["meta"]["worlds"] == 2
+    assert _positive(med["sps"]) and _positive(med["seconds"]) and _positive(res["peak_rss_mb"])
+    for k in bench_train.PHASES:
+        assert k in med
+    for k in ("env_step", "policy_rollout", "advantage", "ppo_update"):
+        assert med[k] > 0, k
+    # the phases partition the iteration (rollout_other may be ~0 but not much below)
+    assert sum(med[k] for k in bench_train.PHASES) == pytest.approx(med["seconds"], rel=1e-6)
+    assert med["agent_steps"] > 0 and med["agent_steps"] % 4 == 0  # active slots x horizon
+
+
+def test_trace_writes_chrome_json(pack8, tmp_path, capsys):
+    out = tmp_path / "t.json"
+    res = trace.main(["--data", str(pack8), "--max-controlled", "8", "--worlds", "2", "--steps", "2",
+                      "--warmup", "1", "--out", str(out)])
+    assert res["out"] == str(out) and out.exists()
+    events = json.loads(out.read_text())["traceEvents"]
+    names = [e.get("name") for e in events]
+    assert names.count("gpusim.step") == 2
+    for k in ("observations", "offroad", "collisions", "events"):
+        assert k in names, k
+    assert "wrote" in capsys.readouterr().out
