@@ -1,0 +1,215 @@
+"""Actor-critic with episodic memory: observation encoder -> causal transformer -> policy/value heads.
+
+DESIGN.md section 6. The policy sees, at every step, all earlier steps of the current episode (an
+episode may hold several trials in trial mode, so the memory spans trials) except steps taken while
+the agent was removed (limbo), which are hidden from every other step.
+
+Heads:
+
+* discrete actions: a categorical distribution over ``num_actions`` (91 = 7 x 13) logits;
+* continuous actions: a diagonal Gaussian with mean from the token and a state-independent,
+  learned log standard deviation (one per action dimension, as in CleanRL's / PPO's continuous
+  policy); actions are sampled unbounded and the env clips them to [-1, 1].
+
+The value head is a linear layer on the same token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from gpusim.kernels.episode_mask import episode_mask
+from policy.encoders import ObsDims, ObsEncoder
+from policy.transformer import CausalTransformer, KVCache
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Sizes of the policy.
+
+    Attributes:
+        d_model: token width of the transformer (DESIGN default 128; smaller is faster on CPU).
+        n_layers: transformer blocks.
+        n_heads: attention heads (must divide ``d_model``).
+        hidden: width of the ego / partner / road encoder MLPs.
+        max_roads: road slots used (nearest first); ``None`` = all of the observation's slots.
+        init_log_std: initial log standard deviation of the Gaussian head (continuous actions).
+        action_factors: for a discrete joint action space that is a grid (7 accelerations x 13
+            steering values, joint index ``i * 13 + j``), the joint logits are
+            ``logit[i * 13 + j] = joint[i * 13 + j] + accel[i] + steer[j]``: still one 91-way
+            categorical, but the per-factor terms share what is learnt about one factor across all
+            values of the other (e.g. "steer straight" whatever the acceleration), which speeds up
+            early learning a lot. Ignored when the product differs from the number of actions;
+            ``()`` = a plain joint head.
+    """
+
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    hidden: int = 64
+    max_roads: int | None = None
+    init_log_std: float = -0.5
+    action_factors: tuple[int, ...] = (7, 13)
+
+
+class ActorCritic(nn.Module):
+    """Transformer actor-critic.
+
+    Args:
+        dims: :class:`~policy.encoders.ObsDims` (or any object with the five layout integers, e.g.
+            ``env.obs_layout``).
+        num_actions: number of discrete actions (91) or, with ``continuous=True``, the action
+            dimension (2).
+        continuous: Gaussian head instead of categorical.
+        config: :class:`PolicyConfig`.
+
+    Raises:
+        ValueError: for inconsistent sizes (see :class:`ObsEncoder`, :class:`CausalTransformer`).
+    """
+
+    def __init__(self, dims, num_actions: int, continuous: bool = False, config: PolicyConfig = PolicyConfig()):
+        super().__init__()
+        if not isinstance(dims, ObsDims):
+            dims = ObsDims.from_layout(dims)
+        if num_actions < 1:
+            raise ValueError(f"ActorCritic: num_actions must be >= 1, got {num_actions}")
+        self.dims, self.num_actions, self.continuous, self.config = dims, int(num_actions), bool(continuous), config
+        self.encoder = ObsEncoder(dims, config.d_model, config.hidden, config.max_roads)
+        self.transformer = CausalTransformer(config.d_model, config.n_layers, config.n_heads)
+        self.actor = nn.Linear(config.d_model, num_actions)
+        factors = tuple(int(f) for f in config.action_factors)
+        self.factored = (not continuous) and len(factors) > 1 and math.prod(factors) == num_actions
+        if self.factored:
+            self.actor_factors = nn.ModuleList(nn.Linear(config.d_model, f) for f in factors)
+            # index of each joint action in each factor (row-major joint index)
+            idx, stride = [], num_actions
+            for f in factors:
+                stride //= f
+                idx.append((torch.arange(num_actions) // stride) % f)
+            self.register_buffer("factor_index", torch.stack(idx), persistent=False)
+            for lin in self.actor_factors:
+                nn.init.orthogonal_(lin.weight, gain=0.01)
+                nn.init.zeros_(lin.bias)
+        self.critic = nn.Linear(config.d_model, 1)
+        if continuous:
+            self.log_std = nn.Parameter(torch.full((num_actions,), float(config.init_log_std)))
+        # small policy init (near-uniform initial policy), unit value init, as in common PPO setups
+        nn.init.orthogonal_(self.actor.weight, gain=0.01)
+        nn.init.zeros_(self.actor.bias)
+        nn.init.orthogonal_(self.critic.weight, gain=1.0)
+        nn.init.zeros_(self.critic.bias)
+
+    def describe(self) -> dict:
+        """Constructor arguments as plain data (saved in checkpoints)."""
+        config = asdict(self.config)
+        config["action_factors"] = list(config["action_factors"])
+        return {
+            "dims": asdict(self.dims),
+            "num_actions": self.num_actions,
+            "continuous": self.continuous,
+            "config": config,
+        }
+
+    @classmethod
+    def from_description(cls, desc: dict) -> "ActorCritic":
+        """Inverse of :meth:`describe`."""
+        config = dict(desc["config"])
+        config["action_factors"] = tuple(config.get("action_factors", ()))
+        return cls(ObsDims(**desc["dims"]), desc["num_actions"], desc["continuous"], PolicyConfig(**config))
+
+    # ------------------------------------------------------------------ rollout (KV cache)
+    def init_cache(self, num_slots: int, horizon: int, device=None) -> KVCache:
+        """Empty memory for ``num_slots`` agent slots and episodes of up to ``horizon`` steps."""
+        return self.transformer.init_cache(num_slots, horizon, device)
+
+    @staticmethod
+    def reset_cache(cache: KVCache, terminal: torch.Tensor | None = None) -> KVCache:
+        """Clear the memory of the slots where ``terminal`` [N] bool is set (all if ``None``);
+        other slots keep theirs (a truncation is not a reset). In place; returns ``cache``."""
+        return cache.reset(terminal)
+
+    def forward_eval(self, obs_t: torch.Tensor, cache: KVCache, removed_t: torch.Tensor | None = None):
+        """One step for N agent slots.
+
+        Args:
+            obs_t: [N, D] float32 observations.
+            cache: :class:`KVCache` from :meth:`init_cache` (updated in place).
+            removed_t: [N] bool, the agent is out of play at this step (its token is hidden from
+                later steps); ``None`` = none removed.
+
+        Returns:
+            ``(logits, value, cache)``: logits [N, num_actions] (the Gaussian mean for continuous
+            actions), value [N] float32, and the updated cache.
+        """
+        h = self.transformer.step(self.encoder(obs_t), cache, removed_t)
+        return self._logits(h), self.critic(h)[..., 0], cache
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.actor(h)
+        if self.factored:
+            for lin, idx in zip(self.actor_factors, self.factor_index):
+                logits = logits + lin(h).index_select(-1, idx)
+        return logits
+
+    # ------------------------------------------------------------------ training (whole rows)
+    def forward(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor):
+        """Whole rollout rows.
+
+        Args:
+            obs: [B, T, D] float32. terminal: [B, T] bool (memory cleared after these steps).
+            removed: [B, T] bool (out-of-play steps, hidden from every other step).
+
+        Returns:
+            ``(logits [B, T, num_actions], values [B, T])``. At every non-removed step these equal
+            what :meth:`forward_eval` returns when fed the row step by step (to float32
+            rounding); they do not depend on the contents of removed steps.
+
+        Raises:
+            ValueError: for mismatched shapes.
+        """
+        if obs.dim() != 3 or terminal.shape != obs.shape[:2] or removed.shape != obs.shape[:2]:
+            raise ValueError(
+                f"ActorCritic.forward: obs [B, T, D], terminal and removed [B, T] expected; got "
+                f"{tuple(obs.shape)}, {tuple(terminal.shape)}, {tuple(removed.shape)}"
+            )
+        allowed, position = episode_mask(terminal.to(torch.bool), removed.to(torch.bool))
+        h = self.transformer(self.encoder(obs), allowed, position)
+        return self._logits(h), self.critic(h)[..., 0]
+
+    # ------------------------------------------------------------------ distributions
+    def _std(self) -> torch.Tensor:
+        return self.log_std.exp()
+
+    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+        """Draw actions: [...] int64 indices (discrete) or [..., A] float32 (continuous).
+        ``deterministic`` takes the argmax / the mean."""
+        if self.continuous:
+            if deterministic:
+                return logits
+            return logits + self._std() * torch.randn_like(logits)
+        if deterministic:
+            return logits.argmax(dim=-1)
+        # Gumbel-max sampling: argmax(logits + Gumbel noise) is a draw from softmax(logits)
+        u = torch.rand_like(logits).clamp_(1e-12, 1.0)
+        return (logits - torch.log(-torch.log(u))).argmax(dim=-1)
+
+    def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Log-probability [...] of ``actions`` under the head's distribution."""
+        if self.continuous:
+            log_std = self.log_std
+            z = (actions - logits) / log_std.exp()
+            return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp.gather(-1, actions.long()[..., None])[..., 0]
+
+    def entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """Entropy [...] (nats) of the head's distribution."""
+        if self.continuous:
+            ent = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum()
+            return ent.expand(logits.shape[:-1])
+        logp = torch.log_softmax(logits, dim=-1)
+        return -(logp.exp() * logp).sum(-1)

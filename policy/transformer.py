@@ -1,0 +1,197 @@
+"""Causal transformer over the steps of the current episode, with a KV cache for rollouts.
+
+Pre-norm blocks (``x + attn(LN(x))``, ``x + MLP(LN(x))``) with multi-head self-attention and a
+final LayerNorm. Positions are added to the input tokens as the sinusoidal encoding of
+"Attention Is All You Need" (Vaswani et al., 2017): ``PE[p, 2i] = sin(p / 10000^(2i/d))``,
+``PE[p, 2i+1] = cos(p / 10000^(2i/d))``, with ``p`` the index of the step *within its episode*.
+
+Two entry points compute the same function (to float32 rounding):
+
+* :meth:`CausalTransformer.forward` — whole rows ``[B, T, d]`` with a boolean attention mask
+  ``[B, T, T]`` (from :func:`gpusim.kernels.episode_mask.episode_mask`) and positions ``[B, T]``.
+* :meth:`CausalTransformer.step` — one new token per sequence with a :class:`KVCache` of
+  ``capacity`` slots per layer. The cache keeps, per sequence, the position counter (= number of
+  tokens written since the last reset) and a per-slot ``hidden`` flag: a hidden token (a removed,
+  out-of-play step) is attended to only by its own query, exactly like the limbo bias of the
+  training mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def sinusoidal_encoding(position: torch.Tensor, d_model: int) -> torch.Tensor:
+    """Sinusoidal positional encoding.
+
+    Args:
+        position: [...] integer positions (>= 0).
+        d_model: even encoding width.
+
+    Returns:
+        [..., d_model] float32.
+    """
+    half = d_model // 2
+    freq = torch.exp(
+        torch.arange(half, device=position.device, dtype=torch.float32) * (-math.log(10000.0) * 2.0 / d_model)
+    )
+    ang = position.to(torch.float32)[..., None] * freq
+    return torch.stack([torch.sin(ang), torch.cos(ang)], dim=-1).flatten(-2)
+
+
+@dataclass
+class KVCache:
+    """Rollout memory of a :class:`CausalTransformer` for N sequences.
+
+    Attributes:
+        k, v: [L, N, S, H, dh] float32 keys / values per layer (S = capacity slots).
+        hidden: [N, S] bool, slot holds a removed (limbo) token visible only to itself.
+        position: [N] int64 tokens written since the sequence's last reset (its next slot).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    hidden: torch.Tensor
+    position: torch.Tensor
+
+    @property
+    def capacity(self) -> int:
+        """S."""
+        return self.k.shape[2]
+
+    def reset(self, done: torch.Tensor | None = None) -> "KVCache":
+        """Clear the memory of the sequences where ``done`` [N] bool is set (all if ``None``).
+
+        Only the position counter and the hidden flags need clearing: slots at or beyond a
+        sequence's position are never attended to. Works in place (no host sync); returns self.
+        """
+        if done is None:
+            self.position.zero_()
+            self.hidden.zero_()
+        else:
+            done = done.to(torch.bool)
+            self.position.masked_fill_(done, 0)
+            self.hidden.masked_fill_(done[:, None], False)
+        return self
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block (multi-head self-attention + ReLU MLP of width 4d)."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.ReLU(), nn.Linear(4 * d_model, d_model))
+
+    def _qkv(self, x: torch.Tensor):
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        shape = (*x.shape[:-1], self.n_heads, x.shape[-1] // self.n_heads)
+        return q.reshape(shape), k.reshape(shape), v.reshape(shape)
+
+    def forward(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """x [B, T, d]; allowed [B, T, T] bool (query, key)."""
+        q, k, v = self._qkv(x)  # [B, T, H, dh]
+        att = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=allowed[:, None]
+        )  # [B, H, T, dh]
+        x = x + self.proj(att.transpose(1, 2).flatten(-2))
+        return x + self.mlp(self.ln2(x))
+
+    def step(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, allowed: torch.Tensor,
+             slot: torch.Tensor) -> torch.Tensor:
+        """x [N, d]; k_cache, v_cache [N, S, H, dh] (written at ``slot`` [N]); allowed [N, S]."""
+        q, k, v = self._qkv(x)  # [N, H, dh]
+        n = torch.arange(x.shape[0], device=x.device)
+        k_cache[n, slot] = k
+        v_cache[n, slot] = v
+        att = F.scaled_dot_product_attention(
+            q[:, :, None, :], k_cache.transpose(1, 2), v_cache.transpose(1, 2), attn_mask=allowed[:, None, None, :]
+        )  # [N, H, 1, dh]
+        x = x + self.proj(att[:, :, 0, :].flatten(-2))
+        return x + self.mlp(self.ln2(x))
+
+
+class CausalTransformer(nn.Module):
+    """Stack of pre-norm blocks over tokens of width ``d_model`` with sinusoidal positions.
+
+    Args:
+        d_model: token width (even, divisible by ``n_heads``).
+        n_layers: number of blocks (>= 1).
+        n_heads: attention heads.
+
+    Raises:
+        ValueError: for inconsistent sizes.
+    """
+
+    def __init__(self, d_model: int = 128, n_layers: int = 2, n_heads: int = 4):
+        super().__init__()
+        if d_model % 2 or d_model % n_heads or n_layers < 1:
+            raise ValueError(
+                f"CausalTransformer: d_model ({d_model}) must be even and divisible by n_heads ({n_heads}); "
+                f"n_layers ({n_layers}) >= 1"
+            )
+        self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
+        self.blocks = nn.ModuleList(Block(d_model, n_heads) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+
+    def forward(self, tokens: torch.Tensor, allowed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Whole rows.
+
+        Args:
+            tokens: [B, T, d] float32. allowed: [B, T, T] bool attention mask (query, key).
+            position: [B, T] int64 position within the episode.
+
+        Returns:
+            [B, T, d] float32.
+        """
+        x = tokens + sinusoidal_encoding(position, self.d_model)
+        for blk in self.blocks:
+            x = blk(x, allowed)
+        return self.ln_f(x)
+
+    def init_cache(self, num_sequences: int, capacity: int, device=None) -> KVCache:
+        """An empty :class:`KVCache` for ``num_sequences`` sequences of up to ``capacity`` tokens."""
+        dh = self.d_model // self.n_heads
+        shape = (self.n_layers, num_sequences, capacity, self.n_heads, dh)
+        return KVCache(
+            k=torch.zeros(shape, device=device),
+            v=torch.zeros(shape, device=device),
+            hidden=torch.zeros((num_sequences, capacity), dtype=torch.bool, device=device),
+            position=torch.zeros(num_sequences, dtype=torch.int64, device=device),
+        )
+
+    def step(self, tokens: torch.Tensor, cache: KVCache, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """One new token per sequence.
+
+        Args:
+            tokens: [N, d] float32.
+            cache: :class:`KVCache` for N sequences (updated in place: the token is written at
+                slot ``position`` — clamped to the last slot if the capacity is exceeded — and
+                ``position`` is incremented).
+            hidden: [N] bool, the token is a removed step (hidden from later queries); ``None`` =
+                all visible.
+
+        Returns:
+            [N, d] float32.
+        """
+        N = tokens.shape[0]
+        S = cache.capacity
+        slot = cache.position.clamp(max=S - 1)
+        n = torch.arange(N, device=tokens.device)
+        cache.hidden[n, slot] = False if hidden is None else hidden.to(torch.bool)
+        s = torch.arange(S, device=tokens.device)
+        allowed = ((s[None, :] < slot[:, None]) & ~cache.hidden) | (s[None, :] == slot[:, None])
+        x = tokens + sinusoidal_encoding(slot, self.d_model)
+        for i, blk in enumerate(self.blocks):
+            x = blk.step(x, cache.k[i], cache.v[i], allowed, slot)
+        cache.position.add_(1)
+        return self.ln_f(x)

@@ -1,0 +1,206 @@
+"""Experience preprocessing hook: runs on the device between the rollout and the PPO update.
+
+``hook.preprocess_unroll_experience(batch) -> (batch, effective_steps)`` receives the
+:class:`~train.rollout.RolloutBatch` of one rollout (all tensors on the env's device) and returns a
+(possibly modified) batch plus the number of steps that should train (a 0-dim int64 device tensor,
+or an int). A hook may
+
+* relabel rewards or flags per step (:class:`RewardRelabel`),
+* annotate whole episodes after the fact (:class:`GoalEpisodeBonus`: a bonus on every valid step
+  of the episodes that reached the goal — information only known at the episode's end),
+* drop experience by setting ``loss_mask = 0`` (:class:`DropExperience`: by scenario id, agent
+  type, or any predicate).
+
+The trainer scales its number of optimizer steps by ``effective_steps / nominal_steps`` where
+``nominal_steps`` is the number of ``loss_mask = 1`` steps the rollout produced (see
+:func:`train.ppo.optimizer_steps` for the rounding), so dropped data is not trained on and a
+half-sized batch gets half the steps. Hooks must keep every tensor on the batch's device and must
+not read tensors to the host.
+
+Command line: ``--experience NAME --experience-arg KEY=VALUE ...`` (names in :data:`HOOKS`).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from gpusim.config import ObjectType
+from train.rollout import RolloutBatch
+
+
+def _parse_kv(args, allowed: set[str], who: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for a in args or ():
+        if "=" not in a:
+            raise ValueError(f"{who}: experience argument {a!r} is not KEY=VALUE (allowed keys: {sorted(allowed)})")
+        k, v = a.split("=", 1)
+        k = k.strip().replace("-", "_")
+        if k not in allowed:
+            raise ValueError(f"{who}: unknown experience argument {k!r} (allowed keys: {sorted(allowed)})")
+        out[k] = v.strip()
+    return out
+
+
+def episode_index(terminal: torch.Tensor) -> torch.Tensor:
+    """[R, H] int64 index of the episode each step belongs to within its row (0 for the first
+    episode; a new episode starts after each terminal)."""
+    term = terminal.to(torch.int64)
+    return torch.cumsum(term, dim=1) - term
+
+
+class ExperienceHook:
+    """Base class and identity hook: returns the batch unchanged and its valid-step count.
+
+    Args:
+        args: ``KEY=VALUE`` strings from ``--experience-arg`` (none for the identity).
+        context: optional dict with ``scenario_ids`` (list of the pack's scenario ids).
+
+    Raises:
+        ValueError: for unknown or malformed arguments.
+    """
+
+    name = "identity"
+    arg_keys: set[str] = set()
+
+    def __init__(self, args=(), context: dict | None = None):
+        self.args = _parse_kv(args, self.arg_keys, type(self).__name__)
+        self.context = context or {}
+
+    def preprocess_unroll_experience(self, batch: RolloutBatch) -> tuple[RolloutBatch, torch.Tensor]:
+        """Return ``(batch, effective_steps)``; effective_steps is ``loss_mask.sum()`` (device)."""
+        return batch, batch.loss_mask.sum()
+
+
+class RewardRelabel(ExperienceHook):
+    """Per-step reward relabelling: ``r' = scale * r + step * loss_mask``.
+
+    Arguments: ``scale=FLOAT`` (default 1), ``step=FLOAT`` per-valid-step bonus (a negative value is
+    a time penalty; default 0).
+    """
+
+    name = "relabel"
+    arg_keys = {"scale", "step"}
+
+    def __init__(self, args=(), context=None):
+        super().__init__(args, context)
+        self.scale = float(self.args.get("scale", 1.0))
+        self.step = float(self.args.get("step", 0.0))
+
+    def preprocess_unroll_experience(self, batch):
+        rewards = self.scale * batch.rewards + self.step * batch.loss_mask.to(batch.rewards.dtype)
+        return batch.replace(rewards=rewards), batch.loss_mask.sum()
+
+
+class GoalEpisodeBonus(ExperienceHook):
+    """Per-episode annotation: add ``bonus`` to the reward of every valid step of each episode
+    (segment of a row between terminals) in which the agent reached its goal.
+
+    Arguments: ``bonus=FLOAT`` (default 0.01).
+    """
+
+    name = "goal_bonus"
+    arg_keys = {"bonus"}
+
+    def __init__(self, args=(), context=None):
+        super().__init__(args, context)
+        self.bonus = float(self.args.get("bonus", 0.01))
+
+    @staticmethod
+    def successful_steps(batch: RolloutBatch) -> torch.Tensor:
+        """[R, H] bool: step belongs to an episode whose agent reached its goal (any step)."""
+        R, H = batch.rewards.shape
+        ep = episode_index(batch.terminal)  # [R, H] in [0, H)
+        flat = ep + torch.arange(R, device=ep.device)[:, None] * H
+        success = torch.zeros(R * H, dtype=torch.int64, device=ep.device)
+        success.scatter_reduce_(0, flat.reshape(-1), batch.goal_reached.reshape(-1).to(torch.int64), reduce="amax")
+        return success[flat] > 0
+
+    def preprocess_unroll_experience(self, batch):
+        label = self.successful_steps(batch) & batch.loss_mask
+        rewards = batch.rewards + self.bonus * label.to(batch.rewards.dtype)
+        return batch.replace(rewards=rewards), batch.loss_mask.sum()
+
+
+class DropExperience(ExperienceHook):
+    """Selective dropping: ``loss_mask = 0`` on the selected steps (so they neither train the policy
+    nor count as effective steps). The selections add up:
+
+    * ``scenario=ID[,ID...]``: every row of these scenario ids (as in ``pack.scenario_ids``);
+    * ``agent_type=NAME[,NAME...]``: rows whose agent has this type (vehicle, pedestrian, cyclist);
+    * ``rows=EVEN|ODD``: every other row (deterministic, for experiments and tests);
+    * ``predicate=MODULE:FUNCTION``: a function ``f(batch) -> [R, H] bool`` of steps to drop.
+
+    Raises:
+        ValueError: for unknown scenario ids or type names, or a predicate that cannot be imported.
+    """
+
+    name = "drop"
+    arg_keys = {"scenario", "agent_type", "rows", "predicate"}
+
+    def __init__(self, args=(), context=None):
+        super().__init__(args, context)
+        self.scenario_index: list[int] = []
+        if "scenario" in self.args:
+            ids = list(self.context.get("scenario_ids", []))
+            for sid in self.args["scenario"].split(","):
+                if sid not in ids:
+                    raise ValueError(f"DropExperience: scenario id {sid!r} is not in the pack")
+                self.scenario_index.append(ids.index(sid))
+        self.types = [int(ObjectType.parse(t)) for t in self.args["agent_type"].split(",")] if "agent_type" in self.args else []
+        self.rows = self.args.get("rows")
+        if self.rows is not None and self.rows.lower() not in ("even", "odd"):
+            raise ValueError(f"DropExperience: rows must be even or odd, got {self.rows!r}")
+        self.predicate = None
+        if "predicate" in self.args:
+            mod, _, fn = self.args["predicate"].partition(":")
+            try:
+                self.predicate = getattr(importlib.import_module(mod), fn)
+            except (ImportError, AttributeError) as e:
+                raise ValueError(f"DropExperience: cannot import predicate {self.args['predicate']!r}: {e}") from e
+
+    def drop_mask(self, batch: RolloutBatch) -> torch.Tensor:
+        """[R, H] bool steps selected for dropping."""
+        R, H = batch.rewards.shape
+        dev = batch.device
+        drop_rows = torch.zeros(R, dtype=torch.bool, device=dev)
+        if self.scenario_index:
+            drop_rows |= torch.isin(batch.scenario, torch.tensor(self.scenario_index, device=dev))
+        if self.types:
+            drop_rows |= torch.isin(batch.agent_type, torch.tensor(self.types, device=dev))
+        if self.rows is not None:
+            parity = 0 if self.rows.lower() == "even" else 1
+            drop_rows |= (torch.arange(R, device=dev) % 2) == parity
+        drop = drop_rows[:, None].expand(R, H)
+        if self.predicate is not None:
+            drop = drop | self.predicate(batch).to(torch.bool)
+        return drop
+
+    def preprocess_unroll_experience(self, batch):
+        loss_mask = batch.loss_mask & ~self.drop_mask(batch)
+        return batch.replace(loss_mask=loss_mask), loss_mask.sum()
+
+
+#: Hook classes by ``--experience`` name.
+HOOKS: dict[str, type[ExperienceHook]] = {
+    cls.name: cls for cls in (ExperienceHook, RewardRelabel, GoalEpisodeBonus, DropExperience)
+}
+
+
+def make_hook(name: str, args=(), context: dict | None = None) -> ExperienceHook:
+    """Build the hook registered as ``name`` (or ``MODULE:CLASS`` for a user hook class).
+
+    Raises:
+        ValueError: for an unknown name or bad arguments.
+    """
+    if name in HOOKS:
+        return HOOKS[name](args, context)
+    if ":" in name:
+        mod, _, cls = name.partition(":")
+        try:
+            hook_cls = getattr(importlib.import_module(mod), cls)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"cannot import experience hook {name!r}: {e}") from e
+        return hook_cls(args, context)
+    raise ValueError(f"unknown experience hook {name!r}; choose one of {sorted(HOOKS)} or MODULE:CLASS")

@@ -1,0 +1,92 @@
+"""Training logs: a JSONL metrics file (always), console progress (rich), wandb (optional).
+
+One record per report: ``{"update", "global_step", "time", "sps", <losses>, <env metrics>}``.
+wandb is imported lazily only when enabled (it is the optional ``wandb`` extra) and runs in
+offline mode unless ``online`` is asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import time
+
+
+def _fmt_eta(seconds: float) -> str:
+    if not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+class Logger:
+    """Writes reports to ``run_dir/metrics.jsonl``, the console and optionally wandb.
+
+    Args:
+        run_dir: directory of the run (created).
+        config: plain-data config (written to ``run_dir/config.json`` and given to wandb).
+        total_steps: for the ETA. quiet: no console output.
+        wandb: enable wandb. wandb_mode: ``offline`` | ``online``. wandb_project: project name.
+        run_name: display name.
+
+    Raises:
+        ImportError: with an install hint if ``wandb=True`` and the package is missing.
+    """
+
+    def __init__(self, run_dir, config: dict, total_steps: int, quiet: bool = False, wandb: bool = False,
+                 wandb_mode: str = "offline", wandb_project: str = "gpusim", run_name: str | None = None,
+                 append: bool = False):
+        self.run_dir = pathlib.Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / "metrics.jsonl"
+        self._file = open(self.path, "a" if append else "w", buffering=1)
+        (self.run_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
+        self.total_steps = total_steps
+        self.quiet = quiet
+        self.start = time.time()
+        self._console = None
+        if not quiet:
+            from rich.console import Console
+
+            self._console = Console(highlight=False)
+        self._wandb = None
+        if wandb:
+            try:
+                import wandb as _wandb  # lazy: optional dependency
+            except ImportError as e:
+                raise ImportError("--wandb needs the wandb package: pip install 'gpusim[wandb]'") from e
+            self._wandb = _wandb.init(project=wandb_project, name=run_name, config=config, mode=wandb_mode,
+                                      dir=str(self.run_dir))
+
+    def log(self, record: dict) -> None:
+        """Write one report (plain floats/ints)."""
+        self._file.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            self._wandb.log(record, step=int(record.get("global_step", 0)))
+        if self._console is not None:
+            step = record.get("global_step", 0)
+            sps = record.get("sps", float("nan"))
+            eta = (self.total_steps - step) / sps if sps and sps > 0 else float("nan")
+            parts = [f"[bold]upd {record.get('update', 0):4d}[/bold]", f"step {step:>9,d}", f"SPS {sps:8.0f}"]
+            for key, label in (("goal_reached", "goal"), ("collided", "coll"), ("offroad", "offrd"),
+                               ("score", "score"), ("episode_return", "ret")):
+                if key in record:
+                    parts.append(f"{label} {record[key]:.3f}")
+            for key, label in (("pg_loss", "pg"), ("v_loss", "vf"), ("entropy", "ent"), ("approx_kl", "kl")):
+                if key in record:
+                    parts.append(f"{label} {record[key]:.4f}")
+            parts.append(f"ETA {_fmt_eta(eta)}")
+            self._console.print("  ".join(parts))
+
+    def info(self, text: str) -> None:
+        """A console message (not in the JSONL file)."""
+        if self._console is not None:
+            self._console.print(text)
+
+    def close(self) -> None:
+        """Flush and close the file (and finish wandb)."""
+        self._file.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,0 +1,203 @@
+"""Masked PPO update over whole rollout rows (DESIGN.md section 7).
+
+Loss (Schulman et al. 2017, "Proximal Policy Optimization Algorithms", with the clipped value loss
+of the OpenAI baselines / CleanRL implementations), each term averaged over the steps with
+``loss_mask = 1`` only::
+
+    ratio   = exp(logp_new - logp_old)
+    pg      = max(-A * ratio, -A * clip(ratio, 1 - eps, 1 + eps))
+    v_clip  = V_old + clip(V_new - V_old, -eps_v, eps_v)
+    vf      = 0.5 * max((V_new - R)^2, (v_clip - R)^2)          (or 0.5 (V_new - R)^2 unclipped)
+    loss    = pg - ent_coef * entropy + vf_coef * vf
+
+``A`` is normalised per minibatch with the mean and standard deviation of its *valid* entries. A
+minibatch without a valid step gives a loss of exactly 0 (no NaN) whose gradient is 0. Masked steps
+are removed with ``torch.where`` (not a multiplication), so even a non-finite value at a masked step
+cannot leak into the loss or the gradient.
+
+Advantages come from :func:`gpusim.kernels.advantage.advantage` on the minibatch's rows (rows are
+whole episodes and the last column never bootstraps, so per-row computation is exact): plain GAE by
+default, or, with ``vtrace=True``, V-trace clipping with ``log_rho = logp_new - logp_behaviour``
+(detached) recomputed for every minibatch, as PufferLib does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from gpusim.kernels.advantage import advantage
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyper-parameters.
+
+    Attributes:
+        gamma, gae_lambda: discount and GAE lambda.
+        vtrace: use V-trace importance clipping (rho_clip, c_clip) on the policy ratio.
+        clip_coef: PPO ratio clip epsilon. clip_vloss: clip the value loss (same epsilon unless
+            ``vf_clip_coef`` is set). vf_coef, ent_coef: loss weights.
+        norm_adv: normalise advantages per minibatch over valid entries.
+        max_grad_norm: global gradient-norm clip.
+        update_epochs, num_minibatches: nominal optimizer steps per update =
+            ``update_epochs * num_minibatches``.
+    """
+
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    vtrace: bool = False
+    rho_clip: float = 1.0
+    c_clip: float = 1.0
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    vf_clip_coef: float | None = None
+    vf_coef: float = 0.5
+    ent_coef: float = 0.01
+    norm_adv: bool = True
+    max_grad_norm: float = 0.5
+    update_epochs: int = 4
+    num_minibatches: int = 4
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``x`` over ``mask`` (bool, same shape); 0 when the mask is empty. Masked entries
+    contribute exactly nothing (also no NaN/inf) to the value and the gradient."""
+    n = mask.sum()
+    total = torch.where(mask, x, torch.zeros_like(x)).sum()
+    return total / n.clamp(min=1).to(x.dtype)
+
+
+def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
+    """PPO loss of one minibatch of whole rows.
+
+    Args:
+        policy: :class:`policy.ActorCritic`.
+        mb: dict with ``obs`` [B, T, D], ``actions``, ``logprobs``, ``values``, ``rewards`` [B, T],
+            ``terminal``, ``removed``, ``loss_mask``, ``bootstrap_stop`` [B, T] bool.
+        cfg: :class:`PPOConfig`.
+
+    Returns:
+        ``(loss, stats)``: scalar loss tensor and a dict of detached scalar tensors (pg_loss,
+        v_loss, entropy, approx_kl, clipfrac, valid_steps) — all on the device.
+    """
+    mask = mb["loss_mask"]
+    logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"])
+    new_logp = policy.log_prob(logits, mb["actions"])
+    entropy = policy.entropy(logits)
+    log_ratio = new_logp - mb["logprobs"]
+    # keep masked steps finite everywhere (their values may be arbitrary)
+    log_ratio = torch.where(mask, log_ratio, torch.zeros_like(log_ratio))
+    ratio = log_ratio.exp()
+
+    with torch.no_grad():
+        B = mb["rewards"].shape[0]
+        last_value = torch.zeros(B, dtype=torch.float32, device=mask.device)
+        log_rho = log_ratio.detach() if cfg.vtrace else None
+        adv, returns = advantage(
+            mb["rewards"], mb["values"], mb["bootstrap_stop"], last_value, cfg.gamma, cfg.gae_lambda,
+            log_rho=log_rho, rho_clip=cfg.rho_clip, c_clip=cfg.c_clip,
+        )
+        if cfg.norm_adv:
+            mean = masked_mean(adv, mask)
+            var = masked_mean((adv - mean) ** 2, mask)
+            adv = (adv - mean) / (var.sqrt() + 1e-8)
+        adv = torch.where(mask, adv, torch.zeros_like(adv))
+        returns = torch.where(mask, returns, torch.zeros_like(returns))
+
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef))
+    pg_loss = masked_mean(pg, mask)
+
+    old_v = torch.where(mask, mb["values"], torch.zeros_like(mb["values"]))
+    new_v = torch.where(mask, new_values, torch.zeros_like(new_values))
+    if cfg.clip_vloss:
+        eps_v = cfg.clip_coef if cfg.vf_clip_coef is None else cfg.vf_clip_coef
+        v_clipped = old_v + (new_v - old_v).clamp(-eps_v, eps_v)
+        v_err = torch.maximum((new_v - returns) ** 2, (v_clipped - returns) ** 2)
+    else:
+        v_err = (new_v - returns) ** 2
+    v_loss = 0.5 * masked_mean(v_err, mask)
+    ent = masked_mean(entropy, mask)
+    loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+
+    with torch.no_grad():
+        stats = {
+            "pg_loss": pg_loss.detach(),
+            "v_loss": v_loss.detach(),
+            "entropy": ent.detach(),
+            "approx_kl": masked_mean((ratio - 1) - log_ratio, mask),
+            "clipfrac": masked_mean(((ratio - 1).abs() > cfg.clip_coef).float(), mask),
+            "valid_steps": mask.sum().float(),
+        }
+    return loss, stats
+
+
+def optimizer_steps(effective_steps: int, nominal_steps: int, cfg: PPOConfig) -> int:
+    """Number of optimizer steps for an update whose experience hook kept ``effective_steps`` of
+    ``nominal_steps`` valid steps.
+
+    ``n = round(update_epochs * num_minibatches * effective / nominal)`` (round half up), at least 1
+    when ``effective > 0`` (any trainable step gets one step, even below one nominal minibatch of
+    data), and 0 when ``effective == 0`` or ``nominal == 0``. With the identity hook it is exactly
+    ``update_epochs * num_minibatches``.
+    """
+    if effective_steps <= 0 or nominal_steps <= 0:
+        return 0
+    nominal_opt = cfg.update_epochs * cfg.num_minibatches
+    n = int(math.floor(nominal_opt * effective_steps / nominal_steps + 0.5))
+    return max(1, n)
+
+
+def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: PPOConfig, n_steps: int,
+               rows_per_minibatch: int, active_rows: torch.Tensor, generator: torch.Generator | None = None) -> dict:
+    """Run ``n_steps`` optimizer steps on minibatches of whole rows.
+
+    Rows are visited in random permutations of ``active_rows`` (rows with at least one valid
+    step), ``rows_per_minibatch`` at a time; a new permutation starts when one is used up (one
+    "epoch"). The last minibatch of a permutation may be smaller.
+
+    Args:
+        policy: :class:`policy.ActorCritic`. optimizer: its optimizer.
+        batch: :class:`train.rollout.RolloutBatch`.
+        cfg: :class:`PPOConfig`. n_steps: optimizer steps (from :func:`optimizer_steps`).
+        rows_per_minibatch: rows per minibatch (>= 1).
+        active_rows: [n] int64 row indices to draw from (on the device).
+        generator: torch generator for the permutations (on the batch's device).
+
+    Returns:
+        dict of scalar device tensors averaged over the steps (empty-statistics zeros when
+        ``n_steps == 0``) plus ``grad_norm``.
+    """
+    device = batch.device
+    keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "valid_steps", "grad_norm")
+    totals = {k: torch.zeros((), device=device) for k in keys}
+    if n_steps <= 0 or active_rows.numel() == 0:
+        return totals
+    stop = batch.bootstrap_stop()
+    n_rows = active_rows.numel()
+    perm = None
+    cursor = n_rows
+    policy.train()
+    for _ in range(n_steps):
+        if cursor >= n_rows:
+            perm = active_rows[torch.randperm(n_rows, generator=generator, device=device)]
+            cursor = 0
+        idx = perm[cursor: cursor + rows_per_minibatch]
+        cursor += rows_per_minibatch
+        mb = {
+            "obs": batch.obs[idx], "actions": batch.actions[idx], "logprobs": batch.logprobs[idx],
+            "values": batch.values[idx], "rewards": batch.rewards[idx], "terminal": batch.terminal[idx],
+            "removed": batch.removed[idx], "loss_mask": batch.loss_mask[idx], "bootstrap_stop": stop[idx],
+        }
+        loss, stats = ppo_loss(policy, mb, cfg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        for k, v in stats.items():
+            totals[k] += v
+        totals["grad_norm"] += grad_norm.detach()
+    return {k: v / n_steps for k, v in totals.items()}
