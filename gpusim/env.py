@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gpusim.backend import backend_for
 from gpusim.config import ActionSpace, ContactBehavior, Dynamics, EnvConfig, GoalBehavior, RoadType
 from gpusim.data.pack import ScenarioPack
 from gpusim.kernels import dynamics
@@ -36,7 +37,8 @@ from gpusim.kernels.grid import cell_index
 from gpusim.kernels.observations import obs_layout, observations
 from gpusim.kernels.offroad import offroad
 from gpusim.kernels.replay import replay
-from gpusim.metrics import EpisodeMetrics, episode_values
+from gpusim.kernels.trial import trial_step
+from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, episode_values, trial_metric_names
 from gpusim.state import EnvState
 
 #: Box scale of the offroad test: the full logged box. An agent is offroad when its real outline
@@ -49,6 +51,11 @@ NEW_GOAL_MIN_AHEAD = 10.0
 NEW_GOAL_MAX_DIST = 40.0
 #: NEW_GOAL fallback when no lane candidate qualifies: this far straight ahead (m).
 NEW_GOAL_FALLBACK = 20.0
+#: Trial mode: EnvState fields that a new trial keeps (episode clock and accumulators); every other
+#: field is restored from ``DriveEnv._initial_state`` (the reset code path), including
+#: ``last_reward`` (0) and the per-trial flags.
+TRIAL_KEEP = ("scenario", "step", "trial_count", "trial_start", "slot_done", "ep_return", "ep_length",
+              "goal_reached", "ever_collided", "ever_offroad", "trial_score")
 
 
 @dataclass
@@ -100,13 +107,15 @@ class DriveEnv:
     Raises:
         ValueError: pack/config mismatch (the message says what to change), ``num_worlds < 1``,
             an empty pack.
-        NotImplementedError: ``goal_behavior = trial`` (not implemented yet).
+
+    Trial mode (``goal_behavior = trial``, DESIGN.md section 5, docs/trial.md): an episode is
+    ``k_trials`` trials of ``scenario_length`` steps at most; the per-step state machine is
+    ``gpusim.kernels.trial.trial_step``; a new trial restores the world from the state saved at the
+    episode's reset (:meth:`_initial_state`).
     """
 
     def __init__(self, pack: ScenarioPack, num_worlds: int, config: EnvConfig = EnvConfig(), device="cpu",
                  seed: int = 0):
-        if config.goal_behavior == GoalBehavior.TRIAL:
-            raise NotImplementedError("goal_behavior=trial is not implemented yet in DriveEnv")
         if config.dynamics != Dynamics.CLASSIC:
             raise ValueError(f"unsupported dynamics {config.dynamics}")
         if int(num_worlds) < 1:
@@ -141,10 +150,18 @@ class DriveEnv:
         self.obs_dim = self.obs_layout.obs_dim
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(int(seed))
-        self._metrics = EpisodeMetrics(self.device)
+        names = METRIC_NAMES + (trial_metric_names(config.k_trials) if config.trial_mode else ())
+        self._metrics = EpisodeMetrics(self.num_worlds, self.num_slots, alpha=config.log_ema_alpha, device=self.device,
+                                       names=names)
         self._t = 0  # steps taken in the current (synchronous) episode, host-side
         self.state = self._initial_state(self._draw_scenarios())
         self._obs = None
+        # Reused observation buffer [W, C, D] (docs/performance.md): StepResult.obs / reset() return
+        # it, so an observation is valid until the next step() or reset() (clone it to keep it). On
+        # the torch (CPU) backend only in-play slots are recomputed; slots that left play are zeroed
+        # once (_obs_written [W*C] bool marks the slots that may hold non-zero values).
+        self._obs_buf = torch.zeros(self.num_worlds, self.num_slots, self.obs_dim, device=self.device)
+        self._obs_written = torch.zeros(self.num_worlds * self.num_slots, dtype=torch.bool, device=self.device)
 
     # ------------------------------------------------------------------ construction helpers
     def _draw_scenarios(self) -> torch.Tensor:
@@ -181,6 +198,10 @@ class DriveEnv:
             ep_return=torch.zeros(W, C, dtype=torch.float32, device=dev),
             ep_length=torch.zeros(W, C, dtype=torch.int32, device=dev),
             last_reward=torch.zeros(W, C, dtype=torch.float32, device=dev),
+            trial_goal=torch.zeros(W, C, dtype=torch.bool, device=dev),
+            trial_collided=torch.zeros(W, C, dtype=torch.bool, device=dev),
+            trial_offroad=torch.zeros(W, C, dtype=torch.bool, device=dev),
+            trial_score=torch.zeros(W, C, cfg.k_trials, dtype=torch.bool, device=dev),
         )
 
     # ------------------------------------------------------------------ public API
@@ -274,31 +295,53 @@ class DriveEnv:
         ever_col = st.ever_collided | (in_play & collided)
         ever_off = st.ever_offroad | (in_play & offroad)
 
-        # 6. finished agent-episodes
+        # 6. trial mode (gpusim/kernels/trial.py): goal removal, trial end, terminal / truncation
+        zeros_c = torch.zeros(W, C, dtype=torch.bool, device=self.device)
+        terminal, truncation, trial_ended = ev.terminal, zeros_c, zeros_c.clone()
+        world_done, slot_done, present, removed = ev.world_done, ev.slot_done, ev.present, ev.removed
+        trial_count, trial_start = st.trial_count, st.trial_start
+        t_goal, t_col, t_off, t_score = st.trial_goal, st.trial_collided, st.trial_offroad, st.trial_score
+        info_trial = {}
+        if cfg.trial_mode:
+            tr = trial_step(
+                ev.goal_now, col_c.contiguous(), off_c.contiguous(), ev.removed, ev.present, st.controlled,
+                st.slot_active, st.slot_done, st.world_done, ev.truncated, end_w, step, st.trial_start,
+                st.trial_count, st.trial_goal, st.trial_collided, st.trial_offroad, st.trial_score,
+                cfg.scenario_length, cfg.k_trials)
+            terminal, truncation, trial_ended = tr.terminal, tr.truncation, tr.trial_ended
+            world_done, slot_done, present, removed = tr.world_done, tr.slot_done, tr.present, tr.removed
+            trial_count, trial_start = tr.trial_count, tr.trial_start
+            t_goal, t_col, t_off, t_score = tr.trial_goal, tr.trial_collided, tr.trial_offroad, tr.trial_score
+            info_trial = {"trial_end": tr.trial_end}
+
+        # 7. finished agent-episodes
         self._metrics.add(
-            episode_values(ep_return, ep_length, goal_reached[:, :C], ever_col[:, :C], ever_off[:, :C]), ev.terminal)
+            episode_values(ep_return, ep_length, goal_reached[:, :C], ever_col[:, :C], ever_off[:, :C],
+                           extra=t_score.float() if cfg.trial_mode else None), terminal)
 
         new_state = EnvState(
-            scenario=st.scenario, step=step, trial_count=st.trial_count, trial_start=st.trial_start,
-            world_done=ev.world_done, pos=pos.contiguous(), heading=heading.contiguous(), speed=speed.contiguous(),
-            length=st.length, width=st.width, goal=goal.contiguous(), agent_type=st.agent_type, controlled=st.controlled, present=ev.present,
-            stopped=ev.stopped, contact_stopped=ev.contact_stopped, removed=ev.removed, goal_reached=goal_reached,
+            scenario=st.scenario, step=step, trial_count=trial_count, trial_start=trial_start,
+            world_done=world_done, pos=pos.contiguous(), heading=heading.contiguous(), speed=speed.contiguous(),
+            length=st.length, width=st.width, goal=goal.contiguous(), agent_type=st.agent_type, controlled=st.controlled, present=present,
+            stopped=ev.stopped, contact_stopped=ev.contact_stopped, removed=removed, goal_reached=goal_reached,
             ever_collided=ever_col, ever_offroad=ever_off, collided_now=collided, offroad_now=offroad,
-            slot_active=st.slot_active, slot_done=ev.slot_done, ep_return=ep_return, ep_length=ep_length,
-            last_reward=ev.reward,
+            slot_active=st.slot_active, slot_done=slot_done, ep_return=ep_return, ep_length=ep_length,
+            last_reward=ev.reward, trial_goal=t_goal, trial_collided=t_col, trial_offroad=t_off, trial_score=t_score,
         )
         if episode_end:
             new_state = self._initial_state(self._draw_scenarios())
             self._t = 0
+        elif cfg.trial_mode:
+            # a new trial: every entity of the world back exactly as at reset (same code path)
+            new_state = new_state.where(tr.restart, self._initial_state(st.scenario), keep=TRIAL_KEEP)
         self.state = new_state
         self._obs = self._observe(new_state)
-        zeros_c = torch.zeros(W, C, dtype=torch.bool, device=self.device)
         return StepResult(
-            obs=self._obs, reward=ev.reward, terminal=ev.terminal, truncation=zeros_c, loss_mask=loss_mask,
+            obs=self._obs, reward=ev.reward, terminal=terminal, truncation=truncation, loss_mask=loss_mask,
             slot_active=new_state.slot_active, removed=new_state.removed[:, :C], stopped=new_state.stopped[:, :C],
-            trial_ended=zeros_c.clone(),
+            trial_ended=trial_ended,
             info={"goal_reached": goal_c, "collided": col_c, "offroad": off_c, "truncated": ev.truncated,
-                  "episode_end": torch.tensor(episode_end, device=self.device)},
+                  "episode_end": torch.tensor(episode_end, device=self.device), **info_trial},
         )
 
     def expert_actions(self) -> torch.Tensor:
@@ -330,11 +373,20 @@ class DriveEnv:
             torch.linalg.vector_norm(tvel, dim=-1).contiguous(), tvalid.contiguous(), cfg.dt)
         return dynamics.encode_actions(accel, steer, int(cfg.action_space))
 
-    def metrics(self) -> dict[str, float]:
-        """Means over the agent-episodes finished since the last call (``episode_return``,
-        ``episode_length``, ``goal_reached``, ``collided``, ``offroad``, ``score``) plus ``n``,
-        their number; ``{}`` when none finished. The only host read of the env."""
-        return self._metrics.report()
+    def metrics(self, kind: str = "ema") -> dict[str, float]:
+        """Metrics of finished agent-episodes (``episode_return``, ``episode_length``,
+        ``goal_reached``, ``collided``, ``offroad``, ``score``; see ``gpusim/metrics.py``).
+
+        ``kind="ema"`` (default, DESIGN.md section 8): each of the W x C slots keeps an EMA
+        (``config.log_ema_alpha``) of the episodes that finished in it; returns the mean over the
+        slots with data plus ``n`` = their number, never resets, ``{}`` while no slot has data.
+        ``kind="mean"``: plain mean over the agent-episodes finished since the last ``"mean"``
+        call plus ``n`` = their number (resets; for evaluations). The only host read of the env.
+
+        Raises:
+            ValueError: unknown ``kind``.
+        """
+        return self._metrics.report(kind)
 
     # ------------------------------------------------------------------ step helpers
     def _check_actions(self, actions) -> torch.Tensor:
@@ -370,13 +422,14 @@ class DriveEnv:
     def _contacts(self, pos, heading, length, width, present, controlled, scenario):
         """(collided, offroad) [W, A] bool of the post-motion state.
 
-        Collisions are tested for the C policy slots against every present agent
-        (``num_query = C``): overlaps among experts alone have no effect and are not computed, so an
-        expert is flagged only when it overlaps a controlled agent. Offroad is tested for the C
-        controlled slots only (experts are never offroad).
+        Collisions are tested for the present controlled agents against every present agent
+        (``query = present & controlled``): overlaps among experts alone have no effect and are not
+        computed, so an expert is flagged only when it overlaps a controlled agent. Offroad is
+        tested for the C controlled slots only (experts are never offroad).
         """
         p, C = self.pack, self.num_slots
-        collided = collisions(pos, heading, length, width, present, self.config.collision_box_scale, num_query=C)
+        collided = collisions(pos, heading, length, width, present, self.config.collision_box_scale,
+                              query=present & controlled)
         off_c = offroad(pos[:, :C].contiguous(), heading[:, :C].contiguous(), length[:, :C].contiguous(),
                         width[:, :C].contiguous(), (present & controlled)[:, :C].contiguous(), scenario,
                         p.road_seg, p.grid_edge, p.grid_origin, p.grid_dims, p.cell_size, self.config.offroad_box_scale)
@@ -428,15 +481,37 @@ class DriveEnv:
         goal[w_idx, a_idx] = new
         return goal
 
+    def _trial_features(self, st: EnvState):
+        """Trial ego features [W, C] float32 each: trial index ``trial_count / k_trials`` and time in
+        trial ``(step - trial_start) / scenario_length`` (both in [0, 1]; 0 outside trial mode)."""
+        zeros = torch.zeros_like(st.last_reward)
+        if not self.config.trial_mode:
+            return zeros, zeros
+        cfg = self.config
+        t_index = (st.trial_count.to(torch.float32) / cfg.k_trials)[:, None] + zeros
+        t_time = ((st.step - st.trial_start).to(torch.float32) / cfg.scenario_length)[:, None] + zeros
+        return t_index, t_time
+
     def _observe(self, st: EnvState) -> torch.Tensor:
         """Observations [W, C, D] of ``st``; ego extras in the order of ``observations.EGO_EXTRA``."""
         C = self.num_slots
-        zeros = torch.zeros_like(st.last_reward)
-        ego_extra = torch.stack([st.collided_now[:, :C].float(), st.offroad_now[:, :C].float(), zeros, zeros,
+        t_index, t_time = self._trial_features(st)
+        ego_extra = torch.stack([st.collided_now[:, :C].float(), st.offroad_now[:, :C].float(), t_index, t_time,
                                  st.last_reward], dim=-1)
         cfg, p = self.config, self.pack
-        return observations(
+        active = (st.slot_active & st.present[:, :C]).contiguous()
+        buf, rows = self._obs_buf, None
+        if backend_for(st.pos) == "torch":
+            # compaction (no device sync on CPU): compute only the in-play slots, zero the slots
+            # that were written before and are out of play now, leave the other zeros alone
+            flat = active.view(-1)
+            rows = flat.nonzero().squeeze(1)
+            stale = (self._obs_written & ~flat).nonzero().squeeze(1)
+            buf.view(-1, self.obs_dim).index_fill_(0, stale, 0.0)
+        observations(
             st.pos, st.heading, st.speed, st.length, st.width, st.agent_type, st.present,
-            st.goal[:, :C].contiguous(), ego_extra, st.slot_active & st.present[:, :C], st.scenario,
+            st.goal[:, :C].contiguous(), ego_extra, active, st.scenario,
             p.road_seg, p.road_type, p.grid_road, p.grid_origin, p.grid_dims, p.cell_size,
-            cfg.num_partners, cfg.partner_radius, cfg.road_radius)
+            cfg.num_partners, cfg.partner_radius, cfg.road_radius, out=buf, rows=rows)
+        self._obs_written = active.view(-1).clone()  # inactive slots are all zero now
+        return buf

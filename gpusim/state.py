@@ -16,14 +16,14 @@ from dataclasses import dataclass
 import torch
 
 #: Field name -> (shape kind, dtype). Shape kinds: "W" = [W], "WA" = [W, A], "WA2" = [W, A, 2],
-#: "WC" = [W, C].
+#: "WC" = [W, C], "WCK" = [W, C, K] (K = ``EnvConfig.k_trials`` trial slots).
 STATE_FIELDS: dict[str, tuple[str, torch.dtype]] = {
     # ---- world tensors [W]
     "scenario": ("W", torch.int64),  # scenario index into the pack
     "step": ("W", torch.int32),  # steps taken in the current episode (0 right after a reset)
     "trial_count": ("W", torch.int32),  # trials completed in this episode (trial mode; else 0)
     "trial_start": ("W", torch.int32),  # `step` at which the current trial started (else 0)
-    "world_done": ("W", torch.bool),  # episode ended early (STOP truncation); idles until reset
+    "world_done": ("W", torch.bool),  # episode over early (STOP truncation; trial mode: all trials done); idles until reset
     # ---- agent tensors [W, A]
     "pos": ("WA2", torch.float32),  # centre position (m)
     "heading": ("WA", torch.float32),  # heading (rad)
@@ -48,6 +48,11 @@ STATE_FIELDS: dict[str, tuple[str, torch.dtype]] = {
     "ep_return": ("WC", torch.float32),  # sum of rewards this episode
     "ep_length": ("WC", torch.int32),  # valid (loss_mask = 1) steps this episode
     "last_reward": ("WC", torch.float32),  # reward of the last step (observation feature)
+    # ---- trial mode (gpusim/kernels/trial.py; all False outside trial mode)
+    "trial_goal": ("WC", torch.bool),  # reached its goal in the current trial
+    "trial_collided": ("WC", torch.bool),  # collided at a valid step of the current trial
+    "trial_offroad": ("WC", torch.bool),  # offroad at a valid step of the current trial
+    "trial_score": ("WCK", torch.bool),  # [w, c, k]: trial k finished with goal, no collision/offroad
 }
 
 
@@ -56,8 +61,10 @@ class EnvState:
     """Device tensors of a :class:`~gpusim.env.DriveEnv` (fields and meaning in ``STATE_FIELDS``).
 
     World tensors are ``[W]``, agent tensors ``[W, A]`` (``pos`` and ``goal`` ``[W, A, 2]``),
-    policy-slot tensors ``[W, C]``. All tensors live on one device. Trial fields
-    (``trial_count``, ``trial_start``) stay 0 outside trial mode.
+    policy-slot tensors ``[W, C]``, ``trial_score`` ``[W, C, K]``. All tensors live on one device.
+    Trial fields (``trial_count``, ``trial_start``, ``trial_goal``, ``trial_collided``,
+    ``trial_offroad``, ``trial_score``) stay 0 / False outside trial mode; in trial mode
+    ``world_done`` is the world's "episode over" flag (all trials done).
     """
 
     scenario: torch.Tensor
@@ -87,6 +94,10 @@ class EnvState:
     ep_return: torch.Tensor
     ep_length: torch.Tensor
     last_reward: torch.Tensor
+    trial_goal: torch.Tensor
+    trial_collided: torch.Tensor
+    trial_offroad: torch.Tensor
+    trial_score: torch.Tensor
 
     @property
     def num_worlds(self) -> int:
@@ -119,6 +130,21 @@ class EnvState:
         """Overwrite every tensor in place with ``other``'s values (shapes must match)."""
         for name in STATE_FIELDS:
             getattr(self, name).copy_(getattr(other, name))
+
+    def where(self, mask_w: torch.Tensor, other: "EnvState", keep: tuple[str, ...] = ()) -> "EnvState":
+        """A new state: worlds where ``mask_w`` ([W] bool) is True take ``other``'s values, except
+        the fields named in ``keep`` (always this state's). Inputs are not modified; fields that
+        neither changes are shared, not copied."""
+        out = {}
+        for name in STATE_FIELDS:
+            dst = getattr(self, name)
+            if name in keep:
+                out[name] = dst
+                continue
+            src = getattr(other, name)
+            m = mask_w.view(-1, *([1] * (dst.dim() - 1)))
+            out[name] = torch.where(m, src, dst)
+        return EnvState(**out)
 
     def where_(self, mask_w: torch.Tensor, other: "EnvState") -> None:
         """In place: worlds where ``mask_w`` ([W] bool) is True take ``other``'s values."""
@@ -156,7 +182,10 @@ class EnvState:
             raise ValueError("EnvState: scenario must be [W], present [W, A] and slot_active [W, C] tensors")
         if C > A:
             raise ValueError(f"EnvState: {C} policy slots exceed {A} agent slots")
-        shapes = {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C)}
+        K = self.trial_score.shape[2] if isinstance(self.trial_score, torch.Tensor) and self.trial_score.dim() == 3 else -1
+        if K < 1:
+            raise ValueError("EnvState.trial_score must be a [W, C, K] tensor with K >= 1")
+        shapes = {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C), "WCK": (W, C, K)}
         device = self.pos.device if isinstance(self.pos, torch.Tensor) else None
         for name, (kind, dtype) in STATE_FIELDS.items():
             t = getattr(self, name)
@@ -176,6 +205,8 @@ class EnvState:
             raise ValueError("EnvState.contact_stopped is set for an agent that is not stopped")
         if bool((self.slot_active & ~self.controlled[:, :C]).any()):
             raise ValueError("EnvState.slot_active is set for a slot that holds no controlled agent")
+        if bool((self.trial_start > self.step).any()) or bool((self.trial_count < 0).any()):
+            raise ValueError("EnvState: trial_start must be <= step and trial_count >= 0")
         if bool((self.step < 0).any()) or bool((self.scenario < 0).any()):
             raise ValueError("EnvState.step and scenario must be >= 0")
 

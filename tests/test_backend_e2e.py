@@ -1,6 +1,6 @@
 """End to end: a DriveEnv rollout on the real sample scenarios gives the same rewards, flags, masks
-and metrics, and observations within float32 tolerance, with every per-step computation run by the
-Triton kernels (interpreter on CPU) as with the torch reference.
+and metrics, and observations within float32 tolerance in the same slot order, with every per-step
+computation run by the Triton kernels (interpreter on CPU) as with the torch reference.
 
 Cost: the Triton interpreter runs ~0.5 s per env step here, so the default run covers every goal
 behaviour and every contact behaviour once (three combinations, ~40 s); the remaining combinations
@@ -85,25 +85,18 @@ def mixed_actions(env, g):
     return torch.where(torch.rand(a.shape, generator=g) < 0.5, rnd, a)
 
 
-def assert_obs_close(got, want, layout, tol=1e-4):
-    """Observations equal within ``tol``, except that partner / road slots whose sort distances tie
-    in real arithmetic may come in another order (e.g. several road polylines starting at the same
-    vertex nearest to the agent: their float32 distances differ in the last bits between backends).
-    Ego features must match elementwise; each partner / road block must match as a set of slots,
-    and only a few slots may move. Returns the number of displaced slots."""
-    torch.testing.assert_close(got[..., layout.ego], want[..., layout.ego], rtol=tol, atol=tol)
-    moved = 0
+def assert_obs_close(got, want, layout, tol=1e-5):
+    """Observations equal elementwise within ``tol``, partner and road slots in the *same order*.
+
+    Sort distances that tie in real arithmetic (several road polylines whose nearest point is one
+    shared vertex) are bit-identical in each backend (endpoint distances use the exact vertex
+    coordinates), so the index bits of the sort key order them identically in both backends,
+    although the two backends' agent positions differ in their last bits. Valid flags (the last
+    feature of each slot) must match exactly."""
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     for sl, n, d in ((layout.partners, layout.num_partners, layout.partner_dim),
                      (layout.roads, layout.num_roads, layout.road_dim)):
-        g = got[..., sl].reshape(-1, n, d)
-        w = want[..., sl].reshape(-1, n, d)
-        same = ((g - w).abs() <= tol + tol * w.abs()).all(-1)  # [N, n] slot equal in place
-        for row in torch.nonzero(~same.all(-1)).flatten().tolist():
-            diff = (g[row][:, None, :] - w[row][None, :, :]).abs().amax(-1)  # [n, n]
-            assert (diff.amin(1) <= tol).all() and (diff.amin(0) <= tol).all(), f"slot contents differ in row {row}"
-            moved += int((~same[row]).sum())
-    assert moved <= max(4, got.shape[0] * got.shape[1] // 4), moved
-    return moved
+        assert torch.equal(got[..., sl].reshape(-1, n, d)[..., -1], want[..., sl].reshape(-1, n, d)[..., -1])
 
 
 FIELDS = ("reward", "terminal", "truncation", "loss_mask", "slot_active", "removed", "stopped", "trial_ended")
@@ -129,7 +122,7 @@ def compare_rollout(pack, config, steps=STEPS, seed=SEED, num_worlds=W):
             assert torch.equal(getattr(r_t, name), getattr(r_r, name)), (t, name)
         for key in ("goal_reached", "collided", "offroad", "truncated", "episode_end"):
             assert torch.equal(r_t.info[key], r_r.info[key]), (t, key)
-        seen["moved_slots"] += assert_obs_close(r_t.obs, r_r.obs, env_r.obs_layout)
+        assert_obs_close(r_t.obs, r_r.obs, env_r.obs_layout)
         torch.testing.assert_close(env_t.state.pos, env_r.state.pos, rtol=1e-5, atol=1e-4)
         for key in ("goal_reached", "collided", "offroad"):
             seen[key] += int(r_r.info[key].sum())

@@ -321,8 +321,6 @@ def test_config_mismatch_is_reported():
         DriveEnv(pack, 1, cfg(num_roads=32))
     with pytest.raises(ValueError, match="init_steps"):
         DriveEnv(pack, 1, cfg(init_steps=10))
-    with pytest.raises(NotImplementedError):
-        DriveEnv(pack, 1, cfg(goal_behavior="trial"))
 
 
 def test_experts_replay_log_and_leave_after_log_end():

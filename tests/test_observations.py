@@ -186,6 +186,44 @@ def test_roads_sorted_by_true_distance_with_padding_and_types():
     torch.testing.assert_close(end, torch.tensor([9.0, -8.0]), atol=1e-5, rtol=0)
 
 
+def tie_scene():
+    """Three segments whose nearest point to the ego is one shared vertex V (exact tie in real
+    arithmetic), a fourth farther away; grid order [seg2, seg0, seg1, -1, seg3]."""
+    kw = scene(A=1, C=1, K=5, R=4, rr=40.0)
+    vx, vy = 10.3, -7.1
+    kw["road_seg"][0] = torch.tensor(
+        [
+            [vx, vy, vx + 5.0, vy],  # seg0 starts at V, length 5
+            [vx + 2.4, vy + 3.2, vx, vy],  # seg1 ends at V, length 4
+            [vx, vy, vx + 2.4, vy - 1.8],  # seg2 starts at V, length 3
+            [vx + 9.0, vy + 9.0, vx + 9.0, vy + 11.0],  # seg3 farther
+        ]
+    )
+    kw["grid_road"][0, 0] = torch.tensor([2, 0, 1, -1, 3], dtype=torch.int32)
+    return kw, (vx - 6.0, vy - 2.0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_exact_distance_ties_are_ordered_by_grid_position(backend):
+    """Segments sharing the vertex nearest to the ego have bit-identical distances (computed from
+    the exact vertex), so the sort key's index bits order them by grid position (seg2, seg0, seg1)
+    for every ego position nearby, in both backends (their positions differ in the last bits)."""
+    kw, (ex, ey) = tie_scene()
+    g = torch.Generator().manual_seed(0)
+    jitter = torch.randn(16, 2, generator=g, dtype=torch.float64) * 1e-3
+    fn = observations_reference if backend == "torch" else _observations_triton
+    for j in jitter:
+        kw["pos"][0, 0] = torch.tensor([ex + j[0].item(), ey + j[1].item()])
+        kw["heading"][0, 0] = float(j[0]) * 100.0  # an arbitrary heading per trial
+        _, _, _, road = split(fn(**kw), kw)
+        lengths = road[0, 0, :, 2] * 40.0
+        torch.testing.assert_close(lengths, torch.tensor([3.0, 5.0, 4.0, 2.0, 0.0]), atol=1e-5, rtol=0)
+        # the three tied slots show the same distance to V: midpoint - half length * direction
+        v = road[0, 0, :3, :2] - 0.5 * road[0, 0, :3, 2:3] * road[0, 0, :3, 3:5]  # seg2, seg0 start at V
+        v[2] = road[0, 0, 2, :2] + 0.5 * road[0, 0, 2, 2] * road[0, 0, 2, 3:5]  # seg1 ends at V
+        torch.testing.assert_close(v[1:], v[:1].expand(2, 2), atol=1e-6, rtol=0)
+
+
 def test_road_cell_lookup_uses_ego_cell():
     kw = scene(A=2, C=2, K=2, R=2, NC=2, cell=10.0)
     kw["grid_origin"][0] = torch.tensor([0.0, 0.0])

@@ -5,6 +5,13 @@ The env settings come from the checkpoint (the policy was trained for them). Eac
 episode runs every world for one full horizon; metrics are the env's means over all agent-episodes
 that finished (``episode_return``, ``goal_reached``, ``collided``, ``offroad``, ``score``, ``n``) —
 plain means (``env.metrics(kind="mean")``), not the per-agent EMA used in training reports.
+
+Trial mode (docs/trial.md): ``--k-trials K`` evaluates with ``goal_behavior=trial`` and K trials
+per episode (whatever the policy was trained with) and adds ``trial_k_score`` and
+``ada_delta_trial_k_minus_0``. ``--human-replay`` controls only one agent per world (the first
+controlled one: the self-driving car when it qualifies); every other agent is log-replayed. It
+builds the pack with ``max_controlled = 1`` (from WOMD JSON; a saved pack built for more slots is
+rejected with a clear error).
 """
 
 from __future__ import annotations
@@ -37,6 +44,8 @@ class EvalConfig:
         num_worlds: parallel worlds. episodes: evaluation episodes (each = one horizon of every
             world). seed: scenario draws. device: ``cuda`` if available else ``cpu``.
         stochastic: sample actions instead of argmax.
+        k_trials: > 0: evaluate in trial mode with this many trials per episode (0 = as trained).
+        human_replay: one controlled agent per world, all others log-replayed.
     """
 
     checkpoint: str
@@ -46,6 +55,8 @@ class EvalConfig:
     seed: int = 12345
     device: str = dataclasses.field(default_factory=default_device)
     stochastic: bool = False
+    k_trials: int = 0
+    human_replay: bool = False
 
 
 def _plain_metrics(env) -> dict:
@@ -67,6 +78,12 @@ def evaluate(cfg: EvalConfig) -> dict:
 
     ck = load_checkpoint(resolve_path(cfg.checkpoint))
     env_config = _env_config_from_dict(ck["env_config"])
+    if cfg.k_trials < 0:
+        raise ValueError(f"--k-trials must be >= 0, got {cfg.k_trials}")
+    if cfg.k_trials > 0:
+        env_config = env_config.replace(goal_behavior="trial", k_trials=cfg.k_trials)
+    if cfg.human_replay:
+        env_config = env_config.replace(max_controlled=1)
     pack = load_pack(cfg.data, env_config, cfg.device)
     env = DriveEnv(pack, cfg.num_worlds, config=env_config, device=cfg.device, seed=cfg.seed)
     policy = ActorCritic.from_description(ck["policy"]).to(cfg.device)
@@ -83,7 +100,8 @@ def evaluate(cfg: EvalConfig) -> dict:
         obs, _ = collect_rollout(env, policy, obs, buf, cache, deterministic=not cfg.stochastic)
     out = {k: float(v) for k, v in _plain_metrics(env).items()}
     out.update({"checkpoint": str(cfg.checkpoint), "global_step": ck["global_step"], "episodes": cfg.episodes,
-                "num_worlds": cfg.num_worlds, "deterministic": not cfg.stochastic})
+                "num_worlds": cfg.num_worlds, "deterministic": not cfg.stochastic,
+                "k_trials": env_config.k_trials if env_config.trial_mode else 0, "human_replay": cfg.human_replay})
     return out
 
 

@@ -259,6 +259,9 @@ def main(argv=None) -> int:
     if "goal_reached" in first and "goal_reached" in lastr and not cfg.quiet:
         print(f"goal_reached: first report {first['goal_reached']:.3f} -> last report {lastr['goal_reached']:.3f}; "
               f"checkpoint {summary['checkpoint']}")
+    trial = {k: v for k, v in lastr.items() if k.startswith("trial_") or k.startswith("ada_delta_trial_")}
+    if trial and not cfg.quiet:  # trial mode (docs/trial.md): per-trial scores of the last report
+        print("trial scores (last report): " + "  ".join(f"{k} {v:.3f}" for k, v in sorted(trial.items())))
     return 0
 
 

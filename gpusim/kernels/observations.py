@@ -180,59 +180,94 @@ _BLOCK_CANDIDATES = 65536
 #: Midpoint of the "far" padding row of the road table: any ego is farther than any road radius
 #: from it (finite, so the distance arithmetic stays finite: (1e18)^2 < float32 max).
 _FAR = 1.0e18
-#: Columns of the per-segment road table (see :func:`road_table`).
+#: Columns of the per-segment road feature table (see :func:`road_table`).
 _ROAD_COLS = 10
+#: Columns of the per-segment road geometry table (see :func:`road_table`).
+_GEO_COLS = 8
 #: Columns of the per-agent table (see :func:`_agent_table`).
 _AGENT_COLS = 12
 
-_road_table_cache: list = []  # [(weakref road_seg, weakref road_type, versions, table)]
+_road_table_cache: list = []  # [(weakref road_seg, weakref road_type, versions, (geo, feat))]
 
 
-def road_table(road_seg: torch.Tensor, road_type: torch.Tensor) -> torch.Tensor:
-    """Per-segment road features, computed once per pack and cached (CPU reference).
+def road_table(road_seg: torch.Tensor, road_type: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-segment road tables, computed once per pack and cached (CPU reference).
 
     Args:
         road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
         road_type: [S, R] int8 ``RoadType`` codes.
 
     Returns:
-        [S*R + 2, 10] float32 rows ``(mid_x, mid_y, dir_x, dir_y, half_length, is_lane,
-        is_road_line, is_road_edge, is_other, 1)`` for global segment ``s * R + r``; row ``S*R`` is
-        a "far" row (midpoint at 1e18 m: never within a road radius) that grid padding points to,
-        row ``S*R + 1`` is all zero (what padding observation slots gather).
+        ``(geo, feat)`` for global segment ``s * R + r``:
+
+        * ``geo`` [S*R + 2, 8] float32 rows ``(x0, y0, x1, y1, dir_x, dir_y, length, 0)``: what the
+          point-to-segment distance needs (:func:`_segment_d2`);
+        * ``feat`` [S*R + 2, 10] float32 rows ``(mid_x, mid_y, dir_x, dir_y, half_length, is_lane,
+          is_road_line, is_road_edge, is_other, 1)``: what an observation slot shows.
+
+        Row ``S*R`` is a "far" row (both endpoints at 1e18 m: never within a road radius) that grid
+        padding points to; row ``S*R + 1`` is all zero (what padding observation slots gather).
         Zero-length segments get direction (1, 0), which keeps the distance formula exact.
 
-    The table is cached for the last few (road_seg, road_type) tensor objects (weak references
+    The tables are cached for the last few (road_seg, road_type) tensor objects (weak references
     plus the tensors' in-place version counters, so an edited or freed tensor is never served a
     stale table).
     """
     import weakref
 
     key = (road_seg._version, road_type._version)
-    for ref_s, ref_t, ver, tab in _road_table_cache:
+    for ref_s, ref_t, ver, tabs in _road_table_cache:
         if ref_s() is road_seg and ref_t() is road_type and ver == key:
-            return tab
+            return tabs
     S, R = road_type.shape
     p0, p1 = road_seg[..., 0:2], road_seg[..., 2:4]
     d = p1 - p0
     seg_len = torch.sqrt(d[..., 0] * d[..., 0] + d[..., 1] * d[..., 1])  # not .sum(): same rounding as the kernel
     nz = seg_len > 0
-    inv = torch.where(nz, 1.0 / torch.where(nz, seg_len, 1.0), 0.0)
+    inv = 1.0 / torch.where(nz, seg_len, 1.0)
     ux = torch.where(nz, d[..., 0] * inv, 1.0)
-    uy = d[..., 1] * inv
+    uy = torch.where(nz, d[..., 1] * inv, 0.0)
     t = road_type.to(torch.int64)
     group = torch.where((t >= 0) & (t < 3), t, 3)
     onehot = (group[..., None] == torch.arange(_NUM_ROAD_OBS_TYPES, device=road_seg.device)).to(torch.float32)
     mid = 0.5 * (p0 + p1)
-    tab = road_seg.new_zeros(S * R + 2, _ROAD_COLS)
-    tab[: S * R] = torch.cat(
+    feat = road_seg.new_zeros(S * R + 2, _ROAD_COLS)
+    feat[: S * R] = torch.cat(
         [mid, torch.stack([ux, uy, 0.5 * seg_len], dim=-1), onehot, torch.ones_like(ux)[..., None]], dim=-1
     ).reshape(S * R, _ROAD_COLS)
-    tab[S * R, 0:2] = _FAR
-    tab[S * R, 2] = 1.0
-    _road_table_cache.insert(0, (weakref.ref(road_seg), weakref.ref(road_type), key, tab))
+    feat[S * R, 0:2] = _FAR
+    feat[S * R, 2] = 1.0
+    geo = road_seg.new_zeros(S * R + 2, _GEO_COLS)
+    geo[: S * R] = torch.cat(
+        [road_seg, torch.stack([ux, uy, seg_len, torch.zeros_like(ux)], dim=-1)], dim=-1
+    ).reshape(S * R, _GEO_COLS)
+    geo[S * R, 0:4] = _FAR
+    geo[S * R, 4] = 1.0
+    tabs = (geo, feat)
+    _road_table_cache.insert(0, (weakref.ref(road_seg), weakref.ref(road_type), key, tabs))
     del _road_table_cache[4:]
-    return tab
+    return tabs
+
+
+def _segment_d2(ex, ey, x0, y0, x1, y1, ux, uy, seg_len):
+    """Squared distance (m^2) from the point (ex, ey) to the segment (x0, y0)-(x1, y1) with unit
+    direction (ux, uy) and length ``seg_len`` (broadcasting float32 tensors).
+
+    Where the projection falls outside the segment the distance is taken from the *exact* endpoint
+    coordinates, ``(ex - x)^2 + (ey - y)^2`` in this operation order, and the Triton kernel does the
+    same: segments that share their nearest vertex (consecutive polyline pieces, polylines starting
+    at one vertex) then get bit-identical distances, so their order is decided by the index bits of
+    the sort key alone, identically in both backends, however the ego position differs in its last
+    bits between them. Inside the segment it is the squared perpendicular distance.
+    """
+    q0x = ex - x0
+    q0y = ey - y0
+    along = q0x * ux + q0y * uy
+    perp = q0x * uy - q0y * ux
+    before = along <= 0.0
+    cx = torch.where(before, q0x, ex - x1)
+    cy = torch.where(before, q0y, ey - y1)
+    return torch.where(before | (along >= seg_len), cx * cx + cy * cy, perp * perp)
 
 
 def _agent_table(pos, heading, speed, length, width, agent_type) -> torch.Tensor:
@@ -347,7 +382,7 @@ def observations_reference(
     if n_live == 0:
         return obs
     agent_tab = _agent_table(pos, heading, speed, length, width, agent_type)  # [W*A + 1, 12]
-    road_tab = road_table(road_seg, road_type)  # [S*R + 2, 10]
+    road_tab = road_table(road_seg, road_type)  # ([S*R + 2, 8] geometry, [S*R + 2, 10] features)
     K = grid_road.shape[2]
     block = n_live if pos.is_cuda else max(1, _BLOCK_CANDIDATES // max(K, A, 1))
     for r0 in range(0, n_live, block):
@@ -413,20 +448,16 @@ def _observe_rows(
     s = scenario.index_select(0, w)  # [n] int64
     cell = cell_index(e[:, None, 0:2], s, grid_origin, grid_dims, cell_size)[:, 0]  # [n]
     cand = grid_road.view(S * NC, K).index_select(0, s * NC + cell)  # [n, K] int32
-    far = road_tab.shape[0] - 2
+    geo, feat = road_tab
+    far = geo.shape[0] - 2
     gidx = torch.where(cand >= 0, cand + (s * R).to(torch.int32)[:, None], far)  # [n, K] int32
-    g = road_tab.index_select(0, gidx.view(-1)).view(n, K, _ROAD_COLS)
-    qx, qy = ex - g[..., 0], ey - g[..., 1]  # ego minus midpoint
-    ux, uy, half = g[..., 2], g[..., 3], g[..., 4]
-    along = qx * ux + qy * uy
-    perp = qx * uy - qy * ux
-    over = along - torch.clamp(along, -half, half)
-    rd2 = perp * perp + over * over
+    g = geo.index_select(0, gidx.view(-1)).view(n, K, _GEO_COLS)
+    rd2 = _segment_d2(ex, ey, g[..., 0], g[..., 1], g[..., 2], g[..., 3], g[..., 4], g[..., 5], g[..., 6])
     rbits = _index_bits(K)
     rkey = torch.sort(_sort_key(rd2, rd2 <= road_radius * road_radius, rbits), dim=-1).values  # [n, K]
     order = (rkey & ((1 << rbits) - 1)).to(torch.int64)
     srow = torch.where(rkey < _INF_BITS, torch.gather(gidx, 1, order), far + 1)  # invalid -> zero row
-    g = road_tab.index_select(0, srow.view(-1)).view(n, K, _ROAD_COLS)
+    g = feat.index_select(0, srow.view(-1)).view(n, K, _ROAD_COLS)
     one = g[..., 9]
     mx, my = g[..., 0] - ex * one, g[..., 1] - ey * one  # zero on padding rows
     ux, uy = g[..., 2], g[..., 3]
@@ -638,12 +669,15 @@ def _observations_kernel(
     half = 0.5 * seg_len
     mx = 0.5 * (x0 + x1)
     my = 0.5 * (y0 + y1)
-    qx = ex - mx
-    qy = ey - my
-    along = qx * ux + qy * uy
-    perp = qx * uy - qy * ux
-    over = along - tl.minimum(tl.maximum(along, -half), half)
-    rd2 = perp * perp + over * over
+    # point-to-segment distance as _segment_d2: exact endpoint arithmetic outside the segment
+    q0x = ex - x0
+    q0y = ey - y0
+    along = q0x * ux + q0y * uy
+    perp = q0x * uy - q0y * ux
+    before = along <= 0.0
+    cx = tl.where(before, q0x, ex - x1)
+    cy = tl.where(before, q0y, ey - y1)
+    rd2 = tl.where(before | (along >= seg_len), cx * cx + cy * cy, perp * perp)
     rok = has & ((ko * 0 + act_i) != 0) & (rd2 <= road_r2)
     rbits = tl.where(rok, rd2, float("inf")).to(tl.int32, bitcast=True)
     rkey = (rbits & ~((1 << RBITS) - 1)) | ko
