@@ -262,6 +262,28 @@ def test_train_learns_on_fake_env(tmp_path):
     assert last > first + 0.15, goals
 
 
+def test_train_uses_a_hook_object_passed_as_library(tmp_path):
+    """`train(cfg, hook=obj)` runs the given hook once per rollout, on device tensors; dropping
+    every step leaves the weights untouched (no optimizer step)."""
+    from train.experience import ExperienceHook
+
+    class DropAll(ExperienceHook):
+        calls = 0
+
+        def preprocess_unroll_experience(self, batch):
+            DropAll.calls += 1
+            assert batch.loss_mask.device.type == "cpu"
+            batch.loss_mask.zero_()
+            return batch, batch.loss_mask.sum()
+
+    env = FakeEnv(num_worlds=3, num_slots=4, horizon=12, all_active=True)
+    torch.manual_seed(0)
+    out = train(_cfg(tmp_path, total_timesteps=2 * 12 * 12 - 1), env=env, hook=DropAll())
+    assert DropAll.calls == 2 and out["update"] == 2
+    ck = torch.load(out["checkpoint"], weights_only=False)
+    assert ck["optimizer"]["state"] == {}  # Adam never stepped
+
+
 def test_bad_resume_path_raises(tmp_path):
     with pytest.raises(FileNotFoundError):
         train(_cfg(tmp_path, resume=str(tmp_path / "missing.pt")), env=FakeEnv())

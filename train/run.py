@@ -125,13 +125,15 @@ def update_policy(policy, optimizer, batch: RolloutBatch, hook, ppo_cfg, generat
     return stats, counts
 
 
-def train(cfg: TrainConfig, env=None) -> dict:
+def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     """Run training.
 
     Args:
         cfg: :class:`TrainConfig`.
         env: an env to train in (tests pass a small one); default builds ``DriveEnv`` from
             ``cfg.data``.
+        hook: an :class:`train.experience.ExperienceHook` object to use instead of the one named by
+            ``cfg.experience`` (library use).
 
     Returns:
         Summary dict: ``global_step``, ``update``, ``reports`` (list of report records),
@@ -173,7 +175,8 @@ def train(cfg: TrainConfig, env=None) -> dict:
         torch.set_rng_state(ckpt["rng"])
 
     context = {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", []))}
-    hook = make_hook(cfg.experience, cfg.experience_arg, context)
+    if hook is None:
+        hook = make_hook(cfg.experience, cfg.experience_arg, context)
 
     W, C, H = env.num_worlds, env.num_slots, env.horizon
     R = W * C
