@@ -175,6 +175,10 @@ class EnvConfig:
         num_partners, partner_radius: partner slots in observations and their range (m).
         num_roads, road_radius: road-segment slots in observations (must equal the pack's
             ``grid_k``) and their range (m).
+        compile: opt-in CPU fast path: on the torch backend the observations run through
+            ``torch.compile`` (``gpusim.kernels.observations.observations_compiled``). Same
+            results within float32 rounding; the first step of a new env size compiles for
+            ~5-15 s. Ignored on the Triton backend. Default off (docs/performance.md).
     """
 
     max_agents: int = 64
@@ -200,6 +204,7 @@ class EnvConfig:
     num_roads: int = 128
     road_radius: float = 50.0
     dt: float = DT
+    compile: bool = False
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -239,6 +244,8 @@ class EnvConfig:
             )
         if self.dt <= 0:
             raise ValueError(f"EnvConfig.dt must be > 0, got {self.dt}")
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"EnvConfig.compile must be True or False, got {self.compile!r}")
 
     @property
     def trial_mode(self) -> bool:

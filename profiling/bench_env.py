@@ -9,7 +9,9 @@ Reports, for every (worlds, max_controlled) pair of the sweep:
 * ``breakdown_ms`` (with ``--breakdown``): milliseconds per step in each kernel the env calls
   (``profiling/timers.py``; synchronised on CUDA) and ``other`` (everything else);
 * memory: ``state_bytes_per_world`` (the ``EnvState`` tensors), ``obs_bytes_per_world`` (the
-  observation buffer) and ``pack_bytes`` (the scenario pack, shared by all worlds).
+  observation buffer) and ``pack_bytes`` (the scenario pack, shared by all worlds);
+* ``reset_s``: seconds of the first ``env.reset()``; with ``--backend torch-compiled`` this
+  includes compiling the observation graph for this env size (``torch.compile``).
 
 Timing: ``--warmup`` untimed steps, then the median over ``--repeats`` runs of ``--steps`` steps.
 
@@ -23,6 +25,8 @@ Usage (from the repository root)::
 ``--threads`` sets torch's intra-op threads (default 1: on a shared 2-core machine the step is many
 small ops, and two threads that wait for each other at every op are often slower than one).
 ``--backend triton`` needs CUDA (Triton's CPU interpreter is a test tool, far too slow to time).
+``--backend torch-compiled`` is the torch backend with ``EnvConfig(compile=True)``: observations
+through ``torch.compile`` (``gpusim.kernels.observations.observations_compiled``).
 """
 
 from __future__ import annotations
@@ -84,7 +88,11 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
     from profiling.timers import KernelTimer, instrument_env
 
     env = DriveEnv(pack, num_worlds, config, device=device, seed=seed)
+    _sync(env.device)
+    t_reset = time.perf_counter()
     env.reset()
+    _sync(env.device)
+    t_reset = time.perf_counter() - t_reset
     g = torch.Generator(device=env.device).manual_seed(seed)
     discrete = int(config.action_space) == 0
     shape = (num_worlds, env.num_slots) if discrete else (num_worlds, env.num_slots, 2)
@@ -123,17 +131,26 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
         "state_bytes_per_world": tensor_bytes(env.state) / num_worlds,
         "obs_bytes_per_world": env.num_slots * env.obs_dim * 4,
         "pack_bytes": env.pack.nbytes(),
+        "reset_s": t_reset,
     }
     if breakdown:
         timer = KernelTimer(sync_cuda=env.device.type == "cuda")
         acts = [actions() for _ in range(steps)]
-        with instrument_env(timer):
-            _sync(env.device)
-            t0 = time.perf_counter()
-            for a in acts:
-                env.step(a)
-            _sync(env.device)
-            total = 1000 * (time.perf_counter() - t0) / steps
+        import gpusim.env as env_mod
+
+        # the compiled observation path is another name in gpusim.env: time it as "observations"
+        saved = env_mod.observations_compiled
+        env_mod.observations_compiled = timer.wrap("observations", saved)
+        try:
+            with instrument_env(timer):
+                _sync(env.device)
+                t0 = time.perf_counter()
+                for a in acts:
+                    env.step(a)
+                _sync(env.device)
+                total = 1000 * (time.perf_counter() - t0) / steps
+        finally:
+            env_mod.observations_compiled = saved
         rep = timer.report(steps)
         rep["other"] = max(0.0, total - sum(rep.values()))
         row["breakdown_ms"] = rep
@@ -152,8 +169,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = leave torch's default)")
     ap.add_argument("--device", default=None, help="default: cuda for --backend triton, else cpu")
-    ap.add_argument("--backend", default="torch", choices=["torch", "triton"],
-                    help="torch: the vectorised reference (CPU); triton: the kernels (needs CUDA)")
+    ap.add_argument("--backend", default="torch", choices=["torch", "torch-compiled", "triton"],
+                    help="torch: the vectorised reference (CPU); torch-compiled: the same with "
+                         "EnvConfig(compile=True); triton: the kernels (needs CUDA)")
     ap.add_argument("--action-space", default="discrete", choices=["discrete", "continuous"])
     ap.add_argument("--breakdown", action="store_true", help="also time each kernel call (per-kernel ms/step)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -173,9 +191,10 @@ def main(argv=None) -> dict:
         raise SystemExit("--backend triton needs a CUDA device (the CPU interpreter is not a benchmark)")
     rows = []
     pack_bytes = {}
-    with use_backend(args.backend):
+    compiled = args.backend == "torch-compiled"
+    with use_backend("torch" if compiled else args.backend):
         for mc in args.max_controlled:
-            config = EnvConfig(action_space=args.action_space, max_controlled=mc)
+            config = EnvConfig(action_space=args.action_space, max_controlled=mc, compile=compiled)
             pack = load_pack(args.data, config)
             pack_bytes[mc] = pack.nbytes()
             for w in args.worlds:
@@ -192,11 +211,12 @@ def main(argv=None) -> dict:
         return result
     print(f"# env-only, observations included; {meta}")
     print(f"{'worlds':>7} {'C':>3} {'agents':>7} {'agent-steps/s':>14} {'world-steps/s':>14} {'ms/step':>9} "
-          f"{'us/agent-step':>14} {'state KB/w':>10} {'obs KB/w':>9}")
+          f"{'us/agent-step':>14} {'state KB/w':>10} {'obs KB/w':>9} {'reset s':>8}")
     for r in rows:
         print(f"{r['worlds']:>7} {r['max_controlled']:>3} {r['agents_per_step']:>7.0f} {r['agent_steps_per_s']:>14,.0f} "
               f"{r['world_steps_per_s']:>14,.0f} {r['ms_per_step']:>9.2f} {r['us_per_agent_step']:>14.2f} "
-              f"{r['state_bytes_per_world'] / 1024:>10.1f} {r['obs_bytes_per_world'] / 1024:>9.1f}")
+              f"{r['state_bytes_per_world'] / 1024:>10.1f} {r['obs_bytes_per_world'] / 1024:>9.1f} "
+              f"{r['reset_s']:>8.2f}")
     if args.breakdown:
         print("\n# per-kernel ms/step")
         for r in rows:

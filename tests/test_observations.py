@@ -475,3 +475,66 @@ def test_env_compacted_observations_equal_full_reference(sample_dir):
         assert res.obs is obs  # the env's reused buffer
         left_play += int((active & ~(env.state.slot_active & env.state.present[:, :C])).sum())
     assert left_play > 0  # some slots left play, so the zeroing path ran
+
+
+# ------------------------------------------------------------------------------------ compiled CPU path
+def test_compile_option_is_validated():
+    from gpusim.config import EnvConfig
+
+    assert EnvConfig().compile is False  # opt-in
+    with pytest.raises(ValueError, match="compile"):
+        EnvConfig(compile="yes")
+
+
+@pytest.mark.slow
+def test_compiled_matches_reference_random_scenes():
+    """observations_compiled (torch.compile, static 64-row blocks, padded) equals the reference
+    within float32 rounding and in the same slot order, on NaN-prefilled output with rows that
+    list inactive slots, and when the live rows fill more than one block. Compiles (~10 s)."""
+    from gpusim.kernels.observations import observations_compiled
+
+    kw = random_scene(seed=5, W=23, A=9, C=5, K=13, R=17, P=4)  # 115 slots: 2 blocks of 64
+    want = observations_reference(**kw)
+    out = torch.full_like(want, float("nan"))
+    got = observations_compiled(**kw, out=out)
+    assert got is out and not torch.isnan(got).any()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    lay = obs_layout(4, 13)
+    for sl, n, d in ((lay.partners, 4, lay.partner_dim), (lay.roads, 13, lay.road_dim)):
+        assert torch.equal(got[..., sl].reshape(-1, n, d)[..., -1], want[..., sl].reshape(-1, n, d)[..., -1])
+    # rows: only the listed slots are written (an inactive listed one gets zeros)
+    kw["ego_active"][3, 2] = False
+    rows = torch.tensor([3 * 5 + 2, 0, 7, 22 * 5 + 4])
+    out = torch.full_like(want, float("nan"))
+    observations_compiled(**kw, out=out, rows=rows)
+    want = observations_reference(**kw)
+    flat_out, flat_want = out.view(-1, lay.obs_dim), want.view(-1, lay.obs_dim)
+    torch.testing.assert_close(flat_out[rows], flat_want[rows], atol=1e-5, rtol=1e-5)
+    others = torch.ones(flat_out.shape[0], dtype=torch.bool)
+    others[rows] = False
+    assert torch.isnan(flat_out[others]).all()
+
+
+@pytest.mark.slow
+def test_env_compile_option_matches_eager(sample_dir):
+    """DriveEnv(EnvConfig(compile=True)) gives the eager env's rewards and flags exactly and its
+    observations within float32 rounding on real scenarios, with > 512 in-play slots (both block
+    sizes used). Compiles two graphs (~20-40 s on the shared 2-core machine)."""
+    from gpusim.config import EnvConfig
+    from gpusim.data import ScenarioPack
+    from gpusim.env import DriveEnv
+
+    config = EnvConfig(max_controlled=8, collision_behavior="remove", scenario_length=5)
+    pack = ScenarioPack.from_json(sorted(sample_dir.glob("*.json*")), config.data_config())
+    env_e = DriveEnv(pack, 140, config, seed=1)
+    env_c = DriveEnv(pack, 140, config.replace(compile=True), seed=1)
+    o_e, o_c = env_e.reset(), env_c.reset()
+    assert int(env_e.state.slot_active.sum()) > 512
+    torch.testing.assert_close(o_c, o_e, atol=1e-5, rtol=1e-5)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(6):  # crosses the auto-reset
+        a = torch.randint(0, env_e.num_actions, (140, 8), generator=g)
+        r_e, r_c = env_e.step(a), env_c.step(a)
+        for name in ("reward", "terminal", "loss_mask", "slot_active", "removed"):
+            assert torch.equal(getattr(r_c, name), getattr(r_e, name)), name
+        torch.testing.assert_close(r_c.obs, r_e.obs, atol=1e-5, rtol=1e-5)

@@ -33,8 +33,13 @@ Ordering and ties: the sort key of a partner (squared centre distance) or a road
 bits replaced by the candidate's index (``b = ceil(log2(A))`` resp. ``ceil(log2(K))``). Keys are
 therefore unique: candidates whose squared distances agree to a relative ``2**(b-23)`` (about
 1e-5 for b = 7, i.e. under a millimetre at 50 m) are ordered by index (agent slot, resp. grid
-order). The torch reference and the Triton kernel use the same keys, so they agree exactly on
-the order.
+order). The torch reference and the Triton kernel use the same keys and the same distance
+arithmetic; where the projection falls outside a segment the distance comes from the exact
+endpoint coordinates (:func:`_segment_d2`), so segments sharing their nearest vertex tie exactly
+and are ordered by grid position in both backends, whatever the last bits of the ego position.
+
+CPU fast path: :func:`observations_compiled` (opt-in, ``EnvConfig.compile``) runs the same
+computation through ``torch.compile`` over fixed-size row blocks.
 
 Normalisation constants (:data:`SPEED_SCALE`, :data:`SIZE_SCALE`, :data:`GOAL_SCALE`) are chosen so
 typical urban values are O(1); they are not taken from another project.
@@ -470,6 +475,143 @@ def _observe_rows(
     road[..., 4] = uy * ec - ux * es
     road[..., 5:] = g[..., 5:]
     obs2d.index_copy_(0, rows, blk)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiled CPU path (opt-in, EnvConfig.compile): the same computation as the reference, written
+# functionally for torch.compile (inductor) over blocks of a FIXED number of slot rows, so every
+# shape is static (dynamic=False) and one compiled graph serves every step of an env.
+# ---------------------------------------------------------------------------------------------
+
+#: Slot rows per compiled block: full blocks of the first size while that many rows remain, the
+#: rest in blocks of the second size; a short last block is padded with copies of its last row
+#: (their identical values are written twice). So there are two graphs, never a new shape.
+COMPILED_BLOCK_ROWS = (512, 64)
+_compiled_fn: list = []  # [torch.compile(_observe_block_into)], built on first use
+
+
+def _observe_block(rows, agent_tab, geo, feat, pos, present, goal2, extra2, scenario, grid2, grid_origin, grid_dims,
+                   C: int, P: int, R: int, cell_size: float, partner_radius: float, road_radius: float):
+    """Observations [n, D] of the slot rows ``rows`` [n] (flat ``w * C + c``, all in play); a
+    functional (no in-place) copy of :func:`_observe_rows` for torch.compile. ``goal2`` [W*C, 2],
+    ``extra2`` [W*C, 5], ``grid2`` [S*NC, K] are flat views of the reference's inputs."""
+    n = rows.shape[0]
+    W, A = present.shape
+    K = grid2.shape[1]
+    NC = grid2.shape[0] // grid_origin.shape[0]
+    w = torch.div(rows, C, rounding_mode="floor")
+    c = rows - w * C
+    e = agent_tab.index_select(0, w * A + c)
+    ex, ey, ec, es = e[:, 0:1], e[:, 1:2], e[:, 2:3], e[:, 3:4]
+    gl = goal2.index_select(0, rows)
+    gx, gy = gl[:, 0:1] - ex, gl[:, 1:2] - ey
+    ego = torch.cat([e[:, 4:7], (gx * ec + gy * es) / GOAL_SCALE, (gy * ec - gx * es) / GOAL_SCALE,
+                     torch.sqrt(gx * gx + gy * gy) / GOAL_SCALE, extra2.index_select(0, rows)], 1)
+    # partners
+    pw = pos.view(W, A * 2).index_select(0, w).view(n, A, 2)
+    rx, ry = pw[..., 0] - ex, pw[..., 1] - ey
+    d2 = rx * rx + ry * ry
+    ok = (present.index_select(0, w) & (torch.arange(A, device=pos.device)[None, :] != c[:, None])
+          & (d2 <= partner_radius * partner_radius))
+    kp = min(P, A)
+    abits = _index_bits(A)
+    top = torch.topk(_sort_key(d2, ok, abits), kp, dim=-1, largest=False, sorted=True).values
+    prow = torch.where(top < _INF_BITS, (top & ((1 << abits) - 1)) + (w * A)[:, None], agent_tab.shape[0] - 1)
+    g = agent_tab.index_select(0, prow.view(-1)).view(n, kp, _AGENT_COLS)
+    one = g[..., 10]
+    px, py = g[..., 0] - ex * one, g[..., 1] - ey * one
+    pc, ps = g[..., 2], g[..., 3]
+    inv_pr = 1.0 / partner_radius
+    part = torch.cat([torch.stack([(px * ec + py * es) * inv_pr, (py * ec - px * es) * inv_pr, pc * ec + ps * es,
+                                   ps * ec - pc * es], -1), g[..., 4:11]], -1)
+    if kp < P:
+        part = torch.cat([part, part.new_zeros(n, P - kp, part.shape[-1])], 1)
+    # roads
+    s = scenario.index_select(0, w)
+    cell = cell_index(e[:, None, 0:2], s, grid_origin, grid_dims, cell_size)[:, 0]
+    cand = grid2.index_select(0, s * NC + cell)
+    far = geo.shape[0] - 2
+    gidx = torch.where(cand >= 0, cand + (s * R).to(torch.int32)[:, None], far)
+    g = geo.index_select(0, gidx.view(-1)).view(n, K, _GEO_COLS)
+    rd2 = _segment_d2(ex, ey, g[..., 0], g[..., 1], g[..., 2], g[..., 3], g[..., 4], g[..., 5], g[..., 6])
+    rbits = _index_bits(K)
+    rkey = torch.sort(_sort_key(rd2, rd2 <= road_radius * road_radius, rbits), dim=-1).values
+    order = (rkey & ((1 << rbits) - 1)).to(torch.int64)
+    srow = torch.where(rkey < _INF_BITS, torch.gather(gidx, 1, order), far + 1)
+    g = feat.index_select(0, srow.view(-1)).view(n, K, _ROAD_COLS)
+    one = g[..., 9]
+    mx, my = g[..., 0] - ex * one, g[..., 1] - ey * one
+    ux, uy = g[..., 2], g[..., 3]
+    inv_rr = 1.0 / road_radius
+    road = torch.cat([torch.stack([(mx * ec + my * es) * inv_rr, (my * ec - mx * es) * inv_rr, g[..., 4] * (2.0 * inv_rr),
+                                   ux * ec + uy * es, uy * ec - ux * es], -1), g[..., 5:]], -1)
+    return torch.cat([ego, part.reshape(n, -1), road.reshape(n, -1)], 1)
+
+
+def _observe_block_into(obs2d, rows, *args):
+    """:func:`_observe_block` scattered into ``obs2d`` [W*C, D] at ``rows`` (inside the compiled
+    graph, so the block is written once, straight into the buffer)."""
+    obs2d.index_copy_(0, rows, _observe_block(rows, *args))
+
+
+def observations_compiled(
+    pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+    road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+    road_radius, out=None, rows=None,
+):
+    """``torch.compile`` (inductor, CPU) version of :func:`observations_reference`: same arguments,
+    result within float32 rounding (a few 1e-7) and the same slot order.
+
+    The in-play rows are processed in blocks of :data:`COMPILED_BLOCK_ROWS` (512, then 64 for the
+    rest) with static shapes (``dynamic=False``; the last block is padded), so two graphs are
+    compiled per set of input shapes and scalar arguments: the first call of a new env size
+    compiles for about 10-30 s on the 2-core development machine (docs/performance.md). The sort and top-k stay ATen calls inside
+    the graph; the gathers, distances, transforms and the scatter into ``out`` are fused. The
+    per-agent table is built eagerly, the road tables come from the :func:`road_table` cache.
+
+    Raises:
+        ValueError: as :func:`observations_reference`.
+    """
+    lay = _check_inputs(
+        pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+        road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+        road_radius, out, rows,
+    )
+    W, A = heading.shape
+    C = goal.shape[1]
+    S, NC, K = grid_road.shape
+    obs = out if out is not None else torch.empty(W, C, lay.obs_dim, device=pos.device, dtype=torch.float32)
+    obs2d = obs.view(W * C, lay.obs_dim)
+    act = ego_active.view(W * C)
+    if rows is None:
+        live = act.nonzero().squeeze(1)
+        dead = (~act).nonzero().squeeze(1)
+    else:
+        sel = act.index_select(0, rows)
+        live, dead = rows[sel], rows[~sel]
+    if dead.numel():
+        obs2d.index_fill_(0, dead, 0.0)
+    n_live = live.numel()
+    if n_live == 0:
+        return obs
+    if not _compiled_fn:
+        _compiled_fn.append(torch.compile(_observe_block_into, dynamic=False))
+    fn = _compiled_fn[0]
+    agent_tab = _agent_table(pos, heading, speed, length, width, agent_type)
+    geo, feat = road_table(road_seg, road_type)
+    big, small = COMPILED_BLOCK_ROWS
+    args = (agent_tab, geo, feat, pos, present, goal.view(W * C, 2), ego_extra.view(W * C, -1), scenario,
+            grid_road.view(S * NC, K), grid_origin, grid_dims, C, lay.num_partners, road_seg.shape[1],
+            float(cell_size), float(partner_radius), float(road_radius))
+    r0 = 0
+    while r0 < n_live:
+        B = big if n_live - r0 >= big else small
+        r = live[r0 : r0 + B]
+        r0 += B
+        if r.numel() < B:  # pad with the last row: same values written again, no new shape
+            r = torch.cat([r, r[-1:].expand(B - r.numel())])
+        fn(obs2d, r, *args)
+    return obs
 
 
 def _check_inputs(
