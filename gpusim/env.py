@@ -33,10 +33,11 @@ from gpusim.data.pack import ScenarioPack
 from gpusim.kernels import dynamics
 from gpusim.kernels.collision import collisions
 from gpusim.kernels.events import events, hit_by
-from gpusim.kernels.grid import cell_index
-from gpusim.kernels.observations import obs_layout, observations
+from gpusim.kernels.new_goal import new_goal
+from gpusim.kernels.observations import obs_layout, observations, observations_compiled
 from gpusim.kernels.offroad import offroad
 from gpusim.kernels.replay import replay
+from gpusim.kernels.reset import reset_agents
 from gpusim.kernels.trial import trial_step
 from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, episode_values, trial_metric_names
 from gpusim.state import EnvState
@@ -173,15 +174,15 @@ class DriveEnv:
 
         Deterministic function of ``scenario`` and the pack, so trial mode can restore a world
         exactly as at reset with ``state.where_(mask, self._initial_state(state.scenario))``.
+        Poses and presence at log index ``init_steps`` come from ``kernels.reset.reset_agents``.
         """
         p, cfg = self.pack, self.config
         W, A, C, i0 = scenario.shape[0], cfg.max_agents, cfg.max_controlled, cfg.init_steps
         dev = self.device
-        s = scenario
-        pos = p.traj_pos[s, :, i0].contiguous()
-        heading = p.traj_heading[s, :, i0].contiguous()
-        speed = torch.linalg.vector_norm(p.traj_vel[s, :, i0], dim=-1).contiguous()
-        present = p.traj_valid[s, :, i0] & p.agent_exists[s]
+        s = scenario.to(torch.int64).contiguous()
+        pos, heading, speed, present = reset_agents(
+            None, s, i0, p.traj_pos, p.traj_heading, p.traj_vel, p.traj_valid, p.agent_exists,
+            None, None, None, None)
         controlled = torch.arange(A, device=dev)[None, :] < p.num_controlled[s][:, None]
         zw = lambda dt: torch.zeros(W, dtype=dt, device=dev)  # noqa: E731
         za = lambda: torch.zeros(W, A, dtype=torch.bool, device=dev)  # noqa: E731
@@ -236,7 +237,7 @@ class DriveEnv:
         cfg = self.config
         actions = self._check_actions(actions)
         st = self.state
-        W, A, C = self.num_worlds, cfg.max_agents, cfg.max_controlled
+        W, C = self.num_worlds, cfg.max_controlled
 
         # 1. who acts
         in_play = st.controlled & st.present & ~st.stopped & ~st.removed & ~st.world_done[:, None]
@@ -438,48 +439,29 @@ class DriveEnv:
         return collided & present, off
 
     def _respawn(self, mask, scenario, pos, heading, speed):
-        """Agents in ``mask`` [W, A] go back to their initial pose (log index ``init_steps``)."""
-        p, i0 = self.pack, self.config.init_steps
-        ipos = p.traj_pos[scenario, :, i0]
-        ihead = p.traj_heading[scenario, :, i0]
-        ispeed = torch.linalg.vector_norm(p.traj_vel[scenario, :, i0], dim=-1)
-        return (torch.where(mask[..., None], ipos, pos), torch.where(mask, ihead, heading),
-                torch.where(mask, ispeed, speed))
+        """Agents in ``mask`` [W, A] go back to their initial pose (log index ``init_steps``, logged
+        speed) with ``kernels.reset.reset_agents``; presence is not changed by a respawn."""
+        p = self.pack
+        pos, heading, speed, _ = reset_agents(
+            mask.contiguous(), scenario, self.config.init_steps, p.traj_pos, p.traj_heading, p.traj_vel,
+            p.traj_valid, p.agent_exists, pos.contiguous(), heading.contiguous(), speed.contiguous(), None,
+            set_present=False)
+        return pos, heading, speed
 
     def _new_goals(self, mask, scenario, pos, heading, goal):
-        """New goals for agents in ``mask`` [W, A]: the midpoint of a lane segment among the agent
-        cell's ``grid_road`` candidates, at least ``NEW_GOAL_MIN_AHEAD`` m ahead along the heading
-        and at most ``NEW_GOAL_MAX_DIST`` m away, chosen uniformly with the env generator; when
-        none qualifies, ``NEW_GOAL_FALLBACK`` m straight ahead. Only the agents in ``mask`` draw
-        random numbers (a device-side compaction: one host sync in steps where NEW_GOAL is on)."""
+        """New goals for agents in ``mask`` [W, A] (``kernels.new_goal.new_goal``): the midpoint of
+        a lane segment among the agent cell's ``grid_road`` candidates, at least
+        ``NEW_GOAL_MIN_AHEAD`` m ahead along the heading and at most ``NEW_GOAL_MAX_DIST`` m away,
+        the ``floor(u * n)``-th of the ``n`` qualifying candidates in candidate order with ``u``
+        uniform; when none qualifies, ``NEW_GOAL_FALLBACK`` m straight ahead. Every call draws one
+        [W, A] uniform ``u`` from the env generator (whether or not an agent reached its goal), so
+        the stream is the same on every backend and nothing is read back to the host."""
         p = self.pack
-        w_idx, a_idx = torch.nonzero(mask, as_tuple=True)
-        n = w_idx.shape[0]
-        if n == 0:
-            return goal
-        s = scenario[w_idx]
-        ppos = pos[w_idx, a_idx]  # [N, 2]
-        h = heading[w_idx, a_idx]
-        fwd = torch.stack([torch.cos(h), torch.sin(h)], -1)
-        cell = cell_index(ppos[:, None, :], s, p.grid_origin, p.grid_dims, p.cell_size)[:, 0]
-        cand = p.grid_road[s, cell].to(torch.int64)  # [N, K]
-        ok = cand >= 0
-        cand_c = cand.clamp_min(0)
-        seg = p.road_seg[s[:, None], cand_c]  # [N, K, 4]
-        rtype = p.road_type[s[:, None], cand_c]
-        mid = 0.5 * (seg[..., :2] + seg[..., 2:])
-        rel = mid - ppos[:, None, :]
-        ahead = (rel * fwd[:, None, :]).sum(-1)
-        dist = torch.linalg.vector_norm(rel, dim=-1)
-        ok &= (rtype == RoadType.LANE) & (ahead >= NEW_GOAL_MIN_AHEAD) & (dist <= NEW_GOAL_MAX_DIST)
-        r = torch.rand(cand.shape, generator=self.generator, device=self.device)
-        k = torch.where(ok, r, torch.full_like(r, -1.0)).argmax(1)
-        chosen = mid[torch.arange(n, device=self.device), k]
-        fallback = ppos + NEW_GOAL_FALLBACK * fwd
-        new = torch.where(ok.any(1)[:, None], chosen, fallback)
-        goal = goal.clone()
-        goal[w_idx, a_idx] = new
-        return goal
+        rand = torch.rand(mask.shape, generator=self.generator, device=self.device)
+        return new_goal(
+            mask.contiguous(), rand, scenario, pos.contiguous(), heading.contiguous(), goal.contiguous(),
+            p.grid_road, p.grid_origin, p.grid_dims, p.cell_size, p.road_seg, p.road_type,
+            NEW_GOAL_MIN_AHEAD, NEW_GOAL_MAX_DIST, NEW_GOAL_FALLBACK, lane_type=int(RoadType.LANE))
 
     def _trial_features(self, st: EnvState):
         """Trial ego features [W, C] float32 each: trial index ``trial_count / k_trials`` and time in
@@ -500,15 +482,17 @@ class DriveEnv:
                                  st.last_reward], dim=-1)
         cfg, p = self.config, self.pack
         active = (st.slot_active & st.present[:, :C]).contiguous()
-        buf, rows = self._obs_buf, None
+        buf, rows, obs_fn = self._obs_buf, None, observations
         if backend_for(st.pos) == "torch":
+            if cfg.compile:  # opt-in torch.compile'd CPU path (EnvConfig.compile, docs/performance.md)
+                obs_fn = observations_compiled
             # compaction (no device sync on CPU): compute only the in-play slots, zero the slots
             # that were written before and are out of play now, leave the other zeros alone
             flat = active.view(-1)
             rows = flat.nonzero().squeeze(1)
             stale = (self._obs_written & ~flat).nonzero().squeeze(1)
             buf.view(-1, self.obs_dim).index_fill_(0, stale, 0.0)
-        observations(
+        obs_fn(
             st.pos, st.heading, st.speed, st.length, st.width, st.agent_type, st.present,
             st.goal[:, :C].contiguous(), ego_extra, active, st.scenario,
             p.road_seg, p.road_type, p.grid_road, p.grid_origin, p.grid_dims, p.cell_size,

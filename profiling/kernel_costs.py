@@ -52,6 +52,16 @@ GATHERS = {
         "seg_ptr": lambda z: z["W"] * z["C"] * z["KE"], "grid_ptr": lambda z: z["W"] * z["C"],
         "origin_ptr": lambda z: z["W"] * z["C"], "dims_ptr": lambda z: z["W"] * z["C"],
     },
+    "_reset_agents_kernel": {  # one log step per agent (upper bound: only masked agents read it)
+        "traj_pos_ptr": lambda z: z["W"] * z["A"], "traj_heading_ptr": lambda z: z["W"] * z["A"],
+        "traj_vel_ptr": lambda z: z["W"] * z["A"], "traj_valid_ptr": lambda z: z["W"] * z["A"],
+        "exists_ptr": lambda z: z["W"] * z["A"],
+    },
+    "_new_goal_kernel": {  # per agent: its cell's K road candidates (upper bound: masked agents only)
+        "seg_ptr": lambda z: z["W"] * z["A"] * z["K"], "rtype_ptr": lambda z: z["W"] * z["A"] * z["K"],
+        "grid_ptr": lambda z: z["W"] * z["A"], "origin_ptr": lambda z: z["W"] * z["A"],
+        "dims_ptr": lambda z: z["W"] * z["A"],
+    },
     "_observations_kernel": {  # per slot: its cell's K road candidates
         "seg_ptr": lambda z: z["W"] * z["C"] * z["K"], "rtype_ptr": lambda z: z["W"] * z["C"] * z["K"],
         "grid_ptr": lambda z: z["W"] * z["C"], "origin_ptr": lambda z: z["W"] * z["C"],
@@ -176,6 +186,8 @@ def main(argv=None) -> int:
     sets = {
         "contact ignore": base,
         "collision remove, offroad stop": base.replace(collision_behavior="remove", offroad_behavior="stop"),
+        "goal respawn": base.replace(goal_behavior="respawn"),
+        "goal new_goal": base.replace(goal_behavior="new_goal"),
     }
     print(f"W = {args.worlds} worlds, C = {base.max_controlled} slots, A = {base.max_agents} agents, "
           f"K = {base.num_roads} roads, P = {base.num_partners} partners, KE = {pack.grid_edge.shape[-1]} "

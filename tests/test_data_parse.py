@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from gpusim.config import DataConfig, ObjectType, RoadType
+from gpusim.config import DataConfig, RoadType
 from gpusim.data import NoControllableAgentError, ScenarioError, load_scenario
 from gpusim.data.parse import heading_units_of
 from gpusim.data.parse import read_scenario
