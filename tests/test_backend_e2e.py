@@ -74,7 +74,7 @@ def count_launches():
 def pack(sample_dir):
     files = sorted(sample_dir.glob("*.json*"))
     if not files:
-        pytest.skip("data/womd_sample/ is empty")
+        pytest.fail("data/womd_sample/ is empty: the bundled scenarios are missing")
     return ScenarioPack.from_json(files, EnvConfig(**BASE).data_config(grid_edge_k=GRID_EDGE_K))
 
 

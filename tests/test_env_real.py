@@ -25,7 +25,7 @@ def one_thread():
 def pack(sample_dir, one_thread):
     files = sorted(sample_dir.glob("*.json*"))
     if not files:
-        pytest.skip("data/womd_sample/ is empty")
+        pytest.fail("data/womd_sample/ is empty: the bundled scenarios are missing")
     return ScenarioPack.from_json(files, EnvConfig().data_config())
 
 

@@ -34,7 +34,7 @@ def pack(sample_dir):
 
     path = sample_dir / f"{SCENARIO}.json.xz"
     if not path.exists():
-        pytest.skip(f"sample scenario {path} missing")
+        pytest.fail(f"bundled sample scenario {path} is missing")
     return ScenarioPack.from_json([path], EnvConfig().data_config())
 
 

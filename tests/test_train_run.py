@@ -295,7 +295,7 @@ def test_run_py_smoke_subprocess(tmp_path):
     """`python train/run.py` end to end on the shipped real scenarios with a tiny budget, from a
     different cwd; then `train/evaluate.py` on its checkpoint."""
     if not any((REPO / "data" / "womd_sample").glob("*.json*")):
-        pytest.skip("data/womd_sample is empty")
+        pytest.fail("data/womd_sample is empty: the bundled scenarios are missing")
     env = dict(os.environ, GPUSIM_BACKEND="torch")
     env.pop("TRITON_INTERPRET", None)
     cmd = [sys.executable, str(REPO / "train" / "run.py"), "--num-worlds", "2", "--total-timesteps", "300",

@@ -370,7 +370,7 @@ def real_pack(sample_dir):
 
     files = sorted(sample_dir.glob("*.json*"))
     if not files:
-        pytest.skip("data/womd_sample/ is empty")
+        pytest.fail("data/womd_sample/ is empty: the bundled scenarios are missing")
     return ScenarioPack.from_json(files[:4], EnvConfig(max_controlled=8).data_config())
 
 

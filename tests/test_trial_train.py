@@ -132,7 +132,7 @@ def test_evaluate_k_trials_human_replay(tmp_path, sample_dir):
     from train.evaluate import EvalConfig, evaluate, main
 
     if not sorted(sample_dir.glob("*.json*")):
-        pytest.skip("data/womd_sample/ is empty")
+        pytest.fail("data/womd_sample/ is empty: the bundled scenarios are missing")
     env_config = EnvConfig(max_controlled=8, num_roads=32)  # trained without trials
     from gpusim.kernels.observations import obs_layout
 
