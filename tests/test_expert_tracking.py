@@ -22,7 +22,7 @@ DT = 0.1
 def pack(sample_dir):
     files = sorted(sample_dir.glob("*.json*"))
     if not files:
-        pytest.skip("data/womd_sample/ is empty")
+        pytest.fail("data/womd_sample/ is empty: the bundled scenarios are missing")
     from gpusim.data import ScenarioPack
 
     return ScenarioPack.from_json(files)

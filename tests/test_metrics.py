@@ -77,7 +77,7 @@ def rollout(env, oracle, steps, gen, check_each=True):
 def real_pack(sample_dir):
     files = sorted(sample_dir.glob("*.json*"))
     if not files:
-        pytest.skip("data/womd_sample/ is empty")
+        pytest.fail("data/womd_sample/ is empty: the bundled scenarios are missing")
     return ScenarioPack.from_json(files, EnvConfig().data_config())
 
 

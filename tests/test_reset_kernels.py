@@ -30,7 +30,7 @@ SMALL = dict(max_agents=24, max_controlled=4, num_partners=7, num_roads=32)
 def real_pack(sample_dir):
     files = sorted(sample_dir.glob("*.json*"))
     if not files:
-        pytest.skip("data/womd_sample/ is empty")
+        pytest.fail("data/womd_sample/ is empty: the bundled scenarios are missing")
     return ScenarioPack.from_json(files, EnvConfig(**SMALL).data_config())
 
 
