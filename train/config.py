@@ -63,10 +63,10 @@ class TrainConfig:
         wandb: also log to Weights & Biases (optional package). wandb_mode: offline unless
             ``online``. wandb_project: project name.
         quiet: no console progress.
-        num_threads: torch CPU threads (``torch.set_num_threads``); 0 keeps torch's default. The
-            default 1 avoids OpenMP oversubscription on a shared CPU: on the 2-core development
-            machine under load from other jobs, 2 threads made env steps and policy steps 15-20x
-            slower than 1 thread (docs/training.md).
+        num_threads: torch CPU threads (``torch.set_num_threads``); 0 (default) keeps torch's
+            default (one per core). On the idle 2-core development machine 2 threads train 1.6x
+            faster than 1 (3.5K vs 2.2K agent-steps/s); on a CPU shared with other jobs use 1: under
+            load, 2 threads made env and policy steps 15-20x slower (docs/training.md).
     """
 
     data: str = "data/womd_sample"
@@ -94,7 +94,7 @@ class TrainConfig:
     wandb_mode: Literal["offline", "online"] = "offline"
     wandb_project: str = "gpusim"
     quiet: bool = False
-    num_threads: int = 1
+    num_threads: int = 0
 
     def to_dict(self) -> dict:
         """Plain-data view (enums as lower-case names), for checkpoints and logs."""
