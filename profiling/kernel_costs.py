@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import os
 import pathlib
 import sys
@@ -40,6 +39,10 @@ if not torch.cuda.is_available():  # must be set before gpusim defines its kerne
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(REPO))
+
+from profiling.launches import record_launches  # noqa: E402
 
 #: Table arguments that kernels gather from, and how many rows each processed item reads:
 #: kernel -> {argument: function(sizes) -> rows per launch}. ``sizes`` has W, A, C, K, KE, N.
@@ -82,40 +85,6 @@ def _row_bytes(t: torch.Tensor, arg: str, z: dict) -> int:
     if arg == "seg_ptr":
         return t.shape[-1] * t.element_size()
     return t.element_size()
-
-
-@contextlib.contextmanager
-def record_launches():
-    """Yield a list that receives ``(kernel_name, {arg_name: value})`` for every Triton launch."""
-    log: list = []
-    classes = []
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    except ImportError:  # pragma: no cover
-        pass
-    from triton.runtime.jit import JITFunction
-
-    classes.append(JITFunction)
-    saved = []
-    for cls in classes:
-        orig = cls.run
-
-        def run(self, *args, __orig=orig, **kwargs):
-            if not kwargs.get("warmup", False):
-                bound = dict(zip(self.arg_names, args))
-                bound.update({k: v for k, v in kwargs.items() if k in self.arg_names})
-                log.append((self.fn.__name__, bound))
-            return __orig(self, *args, **kwargs)
-
-        cls.run = run
-        saved.append((cls, orig))
-    try:
-        yield log
-    finally:
-        for cls, orig in saved:
-            cls.run = orig
 
 
 def launch_bytes(name: str, args: dict, z: dict) -> tuple[int, int]:

@@ -10,7 +10,6 @@ of the 3 x 3 product are marked ``slow``.
 from __future__ import annotations
 
 import collections
-import contextlib
 import itertools
 
 import pytest
@@ -20,6 +19,7 @@ from gpusim.backend import interpreting, use_backend
 from gpusim.config import EnvConfig
 from gpusim.data import ScenarioPack
 from gpusim.env import DriveEnv
+from profiling.launches import count_launches
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
                                 reason="no CUDA and no Triton interpreter")
@@ -38,36 +38,6 @@ STEP_KERNELS = {"_bicycle_step_kernel", "_replay_kernel", "_collisions_kernel", 
                 "_observations_kernel", "_ema_update_kernel"}
 
 
-@contextlib.contextmanager
-def count_launches():
-    """Count Triton kernel launches by kernel name (interpreter or compiled)."""
-    counts: collections.Counter = collections.Counter()
-    patched = []
-    classes = []
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    except ImportError:  # pragma: no cover
-        pass
-    from triton.runtime.jit import JITFunction
-
-    classes.append(JITFunction)
-    for cls in classes:
-        orig = cls.run
-
-        def run(self, *args, __orig=orig, **kwargs):
-            if not kwargs.get("warmup", False):
-                counts[self.fn.__name__] += 1
-            return __orig(self, *args, **kwargs)
-
-        cls.run = run
-        patched.append((cls, orig))
-    try:
-        yield counts
-    finally:
-        for cls, orig in patched:
-            cls.run = orig
 
 
 @pytest.fixture(scope="module")

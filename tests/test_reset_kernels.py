@@ -6,7 +6,6 @@ edge cases, argument errors, and the kernels' use by ``DriveEnv``."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import math
 
 import pytest
@@ -15,11 +14,22 @@ import torch
 from gpusim.backend import interpreting, use_backend
 from gpusim.config import EnvConfig, RoadType
 from gpusim.data import ScenarioPack
-from gpusim.env import NEW_GOAL_FALLBACK, NEW_GOAL_MAX_DIST, NEW_GOAL_MIN_AHEAD, DriveEnv
+from gpusim.env import (
+    NEW_GOAL_FALLBACK,
+    NEW_GOAL_MAX_DIST,
+    NEW_GOAL_MIN_AHEAD,
+    DriveEnv,
+)
 from gpusim.kernels import new_goal as ng_mod
 from gpusim.kernels import reset as reset_mod
-from gpusim.kernels.new_goal import LANE_TYPE, _new_goal_compact, new_goal, new_goal_reference
+from gpusim.kernels.new_goal import (
+    LANE_TYPE,
+    _new_goal_compact,
+    new_goal,
+    new_goal_reference,
+)
 from gpusim.kernels.reset import reset_agents, reset_agents_reference
+from profiling.launches import count_launches
 
 needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
                                   reason="no CUDA and no Triton interpreter")
@@ -393,35 +403,6 @@ def test_new_goal_errors(backend):
 
 
 # ================================================================== DriveEnv uses the kernels
-@contextlib.contextmanager
-def count_launches():
-    counts: collections.Counter = collections.Counter()
-    classes = []
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    except ImportError:  # pragma: no cover
-        pass
-    from triton.runtime.jit import JITFunction
-
-    classes.append(JITFunction)
-    saved = []
-    for cls in classes:
-        orig = cls.run
-
-        def run(self, *args, __orig=orig, **kwargs):
-            if not kwargs.get("warmup", False):
-                counts[self.fn.__name__] += 1
-            return __orig(self, *args, **kwargs)
-
-        cls.run = run
-        saved.append((cls, orig))
-    try:
-        yield counts
-    finally:
-        for cls, orig in saved:
-            cls.run = orig
 
 
 @needs_triton
