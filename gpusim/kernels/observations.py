@@ -204,6 +204,21 @@ def _agent_table(pos, heading, speed, length, width, agent_type) -> torch.Tensor
     return tab
 
 
+def _live_rows(obs2d: torch.Tensor, act: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """Compaction shared by the eager and compiled CPU paths: zero the requested rows of ``obs2d``
+    ([W*C, D]) whose slot is not active (``act`` [W*C] bool) and return the active ones ([n] int64)
+    — all rows when ``rows`` is None. On the CPU ``nonzero`` costs no device sync."""
+    if rows is None:
+        live = act.nonzero().squeeze(1)
+        dead = (~act).nonzero().squeeze(1)
+    else:
+        sel = act.index_select(0, rows)
+        live, dead = rows[sel], rows[~sel]
+    if dead.numel():
+        obs2d.index_fill_(0, dead, 0.0)
+    return live
+
+
 def observations_reference(
     pos: torch.Tensor,
     heading: torch.Tensor,
@@ -278,17 +293,7 @@ def observations_reference(
     D = lay.obs_dim
     obs = out if out is not None else torch.empty(W, C, D, device=pos.device, dtype=torch.float32)
     obs2d = obs.view(W * C, D)
-    act = ego_active.view(W * C)
-    # Compaction: only in-play slots are computed (CPU: nonzero costs no device sync).
-    if rows is None:
-        live = act.nonzero().squeeze(1)
-        dead = (~act).nonzero().squeeze(1)
-    else:
-        sel = act.index_select(0, rows)
-        live = rows[sel]
-        dead = rows[~sel]
-    if dead.numel():
-        obs2d.index_fill_(0, dead, 0.0)
+    live = _live_rows(obs2d, ego_active.view(W * C), rows)
     n_live = live.numel()
     if n_live == 0:
         return obs
@@ -488,15 +493,7 @@ def observations_compiled(
     S, NC, K = grid_road.shape
     obs = out if out is not None else torch.empty(W, C, lay.obs_dim, device=pos.device, dtype=torch.float32)
     obs2d = obs.view(W * C, lay.obs_dim)
-    act = ego_active.view(W * C)
-    if rows is None:
-        live = act.nonzero().squeeze(1)
-        dead = (~act).nonzero().squeeze(1)
-    else:
-        sel = act.index_select(0, rows)
-        live, dead = rows[sel], rows[~sel]
-    if dead.numel():
-        obs2d.index_fill_(0, dead, 0.0)
+    live = _live_rows(obs2d, ego_active.view(W * C), rows)
     n_live = live.numel()
     if n_live == 0:
         return obs
