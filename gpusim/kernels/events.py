@@ -36,6 +36,7 @@ import triton.language as tl
 
 from gpusim.backend import backend_for, interpreting
 from gpusim.config import ContactBehavior, GoalBehavior
+from gpusim.kernels.checks import check_tensors
 
 
 class EventsOut(NamedTuple):
@@ -216,13 +217,7 @@ def _events_triton(pos, goal, speed, controlled, in_play, present, collided, off
         (controlled, "controlled"), (in_play, "in_play"), (present, "present"), (collided, "collided"),
         (offroad, "offroad"), (hit, "hit"), (stopped, "stopped"), (contact_stopped, "contact_stopped"),
         (removed, "removed"))]
-    for t, shape, dtype, name in spec:
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            raise ValueError(f"events: {name} is {tuple(t.shape)} {t.dtype}, expected {shape} {dtype}")
-        if t.device != dev:
-            raise ValueError(f"events: {name} is on {t.device}, expected {dev}")
-        if not t.is_contiguous():
-            raise ValueError(f"events: {name} must be contiguous")
+    check_tensors("events", spec, dev)
     if C > A:
         raise ValueError(f"events: {C} policy slots exceed {A} agent slots")
     i8 = lambda t: t.view(torch.int8)  # noqa: E731

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import backend_for
+from gpusim.kernels.checks import check_tensors
 from gpusim.kernels.grid import cell_index
 
 #: ``RoadType.LANE`` of ``gpusim.config`` (kernels do not import the config; a test checks it).
@@ -255,13 +256,7 @@ def _new_goal_triton(mask, rand, scenario, pos, heading, goal, grid_road, grid_o
         (grid_dims, (S, 2), torch.int32, "grid_dims"), (road_seg, (S, R, 4), torch.float32, "road_seg"),
         (road_type, (S, R), torch.int8, "road_type"),
     ]
-    for t, shape, dtype, name in spec:
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            raise ValueError(f"new_goal: {name} is {tuple(t.shape)} {t.dtype}, expected {shape} {dtype}")
-        if t.device != dev:
-            raise ValueError(f"new_goal: {name} is on {t.device}, expected {dev}")
-        if not t.is_contiguous():
-            raise ValueError(f"new_goal: {name} must be contiguous")
+    check_tensors("new_goal", spec, dev)
     out = _empty((W, A, 2), torch.float32, dev)
     N = W * A
     if N == 0:

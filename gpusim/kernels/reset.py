@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import backend_for
+from gpusim.kernels.checks import check_tensors
 
 
 def reset_agents_reference(
@@ -173,15 +174,7 @@ def _reset_agents_triton(mask, scenario, log_index, traj_pos, traj_heading, traj
                    (heading, (W, A), torch.float32, "heading"), (speed, (W, A), torch.float32, "speed")]
         if set_present:
             checks.append((present, (W, A), torch.bool, "present"))
-    for t, shape, dtype, name in checks:
-        if tuple(t.shape) != shape:
-            raise ValueError(f"reset_agents: {name} has shape {tuple(t.shape)}, expected {shape}")
-        if t.dtype != dtype:
-            raise ValueError(f"reset_agents: {name} has dtype {t.dtype}, expected {dtype}")
-        if t.device != dev:
-            raise ValueError(f"reset_agents: {name} is on {t.device}, expected {dev}")
-        if not t.is_contiguous():
-            raise ValueError(f"reset_agents: {name} must be contiguous")
+    check_tensors("reset_agents", checks, dev)
     out_pos = _empty((W, A, 2), torch.float32, dev)
     out_heading = _empty((W, A), torch.float32, dev)
     out_speed = _empty((W, A), torch.float32, dev)

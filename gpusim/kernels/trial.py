@@ -45,6 +45,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import backend_for
+from gpusim.kernels.checks import check_tensors
 
 
 class TrialOut(NamedTuple):
@@ -257,13 +258,7 @@ def _trial_step_triton(goal_now, collided, offroad, removed, present, controlled
     spec += [(t, (W,), torch.int32, n) for t, n in (
         (step, "step"), (trial_start, "trial_start"), (trial_count, "trial_count"))]
     spec += [(trial_score, (W, C, K), torch.bool, "trial_score")]
-    for t, shape, dtype, name in spec:
-        if tuple(t.shape) != shape or t.dtype != dtype:
-            raise ValueError(f"trial_step: {name} is {tuple(t.shape)} {t.dtype}, expected {shape} {dtype}")
-        if t.device != dev:
-            raise ValueError(f"trial_step: {name} is on {t.device}, expected {dev}")
-        if not t.is_contiguous():
-            raise ValueError(f"trial_step: {name} must be contiguous")
+    check_tensors("trial_step", spec, dev)
     if C > A:
         raise ValueError(f"trial_step: {C} policy slots exceed {A} agent slots")
     i8 = lambda t: t.view(torch.int8)  # noqa: E731
