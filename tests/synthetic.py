@@ -173,3 +173,19 @@ def small_config(**kw) -> DataConfig:
     base = dict(max_agents=8, max_controlled=4, grid_k=16, grid_edge_k=8, grid_margin=20.0)
     base.update(kw)
     return DataConfig(**base)
+
+
+def lane(x0=-40.0, x1=200.0, y=0.0, step=5.0, rtype=RoadType.LANE) -> list[tuple]:
+    """Road segments (x0, y0, x1, y1, type) of a straight road along +x at height ``y``, ``step`` m each."""
+    n = int((x1 - x0) / step)
+    return [(x0 + i * step, y, x0 + (i + 1) * step, y, int(rtype)) for i in range(n)]
+
+
+def driver(x, y, heading, speed, goal, **kw) -> dict:
+    """An agent spec for :func:`synthetic_pack` whose log is straight constant-speed motion."""
+    return dict(pos=straight_track(x, y, heading, speed), heading=heading, goal=goal, **kw)
+
+
+def parked(x, y, heading=0.0, **kw) -> dict:
+    """An agent spec for :func:`synthetic_pack` standing still at (x, y) (goal = its position)."""
+    return dict(pos=(x, y), heading=heading, vel=torch.zeros(WOMD_STEPS, 2), goal=(x, y), **kw)

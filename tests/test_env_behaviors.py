@@ -10,7 +10,7 @@ from gpusim.config import EnvConfig, ObjectType, RoadType
 from gpusim.env import DriveEnv
 from gpusim.kernels.dynamics import NUM_STEER
 
-from synthetic import small_config, straight_track, synthetic_pack
+from synthetic import driver, lane, parked, small_config, straight_track, synthetic_pack
 
 COAST = 3 * NUM_STEER + 6  # accel 0, steer 0: constant speed, straight on
 
@@ -34,20 +34,6 @@ def run(env, n, actions=None):
     for _ in range(n):
         out.append(env.step(coast(env) if actions is None else actions))
     return out
-
-
-def lane(x0=-40.0, x1=200.0, y=0.0, step=5.0, rtype=RoadType.LANE):
-    n = int((x1 - x0) / step)
-    return [(x0 + i * step, y, x0 + (i + 1) * step, y, int(rtype)) for i in range(n)]
-
-
-def driver(x, y, heading, speed, goal, **kw):
-    """A controlled agent whose log is straight constant-speed motion."""
-    return dict(pos=straight_track(x, y, heading, speed), heading=heading, goal=goal, **kw)
-
-
-def parked(x, y, heading=0.0, **kw):
-    return dict(pos=(x, y), heading=heading, vel=torch.zeros(91, 2), goal=(x, y), **kw)
 
 
 # ---------------------------------------------------------------- goals

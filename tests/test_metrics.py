@@ -18,7 +18,7 @@ from gpusim.env import DriveEnv
 from gpusim.kernels.dynamics import NUM_STEER
 from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, episode_values, trial_metric_names
 
-from synthetic import small_config, straight_track, synthetic_pack
+from synthetic import driver, parked, small_config, synthetic_pack
 
 COAST = 3 * NUM_STEER + 6  # accel 0, steer 0
 
@@ -141,14 +141,6 @@ def cfg(**kw):
     base = dict(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, scenario_length=30)
     base.update(kw)
     return EnvConfig(**base)
-
-
-def driver(x, y, heading, speed, goal):
-    return dict(pos=straight_track(x, y, heading, speed), heading=heading, goal=goal)
-
-
-def parked(x, y):
-    return dict(pos=(x, y), heading=0.0, vel=torch.zeros(91, 2), goal=(x, y))
 
 
 def coast(env):

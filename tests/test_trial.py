@@ -15,7 +15,7 @@ from gpusim.kernels.observations import EGO_FEATURES
 from gpusim.kernels.trial import trial_step, trial_step_reference
 from gpusim.state import STATE_FIELDS
 
-from synthetic import small_config, straight_track, synthetic_pack
+from synthetic import driver, lane, parked, small_config, synthetic_pack
 
 COAST = 3 * NUM_STEER + 6  # accel 0, steer 0
 BRAKE = 0 * NUM_STEER + 6  # accel -4 m/s^2, steer 0
@@ -116,19 +116,6 @@ def cfg(**kw):
                 goal_behavior="trial", k_trials=3)
     base.update(kw)
     return EnvConfig(**base)
-
-
-def lane(x0=-40.0, x1=200.0, y=0.0, step=5.0, rtype=RoadType.LANE):
-    n = int((x1 - x0) / step)
-    return [(x0 + i * step, y, x0 + (i + 1) * step, y, int(rtype)) for i in range(n)]
-
-
-def driver(x, y, heading, speed, goal, **kw):
-    return dict(pos=straight_track(x, y, heading, speed), heading=heading, goal=goal, **kw)
-
-
-def parked(x, y, heading=0.0, **kw):
-    return dict(pos=(x, y), heading=heading, vel=torch.zeros(91, 2), goal=(x, y), **kw)
 
 
 def crafted_pack():
