@@ -134,6 +134,27 @@ class EpisodeMetrics:
         self.sums += torch.where(f, values, 0.0).sum(dim=(0, 1), dtype=torch.float64)
         self.count += finished.sum()
 
+    def state_dict(self) -> dict:
+        """The logs as plain data + tensors (for training checkpoints; ``torch.load(weights_only=True)``-safe):
+        ``names``, ``shape``, ``alpha``, ``slots`` [N, M], ``has_data`` [N], ``sums`` [M], ``count`` []."""
+        return {"names": list(self.names), "shape": list(self.shape), "alpha": self.ema.alpha,
+                "slots": self.ema.slots.detach().cpu().clone(), "has_data": self.ema.has_data.detach().cpu().clone(),
+                "sums": self.sums.detach().cpu().clone(), "count": self.count.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` output (tensors copied in place onto this object's device).
+
+        Raises:
+            ValueError: if the names or the ``[W, C]`` shape differ from this object's.
+        """
+        if list(state.get("names", ())) != list(self.names) or list(state.get("shape", ())) != list(self.shape):
+            raise ValueError(f"EpisodeMetrics.load_state_dict: saved metrics {state.get('names')} for "
+                             f"[W, C] = {state.get('shape')}, this env has {list(self.names)} for {list(self.shape)}")
+        self.ema.slots.copy_(state["slots"])
+        self.ema.has_data.copy_(state["has_data"])
+        self.sums.copy_(state["sums"])
+        self.count.copy_(state["count"])
+
     def report(self, kind: str = "ema") -> dict[str, float]:
         """Read the logs to the host (one small transfer).
 

@@ -130,16 +130,22 @@ def test_log_gif_has_expected_frames(pack, tmp_path):
     assert not np.array_equal(back[0], back[-1])
 
 
-def test_mp4_without_ffmpeg_falls_back_to_gif(tmp_path):
+def test_video_format_from_extension_never_silently_gif(tmp_path):
+    """Issue 17 item 6: .mp4/.webm are written by ffmpeg or refused with what to install; other
+    extensions are refused (formerly .mp4 fell back to GIF and .webm got GIF bytes)."""
     frames = [np.full((16, 16, 3), v, np.uint8) for v in (0, 128, 255)]
-    if render._has_ffmpeg():
-        path = render.write_video(frames, tmp_path / "v.mp4", fps=5)
-        assert path.suffix == ".mp4" and path.stat().st_size > 0
-    else:
-        with pytest.warns(UserWarning, match="imageio-ffmpeg"):
-            path = render.write_video(frames, tmp_path / "v.mp4", fps=5)
-        assert path.suffix == ".gif"
-        assert iio.imread(path, index=None).shape[0] == 3
+    for ext in (".mp4", ".webm"):
+        if render._has_ffmpeg():
+            path = render.write_video(frames, tmp_path / f"v{ext}", fps=5)
+            assert path.suffix == ext and path.read_bytes()[:6] != b"GIF89a"
+        else:
+            with pytest.raises(ValueError, match="pip install imageio-ffmpeg"):
+                render.write_video(frames, tmp_path / f"v{ext}", fps=5)
+            assert not (tmp_path / f"v{ext}").exists() and not (tmp_path / "v.gif").exists()
+    with pytest.raises(ValueError, match=r"unsupported video format '\.avi'.*\.gif"):
+        render.write_video(frames, tmp_path / "v.avi")
+    path = render.write_video(frames, tmp_path / "v.GIF", fps=5)
+    assert path.read_bytes()[:6] == b"GIF89a" and iio.imread(path, index=None).shape[0] == 3
     with pytest.raises(ValueError):
         render.write_video([], tmp_path / "empty.gif")
 

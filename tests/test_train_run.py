@@ -233,24 +233,27 @@ def test_train_resume_continues_from_saved_step_and_weights(tmp_path):
     env = FakeEnv(num_worlds=3, num_slots=4, horizon=12, all_active=True)
     out = train(_cfg(tmp_path, total_timesteps=2 * 12 * 12 - 1), env=env)
     assert out["update"] == 2 and out["checkpoint"]
-    ck = torch.load(out["checkpoint"], weights_only=False)
+    ck = torch.load(out["checkpoint"], weights_only=True)
     assert ck["update"] == 2 and ck["global_step"] == out["global_step"]
     saved = {k: v.clone() for k, v in ck["model"].items()}
     saved_adam_steps = [s["step"].item() for s in ck["optimizer"]["state"].values()]
     # resume for one more update with lr 0: weights must stay exactly the saved ones
     env2 = FakeEnv(num_worlds=3, num_slots=4, horizon=12, all_active=True)
     cfg2 = _cfg(tmp_path, total_timesteps=ck["global_step"] + 1, learning_rate=0.0, resume=out["checkpoint"],
-                run_name="r2")
+                run_name="ignored")
     out2 = train(cfg2, env=env2)
     assert out2["update"] == 3 and out2["reports"][0]["update"] == 3
     assert out2["reports"][0]["global_step"] > ck["global_step"]
-    ck2 = torch.load(out2["checkpoint"], weights_only=False)
+    ck2 = torch.load(out2["checkpoint"], weights_only=True)
     for k, v in saved.items():
         assert torch.equal(ck2["model"][k], v), k
     adam_steps = [s["step"].item() for s in ck2["optimizer"]["state"].values()]
     assert all(b > a for a, b in zip(saved_adam_steps, adam_steps))  # optimizer state continued
-    lines = [json.loads(x) for x in (tmp_path / "runs" / "r2" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in lines] == [3]
+    # the same run directory and JSONL continue (issue 17 item 3; formerly a new directory)
+    assert out2["run_dir"] == out["run_dir"] and not (tmp_path / "runs" / "ignored").exists()
+    lines = [json.loads(x) for x in (tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in lines] == [2, 3]
+    assert lines[1]["time"] >= lines[0]["time"]
 
 
 def test_train_learns_on_fake_env(tmp_path):
@@ -280,7 +283,7 @@ def test_train_uses_a_hook_object_passed_as_library(tmp_path):
     torch.manual_seed(0)
     out = train(_cfg(tmp_path, total_timesteps=2 * 12 * 12 - 1), env=env, hook=DropAll())
     assert DropAll.calls == 2 and out["update"] == 2
-    ck = torch.load(out["checkpoint"], weights_only=False)
+    ck = torch.load(out["checkpoint"], weights_only=True)
     assert ck["optimizer"]["state"] == {}  # Adam never stepped
 
 

@@ -25,6 +25,11 @@ from train.ppo import PPOConfig
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+class UserError(Exception):
+    """A mistake in the command line, the files it names or the installed packages: the CLIs print
+    the message as one line and exit with code 2 (the traceback only with ``--debug``)."""
+
+
 def default_device() -> str:
     """``cuda`` if a CUDA device is available, else ``cpu``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -63,6 +68,11 @@ class TrainConfig:
         wandb: also log to Weights & Biases (optional package). wandb_mode: offline unless
             ``online``. wandb_project: project name.
         quiet: no console progress.
+        config: a JSON or YAML file of these fields (nested ``env``/``policy``/``ppo`` groups) used
+            as the defaults; flags given with it override it. The ``config.json`` a run saves
+            replays that run (with a new ``--run-name``: an existing run directory is never
+            overwritten). Only read by :func:`parse_args`.
+        debug: show the full traceback of an error (otherwise one line, exit code 2).
         num_threads: torch CPU threads (``torch.set_num_threads``); 0 (default) keeps torch's
             default (one per core). On the idle 2-core development machine 2 threads train 1.6x
             faster than 1 (3.5K vs 2.2K agent-steps/s); on a CPU shared with other jobs use 1: under
@@ -95,10 +105,49 @@ class TrainConfig:
     wandb_project: str = "gpusim"
     quiet: bool = False
     num_threads: int = 0
+    config: str | None = None
+    debug: bool = False
 
     def to_dict(self) -> dict:
         """Plain-data view (enums as lower-case names), for checkpoints and logs."""
         return _plain(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config") -> "TrainConfig":
+        """Inverse of :meth:`to_dict` (also for hand-written files): missing fields keep the
+        defaults of :class:`TrainConfig`, groups ``env``/``policy``/``ppo`` are built from their
+        sub-dicts (enums by name).
+
+        Raises:
+            ValueError: unknown keys (named, with ``source``) or invalid values.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a mapping of TrainConfig fields, got {type(d).__name__}")
+        base = cls()
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise ValueError(f"{source}: unknown field(s) {', '.join(unknown)} (see python train/run.py --help)")
+        changes = {}
+        for k, v in d.items():
+            if k in ("env", "policy", "ppo"):
+                group = getattr(base, k)
+                sub = {f.name for f in dataclasses.fields(group)}
+                v = dict(v or {})
+                bad = sorted(set(v) - sub)
+                if bad:
+                    raise ValueError(f"{source}: unknown field(s) {', '.join(k + '.' + b for b in bad)}")
+                for name in ("action_factors",):
+                    if isinstance(v.get(name), list):
+                        v[name] = tuple(v[name])
+                try:
+                    v = dataclasses.replace(group, **v)
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"{source}: {k}: {e}") from e
+            elif k == "experience_arg":
+                v = tuple(v or ())
+            changes[k] = v
+        return dataclasses.replace(base, **changes)
 
 
 def _plain(x):
@@ -143,8 +192,68 @@ def cli_registry():
     return registry
 
 
+def load_config_file(path) -> TrainConfig:
+    """A :class:`TrainConfig` from a ``.json`` or ``.yaml``/``.yml`` file (see ``--config``).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: unreadable file, unknown extension, unknown
+            fields or invalid values (the message names the file). ImportError: YAML without PyYAML.
+    """
+    import json
+
+    p = resolve_path(str(path))
+    if not p.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    suffix = p.suffix.lower()
+    text = p.read_text()
+    if suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--config {p}: not valid JSON ({e})") from e
+    elif suffix in (".yaml", ".yml"):
+        try:
+            import yaml
+        except ImportError as e:
+            raise ImportError(f"--config {p}: YAML needs PyYAML (pip install pyyaml), or use a .json file") from e
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"--config {p}: not valid YAML ({str(e).splitlines()[0]})") from e
+    else:
+        raise ValueError(f"--config {p}: unknown extension {suffix!r}; use .json, .yaml or .yml")
+    data = dict(data or {})
+    data.pop("config", None)  # a saved config names the file it came from; not a further include
+    return TrainConfig.from_dict(data, source=f"--config {p}")
+
+
+def _config_flag(argv: list[str]) -> str | None:
+    """Value of ``--config FILE`` / ``--config=FILE`` in ``argv`` (last one wins), else None."""
+    found = None
+    for i, a in enumerate(argv):
+        if a == "--config" and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif a.startswith("--config="):
+            found = a.split("=", 1)[1]
+    return found
+
+
 def parse_args(argv=None, description: str | None = None) -> TrainConfig:
-    """Parse the command line into a :class:`TrainConfig` (``argv`` None = ``sys.argv[1:]``)."""
+    """Parse the command line into a :class:`TrainConfig` (``argv`` None = ``sys.argv[1:]``).
+
+    With ``--config FILE`` the file's values are the defaults and the other flags override them
+    (tyro's ``default=`` instance).
+
+    Raises:
+        SystemExit: from tyro for unknown/invalid flags (exit code 2). Errors of
+        :func:`load_config_file`.
+    """
+    import sys
+
     import tyro
 
-    return tyro.cli(TrainConfig, args=argv, registry=cli_registry(), description=description)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    path = _config_flag(argv)
+    default = load_config_file(path) if path else None
+    cfg = tyro.cli(TrainConfig, args=argv, registry=cli_registry(), description=description, default=default)
+    return cfg

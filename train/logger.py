@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
+import shutil
 import time
+
+from train.config import UserError
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -31,38 +35,62 @@ class Logger:
         wandb: enable wandb. wandb_mode: ``offline`` | ``online``. wandb_project: project name.
         run_name: display name.
 
+        append: continue an existing ``metrics.jsonl`` (``--resume``). elapsed: seconds already
+            run (the ``time`` field continues from it).
+
     Raises:
-        ImportError: with an install hint if ``wandb=True`` and the package is missing.
+        UserError: with an install hint if ``wandb=True`` and the package is missing, or when
+            ``wandb.init`` fails; nothing is left on disk then (a run directory created here is
+            removed again).
     """
 
     def __init__(self, run_dir, config: dict, total_steps: int, quiet: bool = False, wandb: bool = False,
                  wandb_mode: str = "offline", wandb_project: str = "gpusim", run_name: str | None = None,
-                 append: bool = False):
+                 append: bool = False, elapsed: float = 0.0):
         self.run_dir = pathlib.Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / "metrics.jsonl"
-        self._file = open(self.path, "a" if append else "w", buffering=1)
-        (self.run_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
         self.total_steps = total_steps
         self.quiet = quiet
-        self.start = time.time()
+        self.start = time.time() - float(elapsed)
         self._console = None
         if not quiet:
             from rich.console import Console
 
             self._console = Console(highlight=False)
         self._wandb = None
-        if wandb:
+        created = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if wandb:  # before any file is written: a failed start leaves no empty metrics.jsonl behind
             try:
                 import wandb as _wandb  # lazy: optional dependency
             except ImportError as e:
-                raise ImportError("--wandb needs the wandb package: pip install 'gpusim[wandb]'") from e
-            self._wandb = _wandb.init(project=wandb_project, name=run_name, config=config, mode=wandb_mode,
-                                      dir=str(self.run_dir))
+                self._remove_if_created(created)
+                raise UserError("--wandb needs the wandb package: pip install 'gpusim[wandb]' "
+                                  "(or run without --wandb)") from e
+            try:
+                self._wandb = _wandb.init(project=wandb_project, name=run_name, config=config, mode=wandb_mode,
+                                          dir=str(self.run_dir))
+            except Exception as e:
+                self._remove_if_created(created)
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise UserError(f"--wandb: wandb.init failed ({first}); check --wandb-mode/--wandb-project "
+                                   "or run without --wandb") from e
+        self._file = open(self.path, "a" if append else "w", buffering=1)
+        (self.run_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
+
+    def _remove_if_created(self, created: bool) -> None:
+        if created:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds of this run so far (continued across ``--resume``)."""
+        return time.time() - self.start
 
     def log(self, record: dict) -> None:
-        """Write one report (plain floats/ints)."""
+        """Write one report (plain floats/ints): one line, flushed to the OS at once."""
         self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
         if self._wandb is not None:
             self._wandb.log(record, step=int(record.get("global_step", 0)))
         if self._console is not None:
@@ -90,3 +118,35 @@ class Logger:
         self._file.close()
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def truncate_jsonl(path, last_update: int) -> tuple[int, int]:
+    """Keep only the records of ``path`` with ``update <= last_update`` (used by ``--resume``).
+
+    Records written after the checkpoint being resumed (the run was killed between its report and
+    its next checkpoint) are dropped, as is a partial last line of a write cut short, so the
+    resumed run writes every later update exactly once. Rewritten atomically (temporary file +
+    ``os.replace``). A missing file is left missing.
+
+    Returns:
+        ``(kept, dropped)`` record/line counts.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        return 0, 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+            ok = isinstance(rec, dict) and int(rec.get("update", 0)) <= int(last_update)
+        except (json.JSONDecodeError, TypeError, ValueError):
+            ok = False
+        if ok:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(k + "\n" for k in kept))
+        os.replace(tmp, path)
+    return len(kept), dropped

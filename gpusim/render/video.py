@@ -1,4 +1,4 @@
-"""Episodes as videos: :func:`write_video` (GIF, or MP4 with imageio-ffmpeg), :func:`render_episode`
+"""Episodes as videos: :func:`write_video` (GIF; MP4/WebM with imageio-ffmpeg), :func:`render_episode`
 (a rollout of an env driven by a policy, the expert actions or random actions) and
 :func:`render_log_episode` (the log itself).
 
@@ -9,7 +9,6 @@ without behaviour change.
 from __future__ import annotations
 
 import pathlib
-import warnings
 from typing import Callable
 
 import numpy as np
@@ -20,6 +19,10 @@ from gpusim.render.ego import render_ego_view
 from gpusim.render.frame import TrailRecorder, frame_from_env, frame_from_log, scene_extent
 
 
+#: Output formats by file extension: name -> (ffmpeg codec or None for GIF, what it needs).
+VIDEO_FORMATS = {".gif": None, ".mp4": "libx264", ".webm": "libvpx-vp9"}
+
+
 def _has_ffmpeg() -> bool:
     try:
         import imageio_ffmpeg  # noqa: F401
@@ -28,15 +31,35 @@ def _has_ffmpeg() -> bool:
     return True
 
 
-def write_video(frames: list, out, fps: int = 10) -> pathlib.Path:
-    """Write [H, W, 3] uint8 frames as an animated GIF, or MP4 when ``out`` ends in ``.mp4``.
+def video_format(out) -> str:
+    """The output format of ``out`` from its extension: ``".gif"``, ``".mp4"`` or ``".webm"``.
 
-    MP4 needs the ``imageio-ffmpeg`` package; without it the frames are written as a GIF next to
-    the requested name (``.gif`` suffix) with a warning. GIF frame durations are ``1000 / fps`` ms
-    (GIF stores 10 ms units, so 10 fps is exact). Returns the path written.
+    Checked before any frame is rendered, so a bad name fails at once.
 
     Raises:
-        ValueError: if there are no frames or ``fps <= 0``.
+        ValueError: an extension other than ``.gif``/``.mp4``/``.webm`` (the message lists them), or
+            ``.mp4``/``.webm`` without the ``imageio-ffmpeg`` package (the message says what to install).
+    """
+    suffix = pathlib.Path(out).suffix.lower()
+    if suffix not in VIDEO_FORMATS:
+        raise ValueError(f"{out}: unsupported video format {suffix or '(no extension)'!r}; "
+                         f"use one of {', '.join(VIDEO_FORMATS)}")
+    if VIDEO_FORMATS[suffix] is not None and not _has_ffmpeg():
+        raise ValueError(f"{out}: writing {suffix} needs the imageio-ffmpeg package "
+                         "(pip install imageio-ffmpeg), or use a .gif name")
+    return suffix
+
+
+def write_video(frames: list, out, fps: int = 10) -> pathlib.Path:
+    """Write [H, W, 3] uint8 frames in the format of ``out``'s extension (:func:`video_format`).
+
+    ``.gif``: animated GIF, frame durations ``1000 / fps`` ms (GIF stores 10 ms units, so 10 fps
+    is exact). ``.mp4`` (H.264) and ``.webm`` (VP9): through ffmpeg from the ``imageio-ffmpeg``
+    package; never a silent fallback to another format. Returns the path written (= ``out``).
+
+    Raises:
+        ValueError: no frames, ``fps <= 0``, or an unsupported/unavailable format (see
+            :func:`video_format`).
     """
     import imageio.v3 as iio
 
@@ -45,25 +68,22 @@ def write_video(frames: list, out, fps: int = 10) -> pathlib.Path:
     if fps <= 0:
         raise ValueError(f"write_video: fps must be > 0, got {fps}")
     out = pathlib.Path(out)
+    suffix = video_format(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    if out.suffix.lower() == ".mp4":
-        if _has_ffmpeg():
-            _write_mp4(out, frames, fps)
-            return out
-        warnings.warn("imageio-ffmpeg is not installed: writing a GIF instead of MP4 "
-                      "(pip install imageio-ffmpeg for MP4)", stacklevel=2)
-        out = out.with_suffix(".gif")
-    iio.imwrite(out, np.stack(frames), extension=".gif", duration=1000.0 / fps, loop=0)
+    if suffix == ".gif":
+        iio.imwrite(out, np.stack(frames), extension=".gif", duration=1000.0 / fps, loop=0)
+    else:
+        _write_ffmpeg(out, frames, fps, VIDEO_FORMATS[suffix])
     return out
 
 
-def _write_mp4(out: pathlib.Path, frames: list, fps: int) -> None:
+def _write_ffmpeg(out: pathlib.Path, frames: list, fps: int, codec: str) -> None:
     import imageio
 
     # libx264 wants even sizes; crop one pixel row/column if needed.
     h, w = frames[0].shape[:2]
     h2, w2 = h - h % 2, w - w % 2
-    with imageio.get_writer(out, fps=fps, macro_block_size=1) as wr:
+    with imageio.get_writer(out, format="FFMPEG", fps=fps, codec=codec, macro_block_size=1) as wr:
         for fr in frames:
             wr.append_data(np.ascontiguousarray(fr[:h2, :w2]))
 
@@ -93,7 +113,7 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
         steps: env steps to take; default ``env.horizon - 1`` (the step that completes the
             episode auto-resets the env and would show the next episode). Frames written =
             ``steps + 1`` (the first state, then one per step).
-        out: output path (``.gif``, or ``.mp4`` with imageio-ffmpeg; see :func:`write_video`);
+        out: output path (``.gif``, or ``.mp4``/``.webm`` with imageio-ffmpeg; see :func:`write_video`);
             None keeps the frames in memory only.
         fps: frames per second of the video.
         seed: passed to ``env.reset`` and used for random actions.
@@ -117,6 +137,8 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
         raise ValueError(f"render_episode: steps must be in [0, horizon - 1 = {env.horizon - 1}], got {steps}")
     if ego_agent is not None and not 0 <= ego_agent < env.num_slots:
         raise ValueError(f"render_episode: ego_agent must be in [0, {env.num_slots}), got {ego_agent}")
+    if out is not None:
+        video_format(out)  # fail before rendering
     gen = torch.Generator().manual_seed(0 if seed is None else int(seed))
     obs = env.reset(seed=seed)
     s = int(env.state.scenario[world])
@@ -177,6 +199,8 @@ def render_log_episode(pack, scenario: int = 0, steps: int | None = None, out=No
     extent = scene_extent(pack, scenario)
     trail = TrailRecorder(trail_length)
     canvas = SceneCanvas(figsize=figsize, dpi=dpi)
+    if out is not None:
+        video_format(out)  # fail before rendering
     frames = []
     for t in range(t0, t0 + steps + 1):
         draw_frame(frame_from_log(pack, scenario, t, trail=trail, extent=extent), canvas.ax)
