@@ -1,4 +1,5 @@
-"""Configuration of the simulator: enums, :class:`DataConfig` and :class:`EnvConfig`.
+"""Configuration of the simulator: :class:`DataConfig` and :class:`EnvConfig` (and the enums of
+:mod:`gpusim.enums`, re-exported here).
 
 Both configs are frozen dataclasses. Enum fields also accept their lower-case names as strings
 (``EnvConfig(goal_behavior="stop")``) so command-line tools can pass them through unchanged.
@@ -11,97 +12,27 @@ Units: metres, radians, seconds, metres per second.
 from __future__ import annotations
 
 import dataclasses
-import enum
 from dataclasses import dataclass
+
+from gpusim.enums import (  # noqa: F401  (re-exported: existing imports keep working)
+    NUM_ROAD_OBS_TYPES,
+    ActionSpace,
+    ContactBehavior,
+    Dynamics,
+    GoalBehavior,
+    NamedEnum,
+    ObjectType,
+    RoadType,
+)
+
+#: Deprecated alias of :class:`gpusim.enums.NamedEnum`, kept only until ``train/config.py``
+#: imports the public name.
+_NamedEnum = NamedEnum
 
 #: Simulation time step in seconds (WOMD logs are sampled at 10 Hz).
 DT = 0.1
 #: Number of logged steps in a WOMD scenario (9.1 s at 10 Hz).
 WOMD_STEPS = 91
-
-
-class _NamedEnum(enum.IntEnum):
-    """Integer enum whose members can also be given by lower-case name."""
-
-    @classmethod
-    def parse(cls, value):
-        """Return the member for ``value`` (member, int or case-insensitive name).
-
-        Raises:
-            ValueError: if ``value`` names no member; the message lists the valid names.
-        """
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, str):
-            key = value.strip().upper().replace("-", "_")
-            if key in cls.__members__:
-                return cls.__members__[key]
-        elif isinstance(value, int) and not isinstance(value, bool):
-            try:
-                return cls(value)
-            except ValueError:
-                pass
-        names = ", ".join(m.name.lower() for m in cls)
-        raise ValueError(f"{cls.__name__}: {value!r} is not one of: {names}")
-
-    def __str__(self) -> str:  # so CLIs and logs print "stop", not "GoalBehavior.STOP"
-        return self.name.lower()
-
-
-class ObjectType(_NamedEnum):
-    """Type of a scenario object; other WOMD types are ignored at conversion (counted)."""
-
-    VEHICLE = 0
-    PEDESTRIAN = 1
-    CYCLIST = 2
-
-
-class RoadType(_NamedEnum):
-    """Type of a road polyline, as named in the GPUDrive/PufferDrive JSON (``roads[i].type``)."""
-
-    LANE = 0
-    ROAD_LINE = 1
-    ROAD_EDGE = 2
-    STOP_SIGN = 3
-    CROSSWALK = 4
-    SPEED_BUMP = 5
-    DRIVEWAY = 6
-    OTHER = 7
-
-
-#: Road types are one-hot encoded in observations as four groups: lane, road_line, road_edge,
-#: and everything else.
-NUM_ROAD_OBS_TYPES = 4
-
-
-class GoalBehavior(_NamedEnum):
-    """What happens when a controlled agent reaches its goal (numbering as in PufferDrive)."""
-
-    RESPAWN = 0
-    NEW_GOAL = 1
-    STOP = 2
-    TRIAL = 3
-
-
-class ContactBehavior(_NamedEnum):
-    """What a collision or an offroad event does to the agent."""
-
-    IGNORE = 0
-    STOP = 1
-    REMOVE = 2
-
-
-class ActionSpace(_NamedEnum):
-    """Discrete 7 x 13 (acceleration x steering) grid, or continuous [-1, 1]^2."""
-
-    DISCRETE = 0
-    CONTINUOUS = 1
-
-
-class Dynamics(_NamedEnum):
-    """Vehicle dynamics model. ``CLASSIC`` is the kinematic bicycle of PufferDrive's classic env."""
-
-    CLASSIC = 0
 
 
 @dataclass(frozen=True)
@@ -179,6 +110,11 @@ class EnvConfig:
             ``torch.compile`` (``gpusim.kernels.observations.observations_compiled``). Same
             results within float32 rounding; the first step of a new env size compiles for
             ~5-15 s. Ignored on the Triton backend. Default off (docs/performance.md).
+        check_actions: when action values (range, NaN) are checked: ``"sync"`` (a ValueError at
+            the bad step; one host sync per step), ``"async"`` (no sync: recorded on the device,
+            raised at the next ``DriveEnv.metrics()`` / ``check_errors()``, the bad slot's action
+            applied as a no-op; ``gpusim/sim/actions.py``), ``"auto"`` (default: sync on the CPU,
+            async on CUDA).
     """
 
     max_agents: int = 64
@@ -205,6 +141,7 @@ class EnvConfig:
     road_radius: float = 50.0
     dt: float = DT
     compile: bool = False
+    check_actions: str = "auto"
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -221,6 +158,12 @@ class EnvConfig:
         self.data_config()
         if self.scenario_length < 1:
             raise ValueError(f"EnvConfig.scenario_length must be >= 1, got {self.scenario_length}")
+        if self.init_steps + self.scenario_length > WOMD_STEPS:
+            raise ValueError(
+                f"EnvConfig.scenario_length={self.scenario_length} with init_steps={self.init_steps} runs past the "
+                f"{WOMD_STEPS}-step log (the experts would have no log to replay); use at most "
+                f"{WOMD_STEPS - self.init_steps}"
+            )
         if self.goal_radius <= 0:
             raise ValueError(f"EnvConfig.goal_radius must be > 0, got {self.goal_radius}")
         if not 0.0 < self.stop_truncate_fraction <= 1.0:
@@ -246,6 +189,8 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.dt must be > 0, got {self.dt}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"EnvConfig.compile must be True or False, got {self.compile!r}")
+        if self.check_actions not in ("auto", "sync", "async"):
+            raise ValueError(f"EnvConfig.check_actions must be 'auto', 'sync' or 'async', got {self.check_actions!r}")
 
     @property
     def trial_mode(self) -> bool:

@@ -11,7 +11,7 @@ from gpusim.kernels.observations import (
     GOAL_SCALE,
     SIZE_SCALE,
     SPEED_SCALE,
-    _observations_triton,
+    observations_triton,
     obs_layout,
     observations,
     observations_reference,
@@ -211,7 +211,7 @@ def test_exact_distance_ties_are_ordered_by_grid_position(backend):
     kw, (ex, ey) = tie_scene()
     g = torch.Generator().manual_seed(0)
     jitter = torch.randn(16, 2, generator=g, dtype=torch.float64) * 1e-3
-    fn = observations_reference if backend == "torch" else _observations_triton
+    fn = observations_reference if backend == "torch" else observations_triton
     for j in jitter:
         kw["pos"][0, 0] = torch.tensor([ex + j[0].item(), ey + j[1].item()])
         kw["heading"][0, 0] = float(j[0]) * 100.0  # an arbitrary heading per trial
@@ -403,7 +403,7 @@ def test_triton_matches_reference(sizes):
     kw["ego_active"][0, 0] = False
     want = observations_reference(**kw)
     out = torch.full_like(want, float("nan"))
-    got = _observations_triton(**kw, out=out)
+    got = observations_triton(**kw, out=out)
     assert not torch.isnan(got).any(), "kernel left elements unwritten"
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     with use_backend("triton"):

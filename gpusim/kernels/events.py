@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import backend_for, interpreting
-from gpusim.config import ContactBehavior, GoalBehavior
+from gpusim.enums import ContactBehavior, GoalBehavior
 from gpusim.kernels.checks import check_tensors
 
 

@@ -1,5 +1,6 @@
-"""Cell lookup in the per-scenario nearest-segment grid (shared by the observation and offroad
-kernels).
+"""Cell lookup in the per-scenario nearest-segment grid, written once for both backends: the torch
+:func:`cell_index_reference` and the ``@triton.jit`` device function :func:`cell_index_jit` that
+the observation, offroad and new-goal Triton kernels call (so no kernel repeats the arithmetic).
 
 The grid of scenario ``s`` has ``grid_dims[s] = (nx, ny)`` square cells of edge ``cell_size``
 metres whose lower-left corner is ``grid_origin[s]``. Cell ``(ix, iy)`` has id ``iy * nx + ix``.
@@ -9,6 +10,8 @@ Positions outside the grid are clamped to the nearest border cell.
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 
 def cell_index_reference(
@@ -39,8 +42,38 @@ def cell_index_reference(
     return ij[..., 1] * dims[..., 0] + ij[..., 0]
 
 
+@triton.jit
+def cell_index_jit(x, y, s, origin_ptr, dims_ptr, cell_size, mask):
+    """Device-side :func:`cell_index_reference`, called from other ``@triton.jit`` kernels.
+
+    Args:
+        x, y: float32 position (m), a scalar or a block.
+        s: int64 scenario index (same shape as ``x`` or broadcastable).
+        origin_ptr: pointer to the [S, 2] float32 grid origins; dims_ptr: to the [S, 2] int32
+            cell counts.
+        cell_size: cell edge (m), a float32 scalar.
+        mask: bool, lanes whose grid row is loaded (others behave as a 1 x 1 grid at the origin).
+
+    Returns:
+        int64 cell id ``iy * nx + ix`` (clamped to the border cells; NaN maps to cell 0), with the
+        same float32 operations, in the same order, as the reference.
+    """
+    ox = tl.load(origin_ptr + 2 * s, mask=mask, other=0.0)
+    oy = tl.load(origin_ptr + 2 * s + 1, mask=mask, other=0.0)
+    nx = tl.load(dims_ptr + 2 * s, mask=mask, other=1).to(tl.int64)
+    ny = tl.load(dims_ptr + 2 * s + 1, mask=mask, other=1).to(tl.int64)
+    fx = (x - ox) / cell_size
+    fy = (y - oy) / cell_size
+    fx = tl.where(fx != fx, 0.0, fx)  # NaN -> 0 (nan_to_num)
+    fy = tl.where(fy != fy, 0.0, fy)
+    fx = tl.minimum(tl.maximum(fx, -1e9), 1e9)
+    fy = tl.minimum(tl.maximum(fy, -1e9), 1e9)
+    ix = tl.minimum(tl.maximum(tl.floor(fx).to(tl.int64), 0), nx - 1)
+    iy = tl.minimum(tl.maximum(tl.floor(fy).to(tl.int64), 0), ny - 1)
+    return iy * nx + ix
+
+
 def cell_index(pos, scenario, grid_origin, grid_dims, cell_size):
-    """Public entry: see :func:`cell_index_reference` (a gather helper used inside other kernels;
-    it has no kernel of its own — the Triton observation and offroad kernels inline the same
-    arithmetic)."""
+    """Public entry: see :func:`cell_index_reference` (a gather helper used inside other kernels,
+    with no launch of its own; Triton kernels call :func:`cell_index_jit`)."""
     return cell_index_reference(pos, scenario, grid_origin, grid_dims, cell_size)

@@ -33,10 +33,11 @@ import triton.language as tl
 
 from gpusim.backend import backend_for
 from gpusim.kernels.checks import check_tensors
-from gpusim.kernels.grid import cell_index
+from gpusim.enums import RoadType
+from gpusim.kernels.grid import cell_index, cell_index_jit
 
-#: ``RoadType.LANE`` of ``gpusim.config`` (kernels do not import the config; a test checks it).
-LANE_TYPE = 0
+#: Road type code of a lane (``RoadType.LANE`` of the leaf module :mod:`gpusim.enums`).
+LANE_TYPE = int(RoadType.LANE)
 
 
 def _check_scalars(cell_size, min_ahead, max_dist, fallback):
@@ -183,20 +184,7 @@ def _new_goal_kernel(
     c = tl.cos(h)
     sn = tl.sin(h)
 
-    # grid cell (same arithmetic as gpusim.kernels.grid.cell_index)
-    ox = tl.load(origin_ptr + 2 * s, mask=sel, other=0.0)
-    oy = tl.load(origin_ptr + 2 * s + 1, mask=sel, other=0.0)
-    nx = tl.load(dims_ptr + 2 * s, mask=sel, other=1).to(tl.int64)
-    ny = tl.load(dims_ptr + 2 * s + 1, mask=sel, other=1).to(tl.int64)
-    fx = (px - ox) / cell_size
-    fy = (py - oy) / cell_size
-    fx = tl.where(fx != fx, 0.0, fx)
-    fy = tl.where(fy != fy, 0.0, fy)
-    fx = tl.minimum(tl.maximum(fx, -1e9), 1e9)
-    fy = tl.minimum(tl.maximum(fy, -1e9), 1e9)
-    ix = tl.minimum(tl.maximum(tl.floor(fx).to(tl.int64), 0), nx - 1)
-    iy = tl.minimum(tl.maximum(tl.floor(fy).to(tl.int64), 0), ny - 1)
-    cell = iy * nx + ix
+    cell = cell_index_jit(px, py, s, origin_ptr, dims_ptr, cell_size, sel)
 
     # the cell's K candidates: [BLOCK_N, BLOCK_K]
     ko = tl.arange(0, BLOCK_K)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpusim.enums import NUM_OBJECT_TYPES, NUM_ROAD_OBS_TYPES  # noqa: F401  (re-exported for the kernels)
+
 #: Speeds (ego and partners) are divided by this (m/s): 20 m/s = 72 km/h, a fast urban speed.
 SPEED_SCALE = 20.0
 #: Agent lengths and widths are divided by this (m): a car is about (0.9, 0.4).
@@ -57,10 +59,6 @@ ROAD_FEATURES = (
     "is_other",
     "valid",
 )
-
-_NUM_OBJECT_TYPES = 3  # vehicle, pedestrian, cyclist (gpusim.config.ObjectType)
-_NUM_ROAD_OBS_TYPES = 4  # lane, road_line, road_edge, other (gpusim.config.NUM_ROAD_OBS_TYPES)
-
 
 @dataclass(frozen=True)
 class ObsLayout:

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import backend_for
-from gpusim.kernels.grid import cell_index
+from gpusim.kernels.grid import cell_index, cell_index_jit
 
 
 def _corners(pos, heading, length, width, box_scale):
@@ -140,20 +140,7 @@ def _offroad_kernel(
     b = 0.5 * box_scale * tl.load(width_ptr + offs, mask=m, other=0.0)
     pres = (tl.load(present_ptr + offs, mask=m, other=0) != 0) & m
     s = tl.load(scenario_ptr + w, mask=m, other=0)
-    # cell lookup: same arithmetic as gpusim.kernels.grid.cell_index_reference
-    ox = tl.load(origin_ptr + 2 * s, mask=m, other=0.0)
-    oy = tl.load(origin_ptr + 2 * s + 1, mask=m, other=0.0)
-    nx = tl.load(dims_ptr + 2 * s, mask=m, other=1).to(tl.int64)
-    ny = tl.load(dims_ptr + 2 * s + 1, mask=m, other=1).to(tl.int64)
-    rx = (x - ox) / cell_size
-    ry = (y - oy) / cell_size
-    rx = tl.where(rx == rx, rx, 0.0)
-    ry = tl.where(ry == ry, ry, 0.0)
-    rx = tl.minimum(tl.maximum(rx, -1e9), 1e9)
-    ry = tl.minimum(tl.maximum(ry, -1e9), 1e9)
-    ix = tl.minimum(tl.maximum(tl.floor(rx).to(tl.int64), 0), nx - 1)
-    iy = tl.minimum(tl.maximum(tl.floor(ry).to(tl.int64), 0), ny - 1)
-    cell = iy * nx + ix
+    cell = cell_index_jit(x, y, s, origin_ptr, dims_ptr, cell_size, m)
     c = tl.cos(h)
     sn = tl.sin(h)
     ux = a * c
