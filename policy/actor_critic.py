@@ -139,12 +139,15 @@ class ActorCritic(nn.Module):
             obs_t: [N, D] float32 observations.
             cache: :class:`KVCache` from :meth:`init_cache` (updated in place).
             removed_t: [N] bool, the agent is out of play at this step (its token is hidden from
-                later steps); ``None`` = none removed.
+                later steps and its observation is ignored: replaced by zeros, so NaN there is
+                harmless); ``None`` = none removed.
 
         Returns:
             ``(logits, value, cache)``: logits [N, num_actions] (the Gaussian mean for continuous
             actions), value [N] float32, and the updated cache.
         """
+        if removed_t is not None:
+            obs_t = _clear_removed(obs_t, removed_t)
         h = self.transformer.step(self.encoder(obs_t), cache, removed_t)
         return self._logits(h), self.critic(h)[..., 0], cache
 
@@ -166,7 +169,9 @@ class ActorCritic(nn.Module):
         Returns:
             ``(logits [B, T, num_actions], values [B, T])``. At every non-removed step these equal
             what :meth:`forward_eval` returns when fed the row step by step (to float32
-            rounding); they do not depend on the contents of removed steps.
+            rounding); no output depends on the contents of removed steps (they are replaced by
+            zeros with ``torch.where`` before the encoder, so even NaN/inf there cannot reach the
+            attention, where a masked 0 weight times NaN would still give NaN).
 
         Raises:
             ValueError: for mismatched shapes.
@@ -177,7 +182,7 @@ class ActorCritic(nn.Module):
                 f"{tuple(obs.shape)}, {tuple(terminal.shape)}, {tuple(removed.shape)}"
             )
         allowed, position = episode_mask(terminal.to(torch.bool), removed.to(torch.bool))
-        h = self.transformer(self.encoder(obs), allowed, position)
+        h = self.transformer(self.encoder(_clear_removed(obs, removed)), allowed, position)
         return self._logits(h), self.critic(h)[..., 0]
 
     # ------------------------------------------------------------------ distributions
@@ -213,3 +218,9 @@ class ActorCritic(nn.Module):
             return ent.expand(logits.shape[:-1])
         logp = torch.log_softmax(logits, dim=-1)
         return -(logp.exp() * logp).sum(-1)
+
+
+def _clear_removed(obs: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
+    """``obs`` [..., D] with the rows where ``removed`` [...] bool is set replaced by zeros
+    (``torch.where`` selects values, so NaN/inf there vanish and their gradient is exactly 0)."""
+    return torch.where(removed.to(torch.bool)[..., None], torch.zeros((), dtype=obs.dtype, device=obs.device), obs)
