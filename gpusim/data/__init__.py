@@ -1,21 +1,31 @@
-"""WOMD scenario data: parse GPUDrive/PufferDrive JSON, validate, select agents, build roads and
-the nearest-segment grid, and pack many scenarios into padded tensors (:class:`ScenarioPack`).
+"""WOMD scenario data: read GPUDrive/PufferDrive JSON or Waymo's own TFRecord files of
+``Scenario`` protos (no TensorFlow), validate, select agents, build roads, the nearest-segment
+grid and traffic-signal states, and pack many scenarios into padded tensors (:class:`ScenarioPack`).
 
-Entry points: ``ScenarioPack.from_json(paths, config)``, :func:`load_scenario` (one file),
-``ScenarioPack.load(dir_or_pt)``, and the CLI ``python -m gpusim.data convert|info``.
+Entry points: ``ScenarioPack.from_json(paths, config)`` (JSON and TFRecord sources alike),
+:func:`load_scenario` (one JSON file), ``ScenarioPack.load(dir_or_pt)``, and the CLI
+``python -m gpusim.data convert|info``.
+
+Module layering (no cycles): ``errors`` ← ``signals``, ``tfrecord``, ``womd_proto`` ← ``parse``,
+``parse_proto`` ← ``roads``, ``grid_tables`` ← ``build`` ← ``convert`` ← ``pack`` ← ``__main__``.
 """
 
-from gpusim.data.build import ScenarioData, convert, expand_sources, load_scenario, pack_scenarios
-from gpusim.data.errors import NoControllableAgentError, ScenarioError
-from gpusim.data.pack import ScenarioPack
+from gpusim.data.build import ScenarioData, load_scenario
+from gpusim.data.convert import convert_sources, expand_sources
+from gpusim.data.errors import NoControllableAgentError, PackFileError, ScenarioError
+from gpusim.data.pack import ScenarioPack, convert, pack_scenarios
+from gpusim.data.signals import SignalState
 
 __all__ = [
     "ScenarioPack",
     "ScenarioData",
     "ScenarioError",
     "NoControllableAgentError",
+    "PackFileError",
+    "SignalState",
     "load_scenario",
     "convert",
+    "convert_sources",
     "expand_sources",
     "pack_scenarios",
 ]

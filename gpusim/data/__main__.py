@@ -1,13 +1,15 @@
-"""Command line: convert WOMD JSON scenarios into a pack, and describe a pack.
+"""Command line: convert WOMD scenarios (GPUDrive JSON or Waymo TFRecord) into a pack, describe a pack.
 
-    python -m gpusim.data convert SRC... --out DIR_OR_FILE.pt [--max-agents N] [--max-controlled N]
-                                  [--init-steps N] [--cell-size M] [...]
-    python -m gpusim.data info PACK_DIR_OR_PT_OR_JSON_SOURCES...
+    python -m gpusim.data convert SRC... --out DIR_OR_FILE.pt [--limit N] [--workers N] [--no-progress]
+                                  [--max-agents N] [--max-controlled N] [--init-steps N] [--cell-size M] [...]
+    python -m gpusim.data info PACK_DIR_OR_PT_OR_SOURCES...
 
-``convert`` prints one line per bad file (``error: <file>: <field>: <reason>``) and per skipped
-scenario, then a summary, writes the pack of the good scenarios and exits with 0 if at least one
-scenario was converted, 1 if none was (2 for bad usage). ``info`` loads a pack (directory or
-``.pt``) or converts JSON sources in memory and prints totals and a per-scenario table.
+``convert`` prints one line per bad file or record (``error: <file>: <field>: <reason>``, the
+field starting with ``record[i]`` for TFRecords) and per skipped scenario, then a summary, writes
+the pack of the good scenarios and exits with 0 if at least one scenario was converted, 1 if none
+was, 2 for bad usage. A progress bar (rich, on stderr) follows the bytes read. ``info`` loads a
+pack (directory or ``.pt``) or converts sources in memory and prints totals (signals included)
+and a per-scenario table.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import warnings
 from gpusim.config import DataConfig, ObjectType, RoadType
 from gpusim.data.errors import ScenarioError
 from gpusim.data.pack import META_FILE, PACK_FILE, ScenarioPack
+from gpusim.data.signals import SignalState
 
 _CONFIG_FLAGS = {
     "max_agents": int,
@@ -54,15 +57,35 @@ def _config_from(args) -> DataConfig:
     return DataConfig(**given)
 
 
-def _convert_with_report(sources, config, out=None) -> ScenarioPack | None:
-    """Convert, printing one line per bad / skipped file and a summary. None if nothing usable."""
+def _progress_bar(enabled: bool):
+    """A rich progress bar over bytes read (on stderr), or a no-op context when disabled."""
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("converting"), BarColumn(), DownloadColumn(), TextColumn("{task.fields[info]}"),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+
+
+def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, progress=False) -> ScenarioPack | None:
+    """Convert, printing one line per bad / skipped file or record and a summary. None if nothing usable."""
     out = out if out is not None else sys.stdout
 
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _progress_bar(progress) as bar:
         warnings.simplefilter("ignore")
+        task = bar.add_task("convert", total=None, info="") if bar is not None else None
+
+        def tick(done, total, stats):
+            bar.update(task, completed=done, total=total,
+                       info=f"{len(stats['errors']) + len(stats['skipped'])} bad/skipped")
+
         try:
-            pack = ScenarioPack.from_json(sources, config)
+            pack = ScenarioPack.from_json(sources, config, limit=limit, workers=workers,
+                                          progress=tick if bar is not None else None)
             stats = pack.stats
         except ScenarioError as exc:
             pack, stats = None, None
@@ -73,10 +96,14 @@ def _convert_with_report(sources, config, out=None) -> ScenarioPack | None:
     for e in stats["errors"]:
         print(f"error: {e['file']}: {e['reason']}", file=out)
     for e in stats["skipped"]:
-        print(f"skipped: {e['file']}: {e['reason']}", file=out)
+        where = f"record[{e['record']}]: " if "record" in e else ""
+        print(f"skipped: {e['file']}: {where}{e['reason']}", file=out)
+    what = (f"{stats['converted']} scenario(s) from {stats['files']} file(s) ({stats['records']} TFRecord records)"
+            if stats.get("records") else f"{stats['converted']} of {stats['files']} file(s)")
     print(
-        f"converted {stats['converted']} of {stats['files']} file(s) in {seconds:.1f} s; "
-        f"{len(stats['errors'])} bad, {len(stats['skipped'])} skipped (no controllable agent)",
+        f"converted {what} in {seconds:.1f} s; "
+        f"{len(stats['errors'])} bad, {len(stats['skipped'])} skipped (no controllable agent)"
+        + (f"; stopped at --limit {limit}" if stats.get("limit_reached") else ""),
         file=out,
     )
     notes = []
@@ -92,6 +119,10 @@ def _convert_with_report(sources, config, out=None) -> ScenarioPack | None:
         ("dropped_over_max_agents", "objects dropped over max_agents"),
         ("single_point_polylines", "single-point road polylines (no segment)"),
         ("zero_length_segments", "zero-length road segments dropped"),
+        ("signals", "traffic signals kept"),
+        ("signals_without_lane", "signals whose lane is not in the map (no stop-line direction)"),
+        ("signal_stop_points_moved", "signals whose stop point moves (first kept)"),
+        ("unknown_signal_states", "signal states of unknown name stored as unknown"),
     ):
         if stats.get(key):
             notes.append(f"{stats[key]} {label}")
@@ -140,11 +171,20 @@ def describe(pack: ScenarioPack, out=None) -> None:
         + ", ".join(f"{n} {b / 2**20:.1f} MiB" for b, n in parts) + ")",
         file=out,
     )
+    ns = pack.num_signals
+    states = pack.signal_state[pack.signal_valid].tolist()
+    c = collections.Counter(states)
+    print(
+        f"signals: {int(ns.sum())} in {int((ns > 0).sum())} scenario(s) (max {pack.max_signals} per scenario); "
+        f"valid lane-steps: {int(pack.signal_valid.sum())}"
+        + ("; by state: " + ", ".join(f"{SignalState(t).name.lower()} {c[t]}" for t in sorted(c)) if c else ""),
+        file=out,
+    )
     cfg = dataclasses.asdict(pack.config)
     print("config: " + ", ".join(f"{k}={v}" for k, v in cfg.items()), file=out)
     print("", file=out)
     hdr = f"{'#':>3} {'scenario':<36} {'agents':>6} {'ctrl':>4} {'veh':>4} {'ped':>4} {'cyc':>4} {'sdc':>4} " \
-          f"{'segs':>5} {'edges':>5} {'grid':>7} {'ext(m)':>11}"
+          f"{'segs':>5} {'edges':>5} {'sig':>4} {'grid':>7} {'ext(m)':>11}"
     print(hdr, file=out)
     for s in range(S):
         n = int(pack.num_agents[s])
@@ -156,7 +196,7 @@ def describe(pack: ScenarioPack, out=None) -> None:
         print(
             f"{s:>3} {pack.scenario_ids[s][:36]:<36} {n:>6} {int(pack.num_controlled[s]):>4} "
             f"{t[int(ObjectType.VEHICLE)]:>4} {t[int(ObjectType.PEDESTRIAN)]:>4} {t[int(ObjectType.CYCLIST)]:>4} "
-            f"{int(pack.sdc_index[s]):>4} {r:>5} {edges:>5} {nx}x{ny:<4} {ext:>11}",
+            f"{int(pack.sdc_index[s]):>4} {r:>5} {edges:>5} {int(pack.num_signals[s]):>4} {nx}x{ny:<4} {ext:>11}",
             file=out,
         )
 
@@ -168,6 +208,9 @@ def main(argv=None) -> int:
     pc = sub.add_parser("convert", help="convert WOMD JSON files/directories/globs into a scenario pack")
     pc.add_argument("sources", nargs="+", metavar="SRC")
     pc.add_argument("--out", required=True, help="output directory (pack.pt + meta.json) or a .pt file")
+    pc.add_argument("--limit", type=int, default=None, help="stop after N scenarios are converted")
+    pc.add_argument("--workers", type=int, default=1, help="processes building scenarios (default 1)")
+    pc.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_config_flags(pc)
     pi = sub.add_parser("info", help="describe a pack (directory or .pt) or JSON sources")
     pi.add_argument("sources", nargs="+", metavar="PACK_OR_SRC")
@@ -180,7 +223,12 @@ def main(argv=None) -> int:
         return 2
 
     if args.cmd == "convert":
-        pack = _convert_with_report(args.sources, config)
+        for flag, v in (("--limit", args.limit), ("--workers", args.workers)):
+            if v is not None and v < 1:
+                print(f"error: {flag} must be >= 1, got {v}", file=sys.stderr)
+                return 2
+        pack = _convert_with_report(args.sources, config, limit=args.limit, workers=args.workers,
+                                    progress=not args.no_progress and sys.stderr.isatty())
         if pack is None:
             print("nothing converted; no pack written", file=sys.stderr)
             return 1
@@ -194,6 +242,9 @@ def main(argv=None) -> int:
     if len(args.sources) == 1 and _is_pack(first):
         try:
             pack = ScenarioPack.load(first)
+        except ScenarioError as exc:  # PackFileError: the message names the file
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
         except (OSError, ValueError, RuntimeError) as exc:
             print(f"error: {first}: {exc}", file=sys.stderr)
             return 1

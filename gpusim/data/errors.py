@@ -29,3 +29,9 @@ class ScenarioError(ValueError):
 class NoControllableAgentError(ScenarioError):
     """A well-formed scenario without any agent that passes the control rule: it is skipped
     (with a warning, and counted) by batch conversion rather than reported as an error."""
+
+
+class PackFileError(ScenarioError):
+    """A saved scenario pack cannot be used: empty, truncated, not a pack, random bytes, another
+    format version or inconsistent tensors. ``file`` is the pack file; the message is one line
+    ending with what to do (convert the data again)."""

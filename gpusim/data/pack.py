@@ -11,6 +11,18 @@ So policy slot ``c`` of a world running scenario ``s`` is agent slot ``c``, acti
 
 Coordinates are centred per scenario: ``world = local + offset[s]`` (float64 offset), which keeps
 float32 at centimetre precision. Units: m, rad, m/s.
+
+Traffic signals (L = the most signals of any scenario in the pack, at least 1): signal ``l`` of
+scenario ``s`` controls lane ``signal_lane[s, l]`` (map-feature id, -1 padding); its stop point is
+``signal_pos[s, l]`` and ``signal_dir[s, l]`` is the unit direction of travel of the lane there
+(the stop line is perpendicular to it through the stop point; (0, 0) when the lane is not in the
+map). ``signal_state[s, t, l]`` is the :class:`~gpusim.data.signals.SignalState` code at log step
+``t``, valid where ``signal_valid[s, t, l]`` (UNKNOWN = 0 elsewhere). Signals are a prefix of
+``num_signals[s]`` slots.
+
+This module pads :class:`~gpusim.data.build.ScenarioData` into packs (:func:`pack_scenarios`) and
+drives batch conversion (:func:`convert`, via :mod:`gpusim.data.convert`); neither of those
+modules imports this one.
 """
 
 from __future__ import annotations
@@ -20,15 +32,21 @@ import json
 import os
 import pathlib
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from gpusim.config import DataConfig
+from gpusim.data.build import ScenarioData
+from gpusim.data.convert import convert_sources
+from gpusim.data.errors import PackFileError, ScenarioError
 
 PACK_FILE = "pack.pt"
 META_FILE = "meta.json"
-FORMAT_VERSION = 1
+#: 2 added agent_interest/agent_predict and the signal tensors; version-1 packs still load (no signals).
+FORMAT_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 
 #: Tensor fields with their dtypes, in the order they are documented.
 TENSOR_FIELDS: dict[str, torch.dtype] = {
@@ -53,7 +71,20 @@ TENSOR_FIELDS: dict[str, torch.dtype] = {
     "grid_dims": torch.int32,  # [S, 2] cells along x, along y (nx, ny); cell id = iy * nx + ix
     "grid_road": torch.int32,  # [S, NC, K] nearest segments to each cell centre, sorted, -1 pad
     "grid_edge": torch.int32,  # [S, NC, KE] nearest road-edge segments to each cell centre, -1 pad
+    "agent_interest": torch.bool,  # [S, A] object is in the scenario's objects_of_interest
+    "agent_predict": torch.bool,  # [S, A] object is in the scenario's tracks_to_predict
+    "signal_lane": torch.int32,  # [S, L] map id of the lane the signal controls, -1 padding
+    "signal_pos": torch.float32,  # [S, L, 2] stop point (m)
+    "signal_dir": torch.float32,  # [S, L, 2] unit lane direction at the stop point, (0, 0) unknown
+    "signal_state": torch.int8,  # [S, T, L] SignalState code per log step (0 = unknown)
+    "signal_valid": torch.bool,  # [S, T, L] the log has a state for this signal at this step
+    "num_signals": torch.int32,  # [S] signal slots in use (prefix)
 }
+
+#: Fields added in format 2, with their padding value; absent from version-1 files and optional
+#: in the constructor (filled with "no signal" / False).
+_OPTIONAL_FIELDS = {"agent_interest": False, "agent_predict": False, "signal_lane": -1, "signal_pos": 0.0,
+                    "signal_dir": 0.0, "signal_state": 0, "signal_valid": False, "num_signals": 0}
 
 
 @dataclass
@@ -61,12 +92,15 @@ class ScenarioPack:
     """Padded tensors of S scenarios (see the module docstring for axes, order and units).
 
     Attributes:
-        scenario_ids: S scenario ids (``scenario_id`` or ``name`` from the JSON, else the file stem).
+        scenario_ids: S scenario ids (``scenario_id`` from the JSON / proto, else ``name``, else the
+            file stem).
         source_files: S source file paths.
         config: the :class:`DataConfig` the pack was built with.
         cell_size: grid cell edge (m), equal to ``config.grid_cell_size``.
         stats: conversion counters (ignored objects by type, truncated polylines, ...).
-        All other attributes: tensors as listed in ``TENSOR_FIELDS``.
+        path: the file it was loaded from ("" when built in memory); used in messages.
+        All other attributes: tensors as listed in ``TENSOR_FIELDS`` (the format-2 ones may be
+        omitted when constructing: they default to "no signal" / False).
     """
 
     scenario_ids: list[str]
@@ -94,6 +128,25 @@ class ScenarioPack:
     grid_road: torch.Tensor
     grid_edge: torch.Tensor
     stats: dict = field(default_factory=dict)
+    agent_interest: torch.Tensor | None = None
+    agent_predict: torch.Tensor | None = None
+    signal_lane: torch.Tensor | None = None
+    signal_pos: torch.Tensor | None = None
+    signal_dir: torch.Tensor | None = None
+    signal_state: torch.Tensor | None = None
+    signal_valid: torch.Tensor | None = None
+    num_signals: torch.Tensor | None = None
+    path: str = ""
+
+    def __post_init__(self):
+        S, A, T = self.traj_pos.shape[:3]
+        L = self.signal_lane.shape[1] if self.signal_lane is not None else 1
+        shapes = {"agent_interest": (S, A), "agent_predict": (S, A), "signal_lane": (S, L), "signal_pos": (S, L, 2),
+                  "signal_dir": (S, L, 2), "signal_state": (S, T, L), "signal_valid": (S, T, L), "num_signals": (S,)}
+        for name, value in _OPTIONAL_FIELDS.items():
+            if getattr(self, name) is None:
+                setattr(self, name, torch.full(shapes[name], value, dtype=TENSOR_FIELDS[name],
+                                               device=self.traj_pos.device))
 
     # ------------------------------------------------------------------ shape helpers
     @property
@@ -152,7 +205,8 @@ class ScenarioPack:
             "agent_type": (S, A), "agent_length": (S, A), "agent_width": (S, A),
             "agent_goal": (S, A, 2), "agent_source_index": (S, A), "num_agents": (S,),
             "num_controlled": (S,), "sdc_index": (S,), "num_segments": (S,),
-            "grid_origin": (S, 2), "grid_dims": (S, 2),
+            "grid_origin": (S, 2), "grid_dims": (S, 2), "agent_interest": (S, A), "agent_predict": (S, A),
+            "num_signals": (S,),
         }
         for name, dtype in TENSOR_FIELDS.items():
             t = getattr(self, name)
@@ -168,25 +222,60 @@ class ScenarioPack:
         NC = self.grid_road.shape[1]
         if self.grid_road.shape[:2] != (S, NC) or self.grid_edge.shape[:2] != (S, NC):
             raise ValueError("ScenarioPack.grid_road / grid_edge shapes disagree")
+        L = self.signal_lane.shape[1] if self.signal_lane.dim() == 2 else -1
+        for name, shape in (("signal_lane", (S, L)), ("signal_pos", (S, L, 2)), ("signal_dir", (S, L, 2)),
+                            ("signal_state", (S, T, L)), ("signal_valid", (S, T, L))):
+            if tuple(getattr(self, name).shape) != shape:
+                raise ValueError(f"ScenarioPack.{name} has shape {tuple(getattr(self, name).shape)}, expected {shape}")
         if len(self.source_files) != S:
             raise ValueError("ScenarioPack.source_files length differs from scenario_ids")
 
+    @property
+    def max_signals(self) -> int:
+        """L, the signal slots per scenario."""
+        return self.signal_lane.shape[1]
+
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_json(cls, paths, config: DataConfig = DataConfig(), *, on_error: str = "collect") -> "ScenarioPack":
-        """Convert WOMD JSON scenarios (files, directories or globs) into a pack.
+    def from_json(cls, paths, config: DataConfig = DataConfig(), *, on_error: str = "collect", **kwargs) -> "ScenarioPack":
+        """Convert WOMD scenarios (JSON or TFRecord files, directories or globs) into a pack.
 
-        Delegates to :func:`gpusim.data.build.convert` (see there for the selection rules and the
-        ``stats`` keys). Bad files are collected in ``pack.stats["errors"]`` (``{"file",
-        "reason"}``) and scenarios without a controllable agent in ``pack.stats["skipped"]``
-        while the good files are converted; ``on_error="raise"`` raises on the first bad file.
+        The same as :func:`convert` (see there and :func:`gpusim.data.convert.convert_sources`
+        for ``limit``, ``workers``, ``progress`` and the ``stats`` keys; the selection rules are in
+        :mod:`gpusim.data.build`). Bad files / records are collected in ``pack.stats["errors"]``
+        and scenarios without a controllable agent in ``pack.stats["skipped"]`` while the good
+        ones are converted; ``on_error="raise"`` raises on the first problem.
 
         Raises:
-            ScenarioError: if no scenario is usable (or on the first bad file with ``on_error="raise"``).
+            ScenarioError: if no scenario is usable (or on the first problem with ``on_error="raise"``).
         """
-        from gpusim.data.build import convert
+        return convert(paths, config, on_error=on_error, **kwargs)
 
-        return convert(paths, config, on_error=on_error)
+    from_sources = from_json
+
+    def check_compatible(self, env_config) -> None:
+        """Check that an env config (anything with ``max_agents``, ``max_controlled``, ``init_steps``,
+        ``num_roads``, like :class:`~gpusim.config.EnvConfig`) can run on this pack.
+
+        Raises:
+            ValueError: one line per mismatch, naming this pack and both ways out: the env flag
+                (``--env.max-controlled N``, the pack's value) and the conversion flag
+                (``convert --max-controlled M``, the env's value).
+        """
+        pc = self.config
+        where = self.path or "the scenario pack"
+        problems = []
+        for env_name, data_name in (("max_agents", "max_agents"), ("max_controlled", "max_controlled"),
+                                    ("init_steps", "init_steps"), ("num_roads", "grid_k")):
+            want, have = getattr(env_config, env_name, None), getattr(pc, data_name)
+            if want is not None and want != have:
+                problems.append(
+                    f"{where} was converted with {data_name}={have} but the env asks for {env_name}={want}: "
+                    f"pass --env.{env_name.replace('_', '-')} {have}, or convert again with "
+                    f"`python -m gpusim.data convert ... --{data_name.replace('_', '-')} {want}`"
+                )
+        if problems:
+            raise ValueError("; ".join(problems))
 
     # ------------------------------------------------------------------ persistence
     def save(self, path) -> pathlib.Path:
@@ -218,31 +307,134 @@ class ScenarioPack:
     def load(cls, path, device="cpu") -> "ScenarioPack":
         """Load a pack written by :meth:`save` (directory or ``.pt`` file) onto ``device``.
 
+        Only tensors and plain containers are unpickled (``torch.load(weights_only=True)``).
+        Version-1 packs (before signals) load with no signal.
+
         Raises:
             FileNotFoundError: if nothing is there.
-            ValueError: if the file is not a gpusim pack or has another format version.
+            PackFileError: (a ``ScenarioError`` / ``ValueError``) one line naming the file and what
+                is wrong: empty, truncated or not a torch file, not a gpusim pack, another format
+                version, a missing or inconsistent tensor.
         """
         path = pathlib.Path(path)
         file = path if path.suffix == ".pt" else path / PACK_FILE
         if not file.exists():
             raise FileNotFoundError(f"no scenario pack at {file}")
-        payload = torch.load(file, map_location="cpu", weights_only=True)
-        if not isinstance(payload, dict) or "meta" not in payload or "tensors" not in payload:
-            raise ValueError(f"{file} is not a gpusim scenario pack")
-        meta = payload["meta"]
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(
-                f"{file}: pack format {meta.get('format_version')} != {FORMAT_VERSION}; convert the data again"
+        again = "convert the data again (python -m gpusim.data convert ...)"
+        if file.stat().st_size == 0:
+            raise PackFileError(file, "", f"empty file; {again}")
+        try:
+            payload = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch raises many types for corrupt files (zip, pickle, EOF, ...)
+            first = (str(exc).strip().splitlines() or [""])[0][:160]
+            raise PackFileError(file, "", f"truncated or not a scenario pack ({type(exc).__name__}: {first}); "
+                                          f"{again}") from None
+        if not (isinstance(payload, dict) and isinstance(payload.get("meta"), dict)
+                and isinstance(payload.get("tensors"), dict)):
+            raise PackFileError(file, "", f"not a gpusim scenario pack (no meta/tensors); {again}")
+        meta, tensors = payload["meta"], payload["tensors"]
+        version = meta.get("format_version")
+        if version not in _READABLE_VERSIONS:
+            raise PackFileError(file, "", f"pack format {version} is not one of {_READABLE_VERSIONS}; {again}")
+        optional = set(_OPTIONAL_FIELDS) if version == 1 else set()
+        for k in TENSOR_FIELDS:
+            if k not in optional and not isinstance(tensors.get(k), torch.Tensor):
+                raise PackFileError(file, k, f"missing tensor; {again}")
+        try:
+            pack = cls(
+                scenario_ids=list(meta["scenario_ids"]),
+                source_files=list(meta["source_files"]),
+                config=DataConfig(**meta["config"]),
+                stats=meta.get("stats", {}),
+                path=str(path),
+                **{k: tensors[k].to(device) for k in TENSOR_FIELDS if k in tensors},
             )
-        pack = cls(
-            scenario_ids=list(meta["scenario_ids"]),
-            source_files=list(meta["source_files"]),
-            config=DataConfig(**meta["config"]),
-            stats=meta.get("stats", {}),
-            **{k: payload["tensors"][k].to(device) for k in TENSOR_FIELDS},
-        )
-        pack.validate()
+            pack.validate()
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+            raise PackFileError(file, "", f"inconsistent pack ({type(exc).__name__}: {exc}); {again}") from None
         return pack
+
+
+def pack_scenarios(scenarios: list[ScenarioData], config: DataConfig, stats: dict | None = None) -> ScenarioPack:
+    """Pad scenarios to common sizes (A = ``config.max_agents``; R, NC and L = maxima, at least 1)
+    and stack them.
+
+    Raises:
+        ScenarioError: if ``scenarios`` is empty.
+    """
+    if not scenarios:
+        raise ScenarioError("", "", "no usable scenario to pack")
+    S, A = len(scenarios), config.max_agents
+    T = scenarios[0].traj_pos.shape[1]
+    R = max(1, max(s.num_segments for s in scenarios))
+    NC = max(s.num_cells for s in scenarios)
+    L = max(1, max(s.num_signals for s in scenarios))
+    K, KE = config.grid_k, config.grid_edge_k
+    shapes = {
+        "offset": (S, 2), "traj_pos": (S, A, T, 2), "traj_heading": (S, A, T), "traj_vel": (S, A, T, 2),
+        "traj_valid": (S, A, T), "agent_exists": (S, A), "agent_type": (S, A), "agent_length": (S, A),
+        "agent_width": (S, A), "agent_goal": (S, A, 2), "agent_source_index": (S, A), "num_agents": (S,),
+        "num_controlled": (S,), "sdc_index": (S,), "road_seg": (S, R, 4), "road_type": (S, R),
+        "num_segments": (S,), "grid_origin": (S, 2), "grid_dims": (S, 2), "grid_road": (S, NC, K),
+        "grid_edge": (S, NC, KE), "agent_interest": (S, A), "agent_predict": (S, A), "signal_lane": (S, L),
+        "signal_pos": (S, L, 2), "signal_dir": (S, L, 2), "signal_state": (S, T, L), "signal_valid": (S, T, L),
+        "num_signals": (S,),
+    }
+    pad = {"agent_type": -1, "agent_source_index": -1, "sdc_index": -1, "road_type": -1, "grid_road": -1,
+           "grid_edge": -1, "signal_lane": -1}
+    out = {k: torch.full(shape, pad.get(k, 0), dtype=TENSOR_FIELDS[k]) for k, shape in shapes.items()}
+    per_agent = ("traj_pos", "traj_heading", "traj_vel", "traj_valid", "agent_exists", "agent_type", "agent_length",
+                 "agent_width", "agent_goal", "agent_source_index", "agent_interest", "agent_predict")
+    for i, sc in enumerate(scenarios):
+        n, r, nc, nl = sc.num_agents, sc.num_segments, sc.num_cells, sc.num_signals
+        for name in per_agent:
+            out[name][i, :n] = getattr(sc, name)
+        for name, v in (("offset", sc.offset), ("num_agents", n), ("num_controlled", sc.num_controlled),
+                        ("sdc_index", sc.sdc_index), ("num_segments", r), ("grid_origin", sc.grid_origin),
+                        ("grid_dims", sc.grid_dims), ("num_signals", nl)):
+            out[name][i] = v
+        out["road_seg"][i, :r] = sc.road_seg
+        out["road_type"][i, :r] = sc.road_type
+        out["grid_road"][i, :nc] = sc.grid_road
+        out["grid_edge"][i, :nc] = sc.grid_edge
+        for name in ("signal_lane", "signal_pos", "signal_dir"):
+            out[name][i, :nl] = getattr(sc, name)
+        out["signal_state"][i, :, :nl] = sc.signal_state
+        out["signal_valid"][i, :, :nl] = sc.signal_valid
+    pack = ScenarioPack(
+        scenario_ids=[s.scenario_id for s in scenarios],
+        source_files=[s.source_file for s in scenarios],
+        config=config,
+        stats=stats if stats is not None else {},
+        **out,
+    )
+    pack.validate()
+    return pack
+
+
+def convert(paths, config: DataConfig = DataConfig(), *, on_error: str = "collect", limit: int | None = None,
+            workers: int = 1, progress=None) -> ScenarioPack:
+    """Convert scenario sources (JSON / TFRecord files, directories, globs) into one pack.
+
+    Arguments and ``stats`` as :func:`gpusim.data.convert.convert_sources`; the pack's ``stats``
+    are those, ``seconds`` included (padding too).
+
+    Raises:
+        ScenarioError: if no scenario is usable (the message lists the first reasons), or the
+            first problem with ``on_error="raise"``. ValueError: bad arguments.
+    """
+    t0 = time.perf_counter()
+    scenarios, stats = convert_sources(paths, config, on_error=on_error, limit=limit, workers=workers,
+                                       progress=progress)
+    if not scenarios:
+        problems = stats["errors"] + stats["skipped"]
+        listed = "; ".join(f"{p['file']}: {p['reason']}" for p in problems[:5])
+        more = f" (+{len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ScenarioError("", "", f"no usable scenario among {stats['files']} file(s): "
+                                    f"{listed or 'no input'}{more}")
+    pack = pack_scenarios(scenarios, config, stats)
+    stats["seconds"] = round(time.perf_counter() - t0, 3)
+    return pack
 
 
 def _atomic_torch_save(obj, path: pathlib.Path) -> None:

@@ -10,8 +10,10 @@ The layout (as written by GPUDrive's WOMD converter and read by PufferDrive):
 * ``roads``: list of polylines with ``geometry`` (list of ``{x, y[, z]}``) and ``type``
   (``"lane"``, ``"road_line"``, ``"road_edge"``, ``"stop_sign"``, ``"crosswalk"``,
   ``"speed_bump"``, ``"driveway"``); one variant also has ``id`` and ``map_element_id``.
-* optional ``name``, ``scenario_id``, ``tl_states`` (unused here) and ``metadata`` (its
-  ``sdc_track_index`` is the index of the self-driving car in ``objects``).
+* optional ``name``, ``scenario_id``, ``tl_states`` (traffic-signal states per lane, read by
+  :func:`gpusim.data.signals.parse_json_signals`) and ``metadata`` (its ``sdc_track_index`` is
+  the index of the self-driving car in ``objects``; ``objects_of_interest`` lists object ``id``s,
+  ``tracks_to_predict`` ``{track_index, difficulty}`` entries, as in Waymo's protos).
 
 Invalid track steps hold sentinel coordinates (usually -10000, sometimes 0): only ``valid`` is
 trusted. Every problem raises :class:`~gpusim.data.errors.ScenarioError` naming the file and field.
@@ -31,6 +33,7 @@ import numpy as np
 
 from gpusim.config import WOMD_STEPS, ObjectType, RoadType
 from gpusim.data.errors import ScenarioError
+from gpusim.data.signals import RawSignals, parse_json_signals
 
 #: File name endings accepted as scenario files.
 SCENARIO_SUFFIXES = (".json", ".json.gz", ".json.xz")
@@ -103,6 +106,10 @@ class RawScenario:
         road_xy: [Q, 2] float64 all road polyline points, concatenated.
         road_start: [P + 1] int64 polyline ``p`` is ``road_xy[road_start[p]:road_start[p + 1]]``.
         road_type: [P] int8 :class:`RoadType` codes (unknown names map to ``OTHER``).
+        road_id: [P] int64 map-feature id of each polyline (JSON ``id``; -1 when absent).
+        interest: [N] bool object is in ``objects_of_interest``.
+        predict: [N] bool object is in ``tracks_to_predict``.
+        signals: the traffic-signal states (:class:`RawSignals`, world coordinates).
         ignored_objects: count of objects of other types, by type name.
         unknown_road_types: count of polylines whose type mapped to ``OTHER``, by type name.
     """
@@ -123,8 +130,23 @@ class RawScenario:
     road_xy: np.ndarray
     road_start: np.ndarray
     road_type: np.ndarray
+    road_id: np.ndarray | None = None
+    interest: np.ndarray | None = None
+    predict: np.ndarray | None = None
+    signals: RawSignals | None = None
     ignored_objects: dict = field(default_factory=dict)
     unknown_road_types: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        n, p, t = self.pos.shape[0], self.road_type.shape[0], self.pos.shape[1]
+        if self.road_id is None:
+            self.road_id = np.full(p, -1, np.int64)
+        if self.interest is None:
+            self.interest = np.zeros(n, bool)
+        if self.predict is None:
+            self.predict = np.zeros(n, bool)
+        if self.signals is None:
+            self.signals = RawSignals.empty(t)
 
     @property
     def num_objects(self) -> int:
@@ -318,8 +340,9 @@ def parse_scenario(doc: dict, file) -> RawScenario:
             )
         sdc = int(v)
 
+    interest, predict = _metadata_flags(meta, objects, src, file)
     unknown_roads: collections.Counter = collections.Counter()
-    pts, rtypes, starts = [], [], [0]
+    pts, rtypes, starts, rids = [], [], [0], []
     for j, road in enumerate(roads):
         f = f"roads[{j}]"
         if not isinstance(road, dict):
@@ -338,6 +361,8 @@ def parse_scenario(doc: dict, file) -> RawScenario:
         else:
             rt = RoadType.OTHER
             unknown_roads[str(tname)] += 1
+        rid = road.get("id")
+        rids.append(int(rid) if isinstance(rid, int) and not isinstance(rid, bool) else -1)
         pts.append(xy)
         rtypes.append(int(rt))
         starts.append(starts[-1] + len(xy))
@@ -359,9 +384,37 @@ def parse_scenario(doc: dict, file) -> RawScenario:
         road_xy=np.concatenate(pts) if pts else np.zeros((0, 2)),
         road_start=np.array(starts, dtype=np.int64),
         road_type=np.array(rtypes, dtype=np.int8),
+        road_id=np.array(rids, dtype=np.int64),
+        interest=interest,
+        predict=predict,
+        signals=parse_json_signals(doc.get("tl_states"), file, T),
         ignored_objects=dict(ignored),
         unknown_road_types=dict(unknown_roads),
     )
+
+
+def _metadata_flags(meta, objects, src, file) -> tuple[np.ndarray, np.ndarray]:
+    """[N] bool ``interest`` (object ``id`` in ``metadata.objects_of_interest``) and ``predict``
+    (``objects`` index in ``metadata.tracks_to_predict[*].track_index``) of the kept objects."""
+    n = len(src)
+    interest, predict = np.zeros(n, bool), np.zeros(n, bool)
+    if not isinstance(meta, dict):
+        return interest, predict
+    ooi = meta.get("objects_of_interest") or []
+    ttp = meta.get("tracks_to_predict") or []
+    if not isinstance(ooi, list) or not isinstance(ttp, list):
+        raise ScenarioError(file, "metadata", "objects_of_interest / tracks_to_predict must be lists")
+    ids = {v for v in ooi if isinstance(v, int)}
+    pred = set()
+    for k, e in enumerate(ttp):
+        ti = e.get("track_index") if isinstance(e, dict) else None
+        if not (isinstance(ti, int) and 0 <= ti < len(objects)):
+            raise ScenarioError(file, f"metadata.tracks_to_predict[{k}].track_index", f"{ti!r} is not an object index")
+        pred.add(ti)
+    for j, i in enumerate(src):
+        interest[j] = objects[i].get("id") in ids
+        predict[j] = i in pred
+    return interest, predict
 
 
 def read_scenario(path) -> RawScenario:
