@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
+import importlib.util
 import warnings
 
 import imageio.v3 as iio
@@ -135,7 +137,7 @@ def test_video_format_from_extension_never_silently_gif(tmp_path):
     extensions are refused (formerly .mp4 fell back to GIF and .webm got GIF bytes)."""
     frames = [np.full((16, 16, 3), v, np.uint8) for v in (0, 128, 255)]
     for ext in (".mp4", ".webm"):
-        if render._has_ffmpeg():
+        if importlib.util.find_spec("imageio_ffmpeg") is not None:
             path = render.write_video(frames, tmp_path / f"v{ext}", fps=5)
             assert path.suffix == ext and path.read_bytes()[:6] != b"GIF89a"
         else:
@@ -329,17 +331,35 @@ def test_cli_log_png_and_errors(sample_dir, tmp_path, capsys):
 
 
 def test_cli_checkpoint_rollout(env, sample_dir, tmp_path):
+    """``python -m train.render --checkpoint``: the trainer side builds the policy callable and the
+    renderer (which never imports train/policy) draws the rollout."""
     policy_mod = pytest.importorskip("policy.actor_critic")
     ckpt_mod = pytest.importorskip("train.checkpoint")
+    from train import render as train_render
+
     pol = policy_mod.ActorCritic(env.obs_layout, env.num_actions, False,
                                  policy_mod.PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16))
     opt = torch.optim.Adam(pol.parameters())
+    # checkpoints hold plain data only (weights_only loading): enums by name
+    plain_env_config = {k: (str(v) if isinstance(v, enum.Enum) else v) for k, v in dataclasses.asdict(env.config).items()}
     ck = ckpt_mod.save_checkpoint(tmp_path / "ck.pt", policy=pol, optimizer=opt, global_step=0, update=0,
-                                  config={}, env_config=dataclasses.asdict(env.config))
+                                  config={}, env_config=plain_env_config)
     out = tmp_path / "ck.gif"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rc = render.main(["--data", str(sample_dir), "--scenario", SCENARIO, "--checkpoint", str(ck),
-                          "--out", str(out), "--steps", "2", "--size", "2", "--dpi", "60"])
+        rc = train_render.main(["--data", str(sample_dir), "--scenario", SCENARIO, "--checkpoint", str(ck),
+                                "--out", str(out), "--steps", "2", "--size", "2", "--dpi", "60"])
     assert rc == 0
     assert iio.imread(out, index=None).shape[0] == 3
+
+
+def test_train_render_errors_are_one_line(sample_dir, tmp_path, capsys):
+    """A missing checkpoint, or --log with --checkpoint, is a one-line error with exit code 2."""
+    from train import render as train_render
+
+    args = ["--data", str(sample_dir), "--out", str(tmp_path / "x.gif")]
+    assert train_render.main([*args, "--checkpoint", str(tmp_path / "missing.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("train.render: error:") and "missing.pt" in err and len(err.strip().splitlines()) == 1
+    assert train_render.main([*args, "--checkpoint", str(tmp_path / "missing.pt"), "--log"]) == 2
+    assert "python -m gpusim.render" in capsys.readouterr().err

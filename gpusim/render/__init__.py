@@ -19,9 +19,12 @@ What is drawn (all in the scenario-centred frame of the pack, metres, equal aspe
 
 Entry points: :func:`render_log_frame` (a logged scene, needs only a :class:`ScenarioPack`),
 :func:`render_frame` (a world of a running :class:`gpusim.env.DriveEnv`), :func:`render_episode`
-(GIF/MP4 of a rollout driven by a policy callable, the expert actions, random actions, or the log
-itself), :func:`render_ego_view` (what one agent observes, drawn from its observation vector) and
-the command line ``python -m gpusim.render`` (see :func:`main`).
+(GIF/MP4 of a rollout driven by a policy callable ``act(obs) -> actions``, the expert actions,
+random actions, or the log itself), :func:`render_ego_view` (what one agent observes, drawn from
+its observation vector) and the command line ``python -m gpusim.render`` (see :func:`main`).
+The package never imports ``train`` or ``policy``: rendering a trained checkpoint is
+``python -m train.render`` (``train/render.py``), which hands a policy callable to
+:func:`render_from_args`.
 
 Device tensors are read only when a frame is drawn (``.cpu()`` of the few rows needed).
 Matplotlib is used through :class:`matplotlib.figure.Figure` with the Agg canvas directly, so the
@@ -36,11 +39,11 @@ Package layout (one concern per module, all re-exported here): ``frame`` (colour
 
 from __future__ import annotations
 
-from gpusim.render.cli import build_parser, checkpoint_policy, env_config_from_checkpoint, main, select_scenario
+from gpusim.render.cli import build_parser, main, render_from_args, select_scenario
 from gpusim.render.draw import SceneCanvas, draw_frame, figure_to_array, render_frame, render_log_frame
 from gpusim.render.ego import EGO_NEEDS, PARTNER_NEEDS, ROAD_NEEDS, decode_ego_observation, render_ego_view
 from gpusim.render.frame import COLORS, FrameData, TrailRecorder, frame_from_env, frame_from_log, scene_extent
-from gpusim.render.video import _has_ffmpeg, render_episode, render_log_episode, write_video  # noqa: F401
+from gpusim.render.video import render_episode, render_log_episode, write_video
 
 __all__ = [
     "COLORS",
@@ -60,6 +63,7 @@ __all__ = [
     "draw_frame",
     "figure_to_array",
     "select_scenario",
-    "checkpoint_policy",
+    "build_parser",
+    "render_from_args",
     "main",
 ]

@@ -1,8 +1,10 @@
 """Command line of ``python -m gpusim.render`` (:func:`main`) and its helpers: scenario selection,
-data loading, ``--set`` overrides, a policy callable from a training checkpoint.
+data loading, ``--set`` overrides.
 
-Part of :mod:`gpusim.render` (see the package docstring); split out of the former single module
-without behaviour change.
+Part of :mod:`gpusim.render` (see the package docstring). The simulator never imports the trainer
+or the policy: rendering a trained checkpoint is ``python -m train.render`` (``train/render.py``),
+which reuses :func:`build_parser` and :func:`render_from_args` with its own ``make_policy``
+(an ``env -> act`` factory, ``act(obs [W, C, D]) -> actions``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import sys
 from typing import Callable
 
 import numpy as np
-import torch
 
 from gpusim.render.draw import render_log_frame
 from gpusim.render.video import render_episode, render_log_episode
@@ -85,73 +86,16 @@ def _parse_overrides(items) -> dict:
     return out
 
 
-def checkpoint_policy(path, env, deterministic: bool = True) -> Callable:
-    """A ``policy(obs) -> actions`` callable driven by a training checkpoint (``train/checkpoint.py``).
-
-    The actor-critic is rebuilt from the checkpoint's description and weights and run step by step
-    with its KV cache (one slot per world and policy slot, ``env.horizon`` steps), passing the
-    env's ``removed`` flags as in training; memory is cleared where a slot's episode ended.
-
-    Args:
-        path: checkpoint file. env: the env it will drive (its observation size and action count
-            must match the checkpoint's). deterministic: argmax / mean actions instead of sampling.
-
-    Raises:
-        RuntimeError: if the trainer packages (``policy``, ``train.checkpoint``) are not importable.
-        FileNotFoundError / ValueError: from ``train.checkpoint.load_checkpoint``; ValueError when the
-            checkpoint's observation size or action count differ from the env's.
-    """
-    try:
-        from policy.actor_critic import ActorCritic
-        from train.checkpoint import load_checkpoint
-    except ImportError as e:  # pragma: no cover - depends on the tree
-        raise RuntimeError(f"--checkpoint needs the trainer packages policy/ and train/checkpoint.py: {e}") from e
-    ck = load_checkpoint(path, map_location="cpu")
-    pol = ActorCritic.from_description(ck["policy"])
-    pol.load_state_dict(ck["model"])
-    pol = pol.to(env.device).eval()
-    D = getattr(pol.dims, "obs_dim", None)
-    if D is not None and int(D) != env.obs_dim:
-        raise ValueError(f"checkpoint {path}: policy expects {D} observation features, env gives {env.obs_dim}")
-    if int(pol.num_actions) != int(env.num_actions):
-        raise ValueError(f"checkpoint {path}: policy has {pol.num_actions} actions, env {env.num_actions}")
-    W, C = env.num_worlds, env.num_slots
-    cache = pol.init_cache(W * C, env.horizon, env.device)
-
-    @torch.no_grad()
-    def act(obs: torch.Tensor) -> torch.Tensor:
-        nonlocal cache
-        removed = env.state.removed[:, :C].reshape(-1)
-        logits, _value, cache = pol.forward_eval(obs.reshape(W * C, -1), cache, removed)
-        a = pol.sample(logits, deterministic)
-        return a.reshape(W, C, *a.shape[1:])
-
-    return act
-
-
-def env_config_from_checkpoint(path):
-    """The :class:`~gpusim.config.EnvConfig` saved in a training checkpoint (unknown keys ignored)."""
-    from gpusim.config import EnvConfig
-
-    try:
-        from train.checkpoint import load_checkpoint
-    except ImportError as e:  # pragma: no cover - depends on the tree
-        raise RuntimeError(f"--checkpoint needs train/checkpoint.py: {e}") from e
-    d = load_checkpoint(path, map_location="cpu")["env_config"]
-    names = {f.name for f in dataclasses.fields(EnvConfig)}
-    return EnvConfig(**{k: v for k, v in d.items() if k in names})
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``python -m gpusim.render`` argument parser."""
+def build_parser(prog: str = "python -m gpusim.render", description: str | None = None) -> argparse.ArgumentParser:
+    """The ``python -m gpusim.render`` argument parser (``train/render.py`` adds its flags to it)."""
     p = argparse.ArgumentParser(
-        prog="python -m gpusim.render",
-        description="Render a WOMD scenario top-down: the log, or a rollout driven by expert actions, "
-                    "random actions or a trained checkpoint; optionally with one agent's ego view.")
+        prog=prog,
+        description=description or "Render a WOMD scenario top-down: the log, or a rollout driven by expert "
+                                   "actions or random actions; optionally with one agent's ego view "
+                                   "(a trained checkpoint: python -m train.render).")
     p.add_argument("--data", required=True, help="WOMD JSON file/directory, or a saved pack (dir with pack.pt / .pt)")
     p.add_argument("--scenario", default=None, help="scenario id or file stem (default: the first scenario)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--checkpoint", default=None, help="training checkpoint (train/checkpoint.py) driving the agents")
     mode.add_argument("--expert", action="store_true", help="drive controlled agents with env.expert_actions() (default)")
     mode.add_argument("--random", action="store_true", help="uniformly random actions")
     mode.add_argument("--log", action="store_true", help="replay the log itself (no env)")
@@ -164,34 +108,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", type=float, default=6.0, help="panel size in inches (x dpi = pixels)")
     p.add_argument("--dpi", type=int, default=100)
-    p.add_argument("--sample", action="store_true", help="--checkpoint: sample actions instead of argmax")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                    help="EnvConfig override, repeatable (e.g. --set goal_behavior=stop)")
     return p
 
 
 def main(argv=None) -> int:
-    """Command line: ``python -m gpusim.render --data DIR --scenario ID [--checkpoint C | --expert |
-    --random | --log] --out FILE [--ego-view --agent K] [--steps N]``.
+    """Command line: ``python -m gpusim.render --data DIR --scenario ID [--expert | --random | --log]
+    --out FILE [--ego-view --agent K] [--steps N]``.
 
     Returns 0 on success; prints a one-line error and returns 2 for bad input (missing data or
-    scenario, unusable checkpoint, bad arguments).
+    scenario, bad arguments).
     """
-    args = build_parser().parse_args(argv)
+    return render_from_args(build_parser().parse_args(argv))
+
+
+def render_from_args(args: argparse.Namespace, *, config=None, make_policy: Callable | None = None,
+                     prog: str = "gpusim.render") -> int:
+    """Run a parsed :func:`build_parser` command line.
+
+    Args:
+        args: the parsed arguments.
+        config: the :class:`~gpusim.config.EnvConfig` to start from (default ``EnvConfig()``);
+            ``--set`` overrides are applied on top.
+        make_policy: optional ``make_policy(env) -> act`` with ``act(obs [W, C, D] float32) ->
+            actions`` (the shape ``env.step`` takes); when given it drives the controlled agents
+            instead of ``--expert`` / ``--random``. Its errors (FileNotFoundError, ValueError,
+            RuntimeError, ...) are reported like the CLI's own.
+        prog: name printed before a one-line error.
+
+    Returns:
+        0 on success, 2 after printing ``<prog>: error: ...`` for bad input.
+    """
     from gpusim.config import EnvConfig
 
     out = pathlib.Path(args.out)
     still = out.suffix.lower() == ".png"
     try:
-        if args.checkpoint:
-            cfg = env_config_from_checkpoint(args.checkpoint)
-            cfg = cfg.replace(**_parse_overrides(args.set)) if args.set else cfg
-        else:
-            cfg = EnvConfig(**_parse_overrides(args.set))
+        overrides = _parse_overrides(args.set)
+        cfg = (config.replace(**overrides) if overrides else config) if config is not None else EnvConfig(**overrides)
         pack = _load_data(args.data, args.scenario, cfg.data_config())
         if args.log:
             if args.ego_view:
-                raise ValueError("--ego-view needs an env mode (--expert, --random or --checkpoint), not --log")
+                raise ValueError("--ego-view needs an env mode (--expert or --random), not --log")
             if still:
                 t = pack.config.init_steps + (args.steps or 0)
                 img = render_log_frame(pack, 0, t, figsize=args.size, dpi=args.dpi)
@@ -204,8 +163,8 @@ def main(argv=None) -> int:
         from gpusim.env import DriveEnv
 
         env = DriveEnv(pack, 1, config=cfg, device="cpu", seed=args.seed)
-        if args.checkpoint:
-            policy = checkpoint_policy(args.checkpoint, env, deterministic=not args.sample)
+        if make_policy is not None:
+            policy = make_policy(env)
         else:
             policy = "random" if args.random else "expert"
         ego = args.agent if args.ego_view else None
@@ -220,7 +179,7 @@ def main(argv=None) -> int:
         return 0
     except (FileNotFoundError, KeyError, ValueError, RuntimeError, IndexError, ImportError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"gpusim.render: error: {msg}", file=sys.stderr)
+        print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2
 
 

@@ -11,12 +11,16 @@ import numpy as np
 
 from gpusim.config import ObjectType
 from gpusim.render.frame import (
-    _OTHER_ROAD_STYLE, _ROAD_STYLE, COLORS, FrameData, TrailRecorder, frame_from_env, frame_from_log,
+    COLORS, OTHER_ROAD_STYLE, ROAD_STYLE, FrameData, TrailRecorder, frame_from_env, frame_from_log,
 )
 
 
-def _box_corners(pos: np.ndarray, heading: np.ndarray, length: np.ndarray, width: np.ndarray) -> np.ndarray:
-    """[N, 4, 2] corners of oriented boxes (front-left, front-right, rear-right, rear-left)."""
+def box_corners(pos: np.ndarray, heading: np.ndarray, length: np.ndarray, width: np.ndarray) -> np.ndarray:
+    """[N, 4, 2] float corners (m) of oriented boxes (front-left, front-right, rear-right, rear-left).
+
+    Args:
+        pos: [N, 2] centres (m). heading: [N] (rad, CCW from +x). length, width: [N] box size (m).
+    """
     c, s = np.cos(heading), np.sin(heading)
     fx, fy = c * length / 2, s * length / 2  # half-length along the heading
     lx, ly = -s * width / 2, c * width / 2  # half-width to the left
@@ -26,7 +30,8 @@ def _box_corners(pos: np.ndarray, heading: np.ndarray, length: np.ndarray, width
     return np.stack([xs, ys], -1)
 
 
-def _new_figure(figsize: float, dpi: int):
+def new_figure(figsize: float, dpi: int):
+    """A square ``figsize``-inch matplotlib Figure at ``dpi`` with its own Agg canvas (no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -70,8 +75,8 @@ def _draw_roads(ax, road_seg: np.ndarray, road_type: np.ndarray, extent: tuple) 
                | (np.minimum(road_seg[:, 0], road_seg[:, 2]) > xmax + pad)
                | (np.maximum(road_seg[:, 1], road_seg[:, 3]) < ymin - pad)
                | (np.minimum(road_seg[:, 1], road_seg[:, 3]) > ymax + pad))
-    known = list(_ROAD_STYLE)
-    groups = [(code, _ROAD_STYLE[code]) for code in known] + [(None, _OTHER_ROAD_STYLE)]
+    known = list(ROAD_STYLE)
+    groups = [(code, ROAD_STYLE[code]) for code in known] + [(None, OTHER_ROAD_STYLE)]
     for code, (ckey, lw, ls, z) in groups:
         sel = inside & (np.isin(road_type, known, invert=True) if code is None else road_type == code)
         if not sel.any():
@@ -131,7 +136,7 @@ def _draw_agents(ax, f: FrameData) -> None:
     # Visible agents: filled boxes, stopped ones hatched.
     if vis.any():
         idx = np.nonzero(vis)[0]
-        corners = _box_corners(f.pos[idx], f.heading[idx], f.length[idx], f.width[idx])
+        corners = box_corners(f.pos[idx], f.heading[idx], f.length[idx], f.width[idx])
         ever_c = f.ever_collided if f.ever_collided is not None else np.zeros(len(f.pos), bool)
         ever_o = f.ever_offroad if f.ever_offroad is not None else np.zeros(len(f.pos), bool)
         edge, lws = [], []
@@ -150,7 +155,7 @@ def _draw_agents(ax, f: FrameData) -> None:
                                          zorder=6))
         st = [a for a in idx if f.stopped[a]]
         if st:
-            ax.add_collection(PolyCollection(_box_corners(f.pos[st], f.heading[st], f.length[st], f.width[st]),
+            ax.add_collection(PolyCollection(box_corners(f.pos[st], f.heading[st], f.length[st], f.width[st]),
                                              facecolors="none", edgecolors="#ffffff", linewidths=0.0,
                                              hatch="///", zorder=7))
         # Heading ticks: centre -> front midpoint.
@@ -163,12 +168,12 @@ def _draw_agents(ax, f: FrameData) -> None:
         gh = f.removed & np.isfinite(f.ghost_pos).all(1)
         if gh.any():
             idx = np.nonzero(gh)[0]
-            corners = _box_corners(f.ghost_pos[idx], f.ghost_heading[idx], f.length[idx], f.width[idx])
+            corners = box_corners(f.ghost_pos[idx], f.ghost_heading[idx], f.length[idx], f.width[idx])
             ax.add_collection(PolyCollection(corners, facecolors="none", edgecolors=list(cols[idx]), linewidths=0.9,
                                              linestyles="dashed", zorder=6))
     if 0 <= f.highlight < len(f.pos) and (f.visible[f.highlight]):
         h = f.highlight
-        corners = _box_corners(f.pos[[h]], f.heading[[h]], f.length[[h]] + 1.5, f.width[[h]] + 1.5)
+        corners = box_corners(f.pos[[h]], f.heading[[h]], f.length[[h]] + 1.5, f.width[[h]] + 1.5)
         ax.add_collection(PolyCollection(corners, facecolors="none", edgecolors=COLORS["highlight"], linewidths=1.5,
                                          zorder=9))
 
@@ -210,7 +215,7 @@ def draw_frame(f: FrameData, ax, legend: bool = False) -> None:
 
 def _image_of(f: FrameData, ax, figsize: float, dpi: int, legend: bool = False) -> np.ndarray:
     if ax is None:
-        fig = _new_figure(figsize, dpi)
+        fig = new_figure(figsize, dpi)
         ax = fig.add_axes((0.01, 0.01, 0.98, 0.89))
     draw_frame(f, ax, legend)
     return figure_to_array(ax.figure)

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from gpusim.config import ObjectType, RoadType
-from gpusim.render.draw import _box_corners, _new_figure, figure_to_array
-from gpusim.render.frame import COLORS, _OTHER_ROAD_STYLE, _ROAD_STYLE
+from gpusim.render.draw import box_corners, figure_to_array, new_figure
+from gpusim.render.frame import COLORS, OTHER_ROAD_STYLE, ROAD_STYLE
 
 
 #: Feature names :func:`decode_ego_observation` needs (base names, before any ``/divisor``).
@@ -166,7 +166,7 @@ def render_ego_view(obs: torch.Tensor, layout, ax=None, title: str = "ego view",
 
     dec = decode_ego_observation(obs, layout, partner_radius, road_radius)
     if ax is None:
-        fig = _new_figure(figsize, dpi)
+        fig = new_figure(figsize, dpi)
         ax = fig.add_axes((0.01, 0.01, 0.98, 0.89))
     ax.clear()
     ax.set_facecolor(COLORS["background"])
@@ -178,7 +178,7 @@ def render_ego_view(obs: torch.Tensor, layout, ax=None, title: str = "ego view",
         x0, y0 = _to_screen(rd["seg"][:, 0], rd["seg"][:, 1])
         x1, y1 = _to_screen(rd["seg"][:, 2], rd["seg"][:, 3])
         segs = np.stack([np.stack([x0, y0], 1), np.stack([x1, y1], 1)], 1)
-        for code, (ckey, lw, _ls, z) in list(_ROAD_STYLE.items()) + [(int(RoadType.OTHER), _OTHER_ROAD_STYLE)]:
+        for code, (ckey, lw, _ls, z) in list(ROAD_STYLE.items()) + [(int(RoadType.OTHER), OTHER_ROAD_STYLE)]:
             sel = rd["type"] == code
             if sel.any():
                 ax.add_collection(LineCollection(segs[sel], colors=COLORS[ckey], linewidths=lw * 1.3, zorder=z))
@@ -188,7 +188,7 @@ def render_ego_view(obs: torch.Tensor, layout, ax=None, title: str = "ego view",
     # Partners: heading in the picture = ego-frame heading + 90 degrees.
     if len(par["x"]):
         sx, sy = _to_screen(par["x"], par["y"])
-        corners = _box_corners(np.stack([sx, sy], 1), par["heading"] + np.pi / 2,
+        corners = box_corners(np.stack([sx, sy], 1), par["heading"] + np.pi / 2,
                                np.maximum(par["length"], 0.3), np.maximum(par["width"], 0.3))
         tcol = {int(ObjectType.VEHICLE): COLORS["expert_vehicle"], int(ObjectType.PEDESTRIAN): COLORS["expert_pedestrian"],
                 int(ObjectType.CYCLIST): COLORS["expert_cyclist"]}
@@ -207,7 +207,7 @@ def render_ego_view(obs: torch.Tensor, layout, ax=None, title: str = "ego view",
     L, Wd = max(ego["length"], 0.5), max(ego["width"], 0.3)
     ego_col = COLORS["collided"] if ego.get("collided", 0) > 0.5 else (
         COLORS["offroad"] if ego.get("offroad", 0) > 0.5 else COLORS["controlled"])
-    ax.add_collection(PolyCollection(_box_corners(np.zeros((1, 2)), np.array([np.pi / 2]), np.array([L]),
+    ax.add_collection(PolyCollection(box_corners(np.zeros((1, 2)), np.array([np.pi / 2]), np.array([L]),
                                                   np.array([Wd])), facecolors=ego_col, edgecolors="#000000",
                                      linewidths=0.8, zorder=7))
     ax.plot([0, 0], [0, L / 2], color="#000000", linewidth=0.8, zorder=8)

@@ -36,12 +36,14 @@ COLORS = {
     "highlight": "#e377c2",
 }
 
-_ROAD_STYLE = {  # RoadType code -> (colour key, line width in points, line style, z-order)
+#: How roads are drawn: RoadType code -> (colour key, line width in points, line style, z-order).
+ROAD_STYLE = {
     int(RoadType.LANE): ("lane", 0.6, "solid", 1),
     int(RoadType.ROAD_LINE): ("road_line", 0.8, (0, (4, 3)), 2),
     int(RoadType.ROAD_EDGE): ("road_edge", 1.4, "solid", 3),
 }
-_OTHER_ROAD_STYLE = ("other_road", 0.6, "solid", 0)
+#: Style of every road type not in :data:`ROAD_STYLE` (crosswalks, speed bumps, ...).
+OTHER_ROAD_STYLE = ("other_road", 0.6, "solid", 0)
 
 
 # ---------------------------------------------------------------------------------------------

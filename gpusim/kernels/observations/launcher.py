@@ -6,7 +6,7 @@ import torch
 import triton
 
 from gpusim.kernels.obs_layout import EGO_EXTRA, GOAL_SCALE, SIZE_SCALE, SPEED_SCALE
-from gpusim.kernels.observations.kernel import _observations_kernel
+from gpusim.kernels.observations.kernel import observations_kernel
 from gpusim.kernels.observations.tables import check_inputs, index_bits
 
 #: Feature lanes per program (partner, road and extra-ego blocks must fit).
@@ -37,7 +37,7 @@ def observations_triton(
     n_prog = W * C if rows is None else rows.numel()
     if n_prog == 0:
         return obs
-    _observations_kernel[(n_prog,)](
+    observations_kernel[(n_prog,)](
         pos_ptr=pos,
         heading_ptr=heading,
         speed_ptr=speed,

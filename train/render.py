@@ -1,0 +1,114 @@
+"""Render a rollout driven by a trained checkpoint: ``python -m train.render``.
+
+The simulator's renderer (:mod:`gpusim.render`) never imports the trainer or the policy; this
+module builds the policy callable from a checkpoint (:func:`checkpoint_policy`) and hands it to
+:func:`gpusim.render.render_from_args`, so the command line is ``python -m gpusim.render``'s plus
+``--checkpoint`` (required) and ``--sample``::
+
+    python -m train.render --checkpoint runs/x/checkpoint.pt --data data/womd_sample \
+        --scenario ID --out rollout.gif [--ego-view --agent 0] [--steps N] [--sample]
+
+The env is built with the checkpoint's :class:`~gpusim.config.EnvConfig` (``--set KEY=VALUE``
+overrides it). Bad input prints one line and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Callable
+
+import torch
+
+from gpusim.config import EnvConfig
+from gpusim.render import build_parser, render_from_args
+from policy.actor_critic import ActorCritic
+from train.checkpoint import load_checkpoint
+
+
+def checkpoint_policy(path, env, deterministic: bool = True) -> Callable:
+    """A ``policy(obs) -> actions`` callable driven by a training checkpoint (``train/checkpoint.py``).
+
+    The actor-critic is rebuilt from the checkpoint's description and weights and run step by step
+    with its KV cache (one slot per world and policy slot, ``env.horizon`` steps), passing the
+    env's ``removed`` flags as in training; memory is cleared where a slot's episode ended.
+
+    Args:
+        path: checkpoint file. env: the env it will drive (its observation size and action count
+            must match the checkpoint's). deterministic: argmax / mean actions instead of sampling.
+
+    Returns:
+        ``act(obs [W, C, D] float32) -> actions`` ([W, C] int64 discrete or [W, C, 2] float32
+        continuous), the policy-agnostic callable :func:`gpusim.render.render_episode` takes.
+
+    Raises:
+        FileNotFoundError / ValueError: from :func:`train.checkpoint.load_checkpoint`; ValueError
+            when the checkpoint's observation size or action count differ from the env's.
+    """
+    ck = load_checkpoint(path, map_location="cpu")
+    pol = ActorCritic.from_description(ck["policy"])
+    pol.load_state_dict(ck["model"])
+    pol = pol.to(env.device).eval()
+    D = getattr(pol.dims, "obs_dim", None)
+    if D is not None and int(D) != env.obs_dim:
+        raise ValueError(f"checkpoint {path}: policy expects {D} observation features, env gives {env.obs_dim}")
+    if int(pol.num_actions) != int(env.num_actions):
+        raise ValueError(f"checkpoint {path}: policy has {pol.num_actions} actions, env {env.num_actions}")
+    W, C = env.num_worlds, env.num_slots
+    cache = pol.init_cache(W * C, env.horizon, env.device)
+
+    @torch.no_grad()
+    def act(obs: torch.Tensor) -> torch.Tensor:
+        nonlocal cache
+        removed = env.state.removed[:, :C].reshape(-1)
+        logits, _value, cache = pol.forward_eval(obs.reshape(W * C, -1), cache, removed)
+        a = pol.sample(logits, deterministic)
+        return a.reshape(W, C, *a.shape[1:])
+
+    return act
+
+
+def env_config_from_checkpoint(path) -> EnvConfig:
+    """The :class:`~gpusim.config.EnvConfig` saved in a training checkpoint (unknown keys ignored).
+
+    Raises:
+        FileNotFoundError / ValueError: from :func:`train.checkpoint.load_checkpoint`, or an invalid
+            saved config.
+    """
+    d = load_checkpoint(path, map_location="cpu")["env_config"]
+    names = {f.name for f in dataclasses.fields(EnvConfig)}
+    return EnvConfig(**{k: v for k, v in d.items() if k in names})
+
+
+def build_train_parser():
+    """:func:`gpusim.render.build_parser` plus ``--checkpoint`` and ``--sample``."""
+    p = build_parser(prog="python -m train.render",
+                     description="Render a WOMD scenario top-down with the agents driven by a trained checkpoint; "
+                                 "optionally with one agent's ego view.")
+    p.add_argument("--checkpoint", required=True, help="training checkpoint (train/checkpoint.py) driving the agents")
+    p.add_argument("--sample", action="store_true", help="sample actions instead of argmax / mean")
+    return p
+
+
+def main(argv=None) -> int:
+    """Command line (see the module docstring). Returns 0, or 2 after a one-line error."""
+    args = build_train_parser().parse_args(argv)
+    if args.log or args.expert or args.random:
+        print("train.render: error: --checkpoint drives the agents; for --log/--expert/--random use "
+              "python -m gpusim.render", file=sys.stderr)
+        return 2
+    try:
+        cfg = env_config_from_checkpoint(args.checkpoint)
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"train.render: error: {e}", file=sys.stderr)
+        return 2
+    return render_from_args(
+        args,
+        config=cfg,
+        make_policy=lambda env: checkpoint_policy(args.checkpoint, env, deterministic=not args.sample),
+        prog="train.render",
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
