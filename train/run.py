@@ -193,13 +193,15 @@ def _env_metrics(env) -> dict:
 
 
 def _metric_log(env):
-    """The env's :class:`gpusim.metrics.EpisodeMetrics` (per-agent EMA state), or None.
+    """The env's :class:`gpusim.metrics.EpisodeMetrics` (per-agent EMA state, saved in checkpoints),
+    or None when the env has none with ``state_dict``/``load_state_dict``.
 
-    DriveEnv keeps it as ``_metrics``; a public ``episode_metrics`` attribute is preferred when
-    the env has one."""
-    for name in ("episode_metrics", "_metrics"):
-        m = getattr(env, name, None)
-        if m is not None and callable(getattr(m, "state_dict", None)):
+    Looked up as ``env.episode_metrics`` (preferred, public), ``env.sim.metrics`` (the
+    ``gpusim.sim`` pipeline) or ``env._metrics`` (older DriveEnv)."""
+    sim = getattr(env, "sim", None)
+    for m in (getattr(env, "episode_metrics", None), getattr(sim, "metrics", None) if sim is not None else None,
+              getattr(env, "_metrics", None)):
+        if m is not None and callable(getattr(m, "state_dict", None)) and callable(getattr(m, "load_state_dict", None)):
             return m
     return None
 
