@@ -326,9 +326,10 @@ class ScenarioPack:
         try:
             payload = torch.load(file, map_location="cpu", weights_only=True)
         except Exception as exc:  # torch raises many types for corrupt files (zip, pickle, EOF, ...)
-            first = (str(exc).strip().splitlines() or [""])[0][:160]
-            raise PackFileError(file, "", f"truncated or not a scenario pack ({type(exc).__name__}: {first}); "
-                                          f"{again}") from None
+            # torch's own text is multi-line and, for random bytes, advises weights_only=False
+            # (unsafe): only the exception type is kept.
+            raise PackFileError(file, "", f"truncated or not a scenario pack ({type(exc).__name__} from "
+                                          f"torch.load); {again}") from None
         if not (isinstance(payload, dict) and isinstance(payload.get("meta"), dict)
                 and isinstance(payload.get("tensors"), dict)):
             raise PackFileError(file, "", f"not a gpusim scenario pack (no meta/tensors); {again}")

@@ -127,12 +127,12 @@ def parse_json_signals(tl_states, file, steps: int) -> RawSignals:
     obs, unknown = [], 0
     for key, entry in tl_states.items():
         f = f"tl_states.{key}"
-        try:
-            lane = int(entry.get("lane_id", key)) if isinstance(entry, dict) else int(key)
-        except (TypeError, ValueError):
-            raise ScenarioError(file, f, "lane id is not an integer") from None
         if not isinstance(entry, dict):
             raise ScenarioError(file, f, f"expected an object, got {type(entry).__name__}")
+        try:  # the key is the lane id (newer files repeat it per step in a `lane_id` list)
+            lane = int(key)
+        except (TypeError, ValueError):
+            raise ScenarioError(file, f, "lane id (the key) is not an integer") from None
         cols = {}
         for k in ("state", "x", "y", "time_index"):
             if not isinstance(entry.get(k), list):
