@@ -25,10 +25,6 @@ from gpusim.enums import (  # noqa: F401  (re-exported: existing imports keep wo
     RoadType,
 )
 
-#: Deprecated alias of :class:`gpusim.enums.NamedEnum`, kept only until ``train/config.py``
-#: imports the public name.
-_NamedEnum = NamedEnum
-
 #: Simulation time step in seconds (WOMD logs are sampled at 10 Hz).
 DT = 0.1
 #: Number of logged steps in a WOMD scenario (9.1 s at 10 Hz).

@@ -18,7 +18,7 @@ from typing import Literal
 
 import torch
 
-from gpusim.config import EnvConfig, _NamedEnum
+from gpusim.config import EnvConfig, NamedEnum
 from policy.actor_critic import PolicyConfig
 from train.ppo import PPOConfig
 
@@ -155,7 +155,7 @@ def _plain(x):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]
-    if isinstance(x, _NamedEnum):
+    if isinstance(x, NamedEnum):
         return str(x)
     return x
 
@@ -177,7 +177,7 @@ def cli_registry():
     @registry.primitive_rule
     def _named_enum(type_info):
         t = type_info.type
-        if not (isinstance(t, type) and issubclass(t, _NamedEnum)):
+        if not (isinstance(t, type) and issubclass(t, NamedEnum)):
             return None
         names = tuple(m.name.lower() for m in t)
         return tyro.constructors.PrimitiveConstructorSpec(

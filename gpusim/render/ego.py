@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from einops import rearrange
 
 from gpusim.config import ObjectType, RoadType
 from gpusim.render.draw import box_corners, figure_to_array, new_figure
@@ -101,7 +102,7 @@ def decode_ego_observation(obs: torch.Tensor, layout, partner_radius: float = 50
     ego_v = v[e0:e0 + layout.ego_dim]
     ego = {name: float(ego_v[i] * d) for name, (i, d) in ego_c.items()}
 
-    P = v[p0:p0 + layout.num_partners * layout.partner_dim].reshape(layout.num_partners, layout.partner_dim)
+    P = rearrange(v[p0:p0 + layout.num_partners * layout.partner_dim], "(p f) -> p f", p=layout.num_partners)
     pv = P[:, -1] > 0.5
     col = lambda M, cols, n: M[:, cols[n][0]] * cols[n][1]  # noqa: E731
     ptype = np.full(layout.num_partners, -1, np.int64)
@@ -116,7 +117,7 @@ def decode_ego_observation(obs: torch.Tensor, layout, partner_radius: float = 50
         "type": ptype[pv], "slot": np.nonzero(pv)[0],
     }
 
-    Rm = v[r0:r0 + layout.num_roads * layout.road_dim].reshape(layout.num_roads, layout.road_dim)
+    Rm = rearrange(v[r0:r0 + layout.num_roads * layout.road_dim], "(k f) -> k f", k=layout.num_roads)
     rv = Rm[:, -1] > 0.5
     mx, my = col(Rm, road_c, "mid_x"), col(Rm, road_c, "mid_y")
     half = col(Rm, road_c, "length") / 2
