@@ -1,11 +1,27 @@
 """`EnvState`: the whole simulator state as device tensors (DESIGN.md section 4).
 
-Axes: W worlds, A = ``max_agents`` agent slots, C = ``max_controlled`` policy slots. Policy slot
-``c`` is agent slot ``c`` (controlled agents come first in a :class:`~gpusim.data.ScenarioPack`),
-so every ``[W, C]`` tensor lines up with the first C columns of the ``[W, A]`` tensors.
+Axes: W worlds, A = ``max_agents`` agent slots, C = ``max_controlled`` policy slots, K =
+``k_trials`` trial slots. Policy slot ``c`` is agent slot ``c`` (controlled agents come first in a
+:class:`~gpusim.data.ScenarioPack`), so every ``[W, C]`` tensor lines up with the first C columns
+of the ``[W, A]`` tensors.
 
 Units: metres, radians (heading counter-clockwise from +x), metres per second. Positions are in the
 scenario-centred frame of the pack.
+
+**Each field is declared once**, below, with its shape kind, dtype, meaning and what a new trial
+does with it (``trial="keep"``: the episode's value survives a trial restart; ``"restore"``: the
+value at the episode's reset comes back). Everything else derives from that declaration:
+:data:`STATE_FIELDS`, :data:`TRIAL_KEEP`, :meth:`EnvState.build` (zeros for every field not given,
+used by the initial state), :meth:`EnvState.where` (trial restore) and :meth:`EnvState.validate`.
+Adding a field is one ``_field(...)`` line (plus the stage that writes it); see docs/architecture.md.
+
+Liveness flags (who takes part in what), each documented in its declaration:
+``controlled`` (static: the agent is policy-driven), ``present`` (in the scene: contacts and
+observations), ``removed`` (out of the scene: REMOVE behaviour, trial-mode goal), ``stopped`` /
+``contact_stopped`` (STOP behaviours; the second counts for early truncation), ``world_done``
+(the world's episode is over early), ``slot_done`` (terminal already emitted). ``slot_active`` is
+not stored: it is ``controlled[:, :C]`` (a property). An agent acts ("in play") when
+``controlled & present & ~stopped & ~removed & ~world_done`` (:func:`in_play`).
 """
 
 from __future__ import annotations
@@ -15,90 +31,66 @@ from dataclasses import dataclass
 
 import torch
 
-#: Field name -> (shape kind, dtype). Shape kinds: "W" = [W], "WA" = [W, A], "WA2" = [W, A, 2],
-#: "WC" = [W, C], "WCK" = [W, C, K] (K = ``EnvConfig.k_trials`` trial slots).
-STATE_FIELDS: dict[str, tuple[str, torch.dtype]] = {
-    # ---- world tensors [W]
-    "scenario": ("W", torch.int64),  # scenario index into the pack
-    "step": ("W", torch.int32),  # steps taken in the current episode (0 right after a reset)
-    "trial_count": ("W", torch.int32),  # trials completed in this episode (trial mode; else 0)
-    "trial_start": ("W", torch.int32),  # `step` at which the current trial started (else 0)
-    "world_done": ("W", torch.bool),  # episode over early (STOP truncation; trial mode: all trials done); idles until reset
-    # ---- agent tensors [W, A]
-    "pos": ("WA2", torch.float32),  # centre position (m)
-    "heading": ("WA", torch.float32),  # heading (rad)
-    "speed": ("WA", torch.float32),  # signed longitudinal speed (m/s)
-    "length": ("WA", torch.float32),  # logged box length (m), 0 for padding
-    "width": ("WA", torch.float32),  # logged box width (m), 0 for padding
-    "goal": ("WA2", torch.float32),  # goal position (m)
-    "agent_type": ("WA", torch.int8),  # ObjectType code, -1 for padding
-    "controlled": ("WA", torch.bool),  # slot is a controlled agent (a < num_controlled[scenario])
-    "present": ("WA", torch.bool),  # in the scene: takes part in contacts and observations
-    "stopped": ("WA", torch.bool),  # stopped by a contact or by the goal (STOP behaviours)
-    "contact_stopped": ("WA", torch.bool),  # stopped by a collision / offroad (counts for truncation)
-    "removed": ("WA", torch.bool),  # removed from the scene (REMOVE behaviour)
-    "goal_reached": ("WA", torch.bool),  # reached a goal at least once this episode
-    "ever_collided": ("WA", torch.bool),  # collided at a valid step this episode
-    "ever_offroad": ("WA", torch.bool),  # went offroad at a valid step this episode
-    "collided_now": ("WA", torch.bool),  # in collision after the last step
-    "offroad_now": ("WA", torch.bool),  # offroad after the last step
-    # ---- policy-slot tensors [W, C]
-    "slot_active": ("WC", torch.bool),  # a controlled agent occupies the slot
-    "slot_done": ("WC", torch.bool),  # terminal already emitted for the slot in this episode
-    "ep_return": ("WC", torch.float32),  # sum of rewards this episode
-    "ep_length": ("WC", torch.int32),  # valid (loss_mask = 1) steps this episode
-    "last_reward": ("WC", torch.float32),  # reward of the last step (observation feature)
-    # ---- trial mode (gpusim/kernels/trial.py; all False outside trial mode)
-    "trial_goal": ("WC", torch.bool),  # reached its goal in the current trial
-    "trial_collided": ("WC", torch.bool),  # collided at a valid step of the current trial
-    "trial_offroad": ("WC", torch.bool),  # offroad at a valid step of the current trial
-    "trial_score": ("WCK", torch.bool),  # [w, c, k]: trial k finished with goal, no collision/offroad
-}
+#: Shape kinds of the declarations: "W" = [W], "WA" = [W, A], "WA2" = [W, A, 2], "WC" = [W, C],
+#: "WCK" = [W, C, K].
+SHAPE_KINDS = ("W", "WA", "WA2", "WC", "WCK")
+
+
+def _field(kind: str, dtype: torch.dtype, doc: str, trial: str = "restore"):
+    """One state field: shape kind (:data:`SHAPE_KINDS`), dtype, meaning, trial-restart rule."""
+    assert kind in SHAPE_KINDS and trial in ("keep", "restore")
+    return dataclasses.field(metadata={"kind": kind, "dtype": dtype, "doc": doc, "trial": trial})
 
 
 @dataclass
 class EnvState:
-    """Device tensors of a :class:`~gpusim.env.DriveEnv` (fields and meaning in ``STATE_FIELDS``).
+    """Device tensors of a :class:`~gpusim.env.DriveEnv` (one declaration per field, below).
 
     World tensors are ``[W]``, agent tensors ``[W, A]`` (``pos`` and ``goal`` ``[W, A, 2]``),
     policy-slot tensors ``[W, C]``, ``trial_score`` ``[W, C, K]``. All tensors live on one device.
-    Trial fields (``trial_count``, ``trial_start``, ``trial_goal``, ``trial_collided``,
-    ``trial_offroad``, ``trial_score``) stay 0 / False outside trial mode; in trial mode
-    ``world_done`` is the world's "episode over" flag (all trials done).
+    Trial fields stay 0 / False outside trial mode. Stages of the step never modify a tensor in
+    place: they return new tensors and the pipeline builds a new state with :meth:`replace`.
     """
 
-    scenario: torch.Tensor
-    step: torch.Tensor
-    trial_count: torch.Tensor
-    trial_start: torch.Tensor
-    world_done: torch.Tensor
-    pos: torch.Tensor
-    heading: torch.Tensor
-    speed: torch.Tensor
-    length: torch.Tensor
-    width: torch.Tensor
-    goal: torch.Tensor
-    agent_type: torch.Tensor
-    controlled: torch.Tensor
-    present: torch.Tensor
-    stopped: torch.Tensor
-    contact_stopped: torch.Tensor
-    removed: torch.Tensor
-    goal_reached: torch.Tensor
-    ever_collided: torch.Tensor
-    ever_offroad: torch.Tensor
-    collided_now: torch.Tensor
-    offroad_now: torch.Tensor
-    slot_active: torch.Tensor
-    slot_done: torch.Tensor
-    ep_return: torch.Tensor
-    ep_length: torch.Tensor
-    last_reward: torch.Tensor
-    trial_goal: torch.Tensor
-    trial_collided: torch.Tensor
-    trial_offroad: torch.Tensor
-    trial_score: torch.Tensor
+    # ---- world tensors [W]
+    scenario: torch.Tensor = _field("W", torch.int64, "scenario index into the pack", "keep")
+    step: torch.Tensor = _field("W", torch.int32, "steps taken in the current episode (0 right after a reset)", "keep")
+    trial_count: torch.Tensor = _field("W", torch.int32, "trials completed in this episode (trial mode; else 0)", "keep")
+    trial_start: torch.Tensor = _field("W", torch.int32, "`step` at which the current trial started (else 0)", "keep")
+    world_done: torch.Tensor = _field(
+        "W", torch.bool, "episode over early (STOP truncation; trial mode: all trials done); idles until reset")
+    # ---- agent tensors [W, A]
+    pos: torch.Tensor = _field("WA2", torch.float32, "centre position (m)")
+    heading: torch.Tensor = _field("WA", torch.float32, "heading (rad)")
+    speed: torch.Tensor = _field("WA", torch.float32, "signed longitudinal speed (m/s)")
+    length: torch.Tensor = _field("WA", torch.float32, "logged box length (m), 0 for padding")
+    width: torch.Tensor = _field("WA", torch.float32, "logged box width (m), 0 for padding")
+    goal: torch.Tensor = _field("WA2", torch.float32, "goal position (m)")
+    agent_type: torch.Tensor = _field("WA", torch.int8, "ObjectType code, -1 for padding")
+    controlled: torch.Tensor = _field("WA", torch.bool, "policy-driven agent (a < num_controlled[scenario]); static")
+    present: torch.Tensor = _field("WA", torch.bool, "in the scene: takes part in contacts and observations")
+    stopped: torch.Tensor = _field("WA", torch.bool, "stopped by a contact or by the goal (STOP behaviours)")
+    contact_stopped: torch.Tensor = _field(
+        "WA", torch.bool, "stopped by a collision / offroad (counts for early truncation); implies stopped")
+    removed: torch.Tensor = _field("WA", torch.bool, "removed from the scene (REMOVE; trial mode: goal reached)")
+    goal_reached: torch.Tensor = _field("WA", torch.bool, "reached a goal at least once this episode", "keep")
+    ever_collided: torch.Tensor = _field("WA", torch.bool, "collided at a valid step this episode", "keep")
+    ever_offroad: torch.Tensor = _field("WA", torch.bool, "went offroad at a valid step this episode", "keep")
+    collided_now: torch.Tensor = _field("WA", torch.bool, "in collision after the last step")
+    offroad_now: torch.Tensor = _field("WA", torch.bool, "offroad after the last step")
+    # ---- policy-slot tensors [W, C]
+    slot_done: torch.Tensor = _field("WC", torch.bool, "terminal already emitted for the slot this episode", "keep")
+    ep_return: torch.Tensor = _field("WC", torch.float32, "sum of rewards this episode", "keep")
+    ep_length: torch.Tensor = _field("WC", torch.int32, "valid (loss_mask = 1) steps this episode", "keep")
+    last_reward: torch.Tensor = _field("WC", torch.float32, "reward of the last step (observation feature)")
+    # ---- trial mode (gpusim/kernels/trial.py; all False outside trial mode)
+    trial_goal: torch.Tensor = _field("WC", torch.bool, "reached its goal in the current trial")
+    trial_collided: torch.Tensor = _field("WC", torch.bool, "collided at a valid step of the current trial")
+    trial_offroad: torch.Tensor = _field("WC", torch.bool, "offroad at a valid step of the current trial")
+    trial_score: torch.Tensor = _field(
+        "WCK", torch.bool, "[w, c, k]: trial k finished with goal, no collision/offroad", "keep")
 
+    # ------------------------------------------------------------------ sizes and derived flags
     @property
     def num_worlds(self) -> int:
         """W."""
@@ -112,47 +104,64 @@ class EnvState:
     @property
     def num_slots(self) -> int:
         """C."""
-        return self.slot_active.shape[1]
+        return self.slot_done.shape[1]
 
     @property
     def device(self) -> torch.device:
         return self.pos.device
 
+    @property
+    def slot_active(self) -> torch.Tensor:
+        """[W, C] bool: a controlled agent occupies the slot (= ``controlled[:, :C]``; a view)."""
+        return self.controlled[:, : self.num_slots]
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(cls, sizes: dict[str, int], device, **given: torch.Tensor) -> "EnvState":
+        """A state whose fields are ``given``, and zeros (declared dtype and shape) for the rest.
+
+        Args:
+            sizes: ``{"W": W, "A": A, "C": C, "K": K}``.
+            device: device of the zero fields.
+            given: field name -> tensor.
+
+        Raises:
+            TypeError: an unknown field name in ``given``.
+        """
+        unknown = set(given) - set(STATE_FIELDS)
+        if unknown:
+            raise TypeError(f"EnvState.build: unknown fields {sorted(unknown)}")
+        shapes = _shapes(sizes["W"], sizes["A"], sizes["C"], sizes["K"])
+        out = {}
+        for name, (kind, dtype) in STATE_FIELDS.items():
+            out[name] = given[name] if name in given else torch.zeros(shapes[kind], dtype=dtype, device=device)
+        return cls(**out)
+
+    def replace(self, **changes: torch.Tensor) -> "EnvState":
+        """A new state with the named fields replaced (the other tensors are shared, not copied)."""
+        return dataclasses.replace(self, **changes)
+
     def tensors(self) -> dict[str, torch.Tensor]:
-        """All fields by name (same order as ``STATE_FIELDS``)."""
+        """All fields by name (declaration order)."""
         return {name: getattr(self, name) for name in STATE_FIELDS}
 
     def clone(self) -> "EnvState":
         """A deep copy (every tensor cloned, same device)."""
         return EnvState(**{k: v.clone() for k, v in self.tensors().items()})
 
-    def copy_(self, other: "EnvState") -> None:
-        """Overwrite every tensor in place with ``other``'s values (shapes must match)."""
-        for name in STATE_FIELDS:
-            getattr(self, name).copy_(getattr(other, name))
-
     def where(self, mask_w: torch.Tensor, other: "EnvState", keep: tuple[str, ...] = ()) -> "EnvState":
         """A new state: worlds where ``mask_w`` ([W] bool) is True take ``other``'s values, except
-        the fields named in ``keep`` (always this state's). Inputs are not modified; fields that
-        neither changes are shared, not copied."""
+        the fields named in ``keep`` (always this state's; e.g. :data:`TRIAL_KEEP`). Inputs are not
+        modified; kept fields are shared, not copied."""
         out = {}
         for name in STATE_FIELDS:
             dst = getattr(self, name)
             if name in keep:
                 out[name] = dst
                 continue
-            src = getattr(other, name)
             m = mask_w.view(-1, *([1] * (dst.dim() - 1)))
-            out[name] = torch.where(m, src, dst)
+            out[name] = torch.where(m, getattr(other, name), dst)
         return EnvState(**out)
-
-    def where_(self, mask_w: torch.Tensor, other: "EnvState") -> None:
-        """In place: worlds where ``mask_w`` ([W] bool) is True take ``other``'s values."""
-        for name in STATE_FIELDS:
-            dst = getattr(self, name)
-            src = getattr(other, name)
-            m = mask_w.view(-1, *([1] * (dst.dim() - 1)))
-            dst.copy_(torch.where(m, src, dst))
 
     def equal(self, other: "EnvState") -> bool:
         """True if every tensor is bit-identical (NaN-aware) to ``other``'s. Reads to host."""
@@ -175,17 +184,17 @@ class EnvState:
         Raises:
             ValueError: naming the first bad field and what is wrong with it.
         """
-        W = self.scenario.shape[0] if isinstance(self.scenario, torch.Tensor) else -1
-        A = self.present.shape[1] if isinstance(self.present, torch.Tensor) and self.present.dim() == 2 else -1
-        C = self.slot_active.shape[1] if isinstance(self.slot_active, torch.Tensor) and self.slot_active.dim() == 2 else -1
-        if W < 0 or A < 0 or C < 0:
-            raise ValueError("EnvState: scenario must be [W], present [W, A] and slot_active [W, C] tensors")
+        W = _dim(self.scenario, 1, 0)
+        A = _dim(self.present, 2, 1)
+        C = _dim(self.slot_done, 2, 1)
+        K = _dim(self.trial_score, 3, 2)
+        if min(W, A, C) < 0:
+            raise ValueError("EnvState: scenario must be [W], present [W, A] and slot_done [W, C] tensors")
         if C > A:
             raise ValueError(f"EnvState: {C} policy slots exceed {A} agent slots")
-        K = self.trial_score.shape[2] if isinstance(self.trial_score, torch.Tensor) and self.trial_score.dim() == 3 else -1
         if K < 1:
             raise ValueError("EnvState.trial_score must be a [W, C, K] tensor with K >= 1")
-        shapes = {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C), "WCK": (W, C, K)}
+        shapes = _shapes(W, A, C, K)
         device = self.pos.device if isinstance(self.pos, torch.Tensor) else None
         for name, (kind, dtype) in STATE_FIELDS.items():
             t = getattr(self, name)
@@ -203,14 +212,29 @@ class EnvState:
             raise ValueError("EnvState: an agent is both present and removed")
         if bool((self.contact_stopped & ~self.stopped).any()):
             raise ValueError("EnvState.contact_stopped is set for an agent that is not stopped")
-        if bool((self.slot_active & ~self.controlled[:, :C]).any()):
-            raise ValueError("EnvState.slot_active is set for a slot that holds no controlled agent")
         if bool((self.trial_start > self.step).any()) or bool((self.trial_count < 0).any()):
             raise ValueError("EnvState: trial_start must be <= step and trial_count >= 0")
         if bool((self.step < 0).any()) or bool((self.scenario < 0).any()):
             raise ValueError("EnvState.step and scenario must be >= 0")
 
 
-def state_field_names() -> list[str]:
-    """Names of the EnvState tensor fields, in order."""
-    return [f.name for f in dataclasses.fields(EnvState)]
+def in_play(state: EnvState) -> torch.Tensor:
+    """[W, A] bool: the agent acts this step (controlled, present, not stopped/removed, world live)."""
+    return state.controlled & state.present & ~state.stopped & ~state.removed & ~state.world_done[:, None]
+
+
+def _dim(t, ndim: int, axis: int) -> int:
+    return t.shape[axis] if isinstance(t, torch.Tensor) and t.dim() == ndim else -1
+
+
+def _shapes(W: int, A: int, C: int, K: int) -> dict[str, tuple[int, ...]]:
+    return {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C), "WCK": (W, C, K)}
+
+
+#: Field name -> (shape kind, dtype), derived from the declarations of :class:`EnvState`.
+STATE_FIELDS: dict[str, tuple[str, torch.dtype]] = {
+    f.name: (f.metadata["kind"], f.metadata["dtype"]) for f in dataclasses.fields(EnvState)
+}
+#: Trial mode: fields a new trial keeps (episode clock and accumulators); every other field is
+#: restored to its value at the episode's reset (``last_reward`` 0, the per-trial flags, poses...).
+TRIAL_KEEP: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EnvState) if f.metadata["trial"] == "keep")

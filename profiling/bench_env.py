@@ -6,8 +6,10 @@ Reports, for every (worlds, max_controlled) pair of the sweep:
   count (DESIGN.md section 9): a world whose scenario has 3 controlled agents adds 3 per step even
   though it has C = ``max_controlled`` slots;
 * ``world_steps_per_s``, ``ms_per_step`` and ``us_per_agent_step`` (the cost of one agent-step);
-* ``breakdown_ms`` (with ``--breakdown``): milliseconds per step in each kernel the env calls
-  (``profiling/timers.py``; synchronised on CUDA) and ``other`` (everything else);
+* ``breakdown_ms`` (with ``--breakdown``): milliseconds per step in each stage of the step
+  (``motion``, ``replay``, ``contacts``, ``rewards``, ``goals``, ``trial``, ``accounting``,
+  ``restart``, ``observe``: ``gpusim.sim.pipeline.PIPELINE``, timed through the env's stage hook by
+  ``profiling/timers.py``; synchronised on CUDA) and ``other`` (action check, result);
 * memory: ``state_bytes_per_world`` (the ``EnvState`` tensors), ``obs_bytes_per_world`` (the
   observation buffer) and ``pack_bytes`` (the scenario pack, shared by all worlds);
 * ``reset_s``: seconds of the first ``env.reset()``; with ``--backend torch-compiled`` this
@@ -136,21 +138,13 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
     if breakdown:
         timer = KernelTimer(sync_cuda=env.device.type == "cuda")
         acts = [actions() for _ in range(steps)]
-        import gpusim.env as env_mod
-
-        # the compiled observation path is another name in gpusim.env: time it as "observations"
-        saved = env_mod.observations_compiled
-        env_mod.observations_compiled = timer.wrap("observations", saved)
-        try:
-            with instrument_env(timer):
-                _sync(env.device)
-                t0 = time.perf_counter()
-                for a in acts:
-                    env.step(a)
-                _sync(env.device)
-                total = 1000 * (time.perf_counter() - t0) / steps
-        finally:
-            env_mod.observations_compiled = saved
+        with instrument_env(timer, env):  # per-stage times (gpusim.sim.pipeline.PIPELINE)
+            _sync(env.device)
+            t0 = time.perf_counter()
+            for a in acts:
+                env.step(a)
+            _sync(env.device)
+            total = 1000 * (time.perf_counter() - t0) / steps
         rep = timer.report(steps)
         rep["other"] = max(0.0, total - sum(rep.values()))
         row["breakdown_ms"] = rep
@@ -173,7 +167,7 @@ def parse_args(argv=None):
                     help="torch: the vectorised reference (CPU); torch-compiled: the same with "
                          "EnvConfig(compile=True); triton: the kernels (needs CUDA)")
     ap.add_argument("--action-space", default="discrete", choices=["discrete", "continuous"])
-    ap.add_argument("--breakdown", action="store_true", help="also time each kernel call (per-kernel ms/step)")
+    ap.add_argument("--breakdown", action="store_true", help="also time each stage of the step (per-stage ms/step)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return ap.parse_args(argv)
 

@@ -1,32 +1,25 @@
-"""Per-kernel wall-clock timers for :class:`gpusim.env.DriveEnv`, switched on only while profiling.
+"""Per-stage wall-clock timers for :class:`gpusim.env.DriveEnv`, switched on only while profiling.
 
-:func:`instrument_env` replaces, for the duration of a ``with`` block, the kernel entry points that
-``gpusim.env`` calls (``observations``, ``offroad``, ``collisions``, ``events``, ``replay``,
-``hit_by``, the ``dynamics`` functions and, when present, ``trial_step``) by thin wrappers that
-add their wall time to a :class:`KernelTimer`. Nothing in the simulator changes: outside the block
-the env calls the kernels directly, so the timers cost nothing when off.
+:func:`instrument_env` installs, for the duration of a ``with`` block, a stage hook
+(``DriveEnv.stage_hook``, see :mod:`gpusim.sim.pipeline`) that adds the wall time of every named
+stage of the step (``motion``, ``replay``, ``contacts``, ``rewards``, ``goals``, ``trial``,
+``accounting``, ``restart``, ``observe``) and of ``expert_actions`` to a :class:`KernelTimer`.
+Nothing is patched: outside the block the hook is ``None`` and costs nothing.
 
-On CUDA the wrapper synchronises the device before and after each call, so a kernel's time is its
+On CUDA the hook synchronises the device before and after each stage, so a stage's time is its
 own (this serialises the step; use it for the breakdown, not for the headline throughput).
 
-Everything the step does outside these calls (state bookkeeping, ``torch.where`` / ``cat`` glue,
-metrics, the auto-reset) is reported as ``other`` = step time - sum of the kernels.
+Everything the step does outside the stages (action check, building the result) is reported as
+``other`` = step time - sum of the stages.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-import types
 from collections import defaultdict
 
 import torch
-
-#: Names in ``gpusim.env``'s namespace that are wrapped (missing ones are skipped).
-ENV_KERNELS = ("observations", "offroad", "collisions", "events", "replay", "hit_by", "trial_step", "cell_index")
-#: Functions of the ``gpusim.kernels.dynamics`` module that the env calls as ``dynamics.<name>``.
-DYNAMICS_FUNCS = ("decode_actions", "bicycle_step", "inverse_bicycle", "encode_actions")
-
 
 class KernelTimer:
     """Accumulates seconds and call counts per name.
@@ -68,35 +61,27 @@ class KernelTimer:
         timed.__doc__ = fn.__doc__
         return timed
 
+    def hook(self, name: str, call):
+        """Stage hook (``DriveEnv.stage_hook``): run ``call()`` and add its wall time under ``name``."""
+        return self.wrap(name, call)()
+
     def report(self, steps: int) -> dict[str, float]:
         """Milliseconds per step of each name (``steps`` >= 1)."""
         return {k: 1000.0 * v / max(1, steps) for k, v in sorted(self.seconds.items())}
 
 
 @contextlib.contextmanager
-def instrument_env(timer: KernelTimer):
-    """Inside the block, every ``DriveEnv`` times its kernel calls into ``timer``.
+def instrument_env(timer, env):
+    """Inside the block, ``env`` reports every stage call to ``timer.hook(name, call)``.
 
-    Patches names in the ``gpusim.env`` module (not the kernels themselves) and restores them on
-    exit, also when the block raises.
+    Args:
+        timer: a :class:`KernelTimer` (or anything with a ``hook(name, call)`` method).
+        env: the :class:`~gpusim.env.DriveEnv` to instrument; its previous ``stage_hook`` comes
+            back on exit, also when the block raises.
     """
-    import gpusim.env as env_mod
-
-    saved = {}
-    for name in ENV_KERNELS:
-        if hasattr(env_mod, name):
-            saved[name] = getattr(env_mod, name)
-            setattr(env_mod, name, timer.wrap(name, saved[name]))
-    dyn = getattr(env_mod, "dynamics", None)
-    if dyn is not None:
-        saved["dynamics"] = dyn
-        proxy = types.SimpleNamespace(**{k: getattr(dyn, k) for k in dir(dyn) if not k.startswith("__")})
-        for name in DYNAMICS_FUNCS:
-            if hasattr(dyn, name):
-                setattr(proxy, name, timer.wrap(name, getattr(dyn, name)))
-        env_mod.dynamics = proxy
+    saved = env.stage_hook
+    env.stage_hook = timer.hook
     try:
         yield timer
     finally:
-        for name, fn in saved.items():
-            setattr(env_mod, name, fn)
+        env.stage_hook = saved

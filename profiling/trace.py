@@ -2,8 +2,8 @@
 training iteration too.
 
 Open the file in https://ui.perfetto.dev or ``chrome://tracing``. Each env step is a
-``gpusim.step`` range and every kernel the env calls (``observations``, ``offroad``, ...) is a
-named range inside it (``torch.profiler.record_function``), with the aten ops below.
+``gpusim.step`` range and every stage of the step (``motion``, ``contacts``, ``observe``, ...;
+``gpusim.sim.pipeline.PIPELINE``) is a named range inside it (``torch.profiler.record_function``), with the aten ops below.
 
 Usage (from the repository root)::
 
@@ -27,18 +27,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 
 class _Ranges:
-    """Kernel-call ranges: a stand-in for :class:`profiling.timers.KernelTimer` whose ``wrap``
-    puts each call in a ``record_function`` range instead of timing it."""
+    """Stage ranges: a stand-in for :class:`profiling.timers.KernelTimer` whose stage ``hook``
+    puts each stage of the step in a ``record_function`` range instead of timing it."""
 
-    sync_cuda = False
-
-    def wrap(self, name, fn):
-        def ranged(*args, **kwargs):
-            with record_function(name):
-                return fn(*args, **kwargs)
-
-        ranged.__wrapped__ = fn
-        return ranged
+    def hook(self, name, call):
+        with record_function(name):
+            return call()
 
 
 def parse_args(argv=None):
@@ -87,7 +81,7 @@ def main(argv=None) -> dict:
         env.step(actions())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if env.device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=True) as prof:
-        with instrument_env(_Ranges()):
+        with instrument_env(_Ranges(), env):
             for _ in range(args.steps):
                 a = actions()
                 with record_function("gpusim.step"):

@@ -232,8 +232,8 @@ def test_auto_reset_terminal_once_per_active_slot():
                 assert bool(r.info["episode_end"]) is False
         assert torch.equal(terms, active.long())
         assert bool(r.info["episode_end"])
-        assert (env.state.step == 0).all() and env._t == 0
-        assert torch.equal(r.obs, env._observe(env.state))
+        assert (env.state.step == 0).all() and env.episode_step == 0
+        assert torch.equal(r.obs, env.observe())
         assert torch.equal(r.slot_active, env.state.slot_active)
     # new scenarios are drawn at each reset
     draws = torch.stack(draws)
@@ -292,10 +292,10 @@ def test_bad_actions_raise_and_leave_state_unchanged(space, bad, match):
     good = coast(env) if space == "discrete" else torch.zeros(2, 4, 2)
     env.step(good)
     before = env.state.clone()
-    t_before = env._t
+    t_before = env.episode_step
     with pytest.raises(ValueError, match=match):
         env.step(bad)
-    assert env.state.equal(before) and env._t == t_before
+    assert env.state.equal(before) and env.episode_step == t_before
     env.step(good)  # still usable
 
 

@@ -8,7 +8,7 @@ import torch
 
 from gpusim.config import EnvConfig
 from gpusim.data import ScenarioPack
-from gpusim.env import OFFROAD_BOX_SCALE, DriveEnv
+from gpusim.env import DriveEnv
 from gpusim.kernels.collision import collisions
 from gpusim.kernels.offroad import offroad
 
@@ -45,7 +45,7 @@ def log_contacts(pack, box_scale):
     col = collisions(pos, hd, L, W, val, box_scale)
     scen = torch.arange(S).repeat_interleave(T)
     off = offroad(pos, hd, L, W, val, scen, pack.road_seg, pack.grid_edge, pack.grid_origin, pack.grid_dims,
-                  pack.cell_size, OFFROAD_BOX_SCALE)
+                  pack.cell_size, EnvConfig().offroad_box_scale)
     return col.view(S, T, A).permute(0, 2, 1), off.view(S, T, A).permute(0, 2, 1)
 
 
@@ -56,8 +56,7 @@ def test_expert_actions_track_the_log(pack, space):
     # become an obstacle its logged neighbours never met); the goal rate is measured separately as
     # "came within the default 2 m of the goal".
     env = DriveEnv(pack, S, EnvConfig(goal_radius=1e-3, action_space=space))
-    env.reset()
-    env.state = env._initial_state(torch.arange(S))  # one world per scenario
+    env.reset(scenarios=torch.arange(S))  # one world per scenario
     err = torch.zeros(S, C, T)
     herr = torch.zeros(S, C, T)
     used = torch.zeros(S, C, T, dtype=torch.bool)
@@ -109,8 +108,7 @@ def test_expert_actions_track_the_log(pack, space):
 def test_experts_follow_the_log_exactly(pack):
     S = pack.num_scenarios
     env = DriveEnv(pack, S, EnvConfig())
-    env.reset()
-    env.state = env._initial_state(torch.arange(S))
+    env.reset(scenarios=torch.arange(S))
     expert = ~env.state.controlled & pack.agent_exists
     for t in range(1, 12):
         env.step(env.expert_actions())

@@ -14,17 +14,13 @@ import torch
 from gpusim.backend import interpreting, use_backend
 from gpusim.config import EnvConfig, RoadType
 from gpusim.data import ScenarioPack
-from gpusim.env import (
-    NEW_GOAL_FALLBACK,
-    NEW_GOAL_MAX_DIST,
-    NEW_GOAL_MIN_AHEAD,
-    DriveEnv,
-)
+from gpusim.env import DriveEnv
+from gpusim.sim.goals import NEW_GOAL_FALLBACK, NEW_GOAL_MAX_DIST, NEW_GOAL_MIN_AHEAD
 from gpusim.kernels import new_goal as ng_mod
 from gpusim.kernels import reset as reset_mod
 from gpusim.kernels.new_goal import (
     LANE_TYPE,
-    _new_goal_compact,
+    new_goal_compact,
     new_goal,
     new_goal_reference,
 )
@@ -319,13 +315,13 @@ def test_new_goal_reference_matches_brute_force_on_real_roads(real_pack):
 @pytest.mark.parametrize("kind", ["empty", "all", "random"])
 def test_new_goal_cpu_compaction_equals_dense_reference(kind, real_pack):
     inp = new_goal_inputs(9, 31, 3, 17, kind, seed=11)
-    assert torch.equal(_new_goal_compact(**inp), new_goal_reference(**inp))
+    assert torch.equal(new_goal_compact(**inp), new_goal_reference(**inp))
     with use_backend("torch"):
         assert torch.equal(new_goal(**inp), new_goal_reference(**inp))  # the public CPU path
     real = real_goal_inputs(real_pack, W=5, seed=2)
     if kind != "random":
         real["mask"] = make_mask(kind, *real["mask"].shape, None)
-    assert torch.equal(_new_goal_compact(**real), new_goal_reference(**real))
+    assert torch.equal(new_goal_compact(**real), new_goal_reference(**real))
 
 
 def one_cell_case(cands, types, mids, rand, heading=0.0):

@@ -8,12 +8,12 @@ import torch
 
 from gpusim.backend import use_backend
 from gpusim.config import EnvConfig, RoadType
-from gpusim.env import TRIAL_KEEP, DriveEnv
+from gpusim.env import DriveEnv
 from gpusim.kernels import trial as trial_mod
 from gpusim.kernels.dynamics import NUM_STEER
 from gpusim.kernels.observations import EGO_FEATURES
 from gpusim.kernels.trial import trial_step, trial_step_reference
-from gpusim.state import STATE_FIELDS
+from gpusim.state import STATE_FIELDS, TRIAL_KEEP
 
 from synthetic import driver, lane, parked, small_config, synthetic_pack
 
@@ -132,9 +132,7 @@ def crafted_pack():
 
 def env_on(scenarios, config, backend="torch"):
     env = DriveEnv(crafted_pack(), len(scenarios), config)
-    env.reset()
-    env.state = env._initial_state(torch.tensor(scenarios))  # pin the scenarios
-    env._obs = env._observe(env.state)
+    env.reset(scenarios=torch.tensor(scenarios))  # pin the scenarios
     return env
 
 
@@ -213,7 +211,7 @@ def test_trial_starts_are_bit_identical_to_reset(backend):
     g = torch.Generator().manual_seed(0)
     with use_backend(backend):
         env = env_on(worlds, cfg(k_trials=k, scenario_length=L, collision_behavior="stop"))
-        ref, obs0 = env.state.clone(), env._obs.clone()
+        ref, obs0 = env.state.clone(), env.observe().clone()
         starts = 0
         for t in range(k * L):
             res = env.step(torch.randint(0, env.num_actions, (W, env.num_slots), generator=g))
@@ -235,7 +233,8 @@ def test_trial_starts_are_bit_identical_to_reset(backend):
 def test_trial_features_in_observation(backend):
     with use_backend(backend):
         env = env_on([1], cfg(k_trials=2, scenario_length=10))
-        assert (env._obs[0, :2, TIME_IN_TRIAL] == 0).all() and (env._obs[0, :2, TRIAL_INDEX] == 0).all()
+        obs = env.observe()
+        assert (obs[0, :2, TIME_IN_TRIAL] == 0).all() and (obs[0, :2, TRIAL_INDEX] == 0).all()
         for t in range(1, 14):
             r = env.step(full(env, COAST))
             tt = (t % 10) / 10.0
@@ -365,10 +364,8 @@ def test_real_scenarios_expert_actions_trials(real_pack):
     """Real WOMD scenarios driven by the log-tracking expert actions: agents reach their goals
     and are removed; every trial restarts bit-for-bit from the reset state."""
     env = DriveEnv(real_pack, real_pack.num_scenarios, EnvConfig(max_controlled=8, goal_behavior="trial", k_trials=2))
-    env.reset()
-    env.state = env._initial_state(torch.arange(real_pack.num_scenarios))
-    env._obs = env._observe(env.state)
-    ref, obs0 = env.state.clone(), env._obs.clone()
+    obs0 = env.reset(scenarios=torch.arange(real_pack.num_scenarios)).clone()
+    ref = env.state.clone()
     W = real_pack.num_scenarios
     removed_seen = torch.zeros_like(ref.slot_active)
     first_end = [None] * W

@@ -28,10 +28,8 @@ def scripted(policy, env, fn):
 
 def pinned_env(worlds, config):
     env = DriveEnv(crafted_pack(), len(worlds), config)
-    env.reset()
-    env.state = env._initial_state(torch.tensor(worlds))
-    env._obs = env._observe(env.state).clone()
-    return env, env._obs
+    obs = env.reset(scenarios=torch.tensor(worlds)).clone()
+    return env, obs
 
 
 def coast(env):
@@ -142,13 +140,13 @@ def test_evaluate_k_trials_human_replay(tmp_path, sample_dir):
     env_dict = TrainConfig(env=env_config).to_dict()["env"]
     ck = save_checkpoint(tmp_path / "ck.pt", policy=pol, optimizer=torch.optim.Adam(pol.parameters()),
                          global_step=0, update=0, config={"env": env_dict}, env_config=env_dict)
-    W = 3
-    out = evaluate(EvalConfig(checkpoint=str(ck), data=str(sample_dir), num_worlds=W, episodes=1, device="cpu",
+    out = evaluate(EvalConfig(checkpoint=str(ck), data=str(sample_dir), num_worlds=3, device="cpu",
                               k_trials=2, human_replay=True))
-    assert out["k_trials"] == 2 and out["human_replay"] is True
-    assert out["n"] == W  # one controlled agent per world, one episode each
+    run = out["runs"][0]
+    s = run["summary"]
+    assert out["k_trials"] == 2 and run["mode"] == "human_replay"
+    assert s["goal_reached"].n == len(run["scenarios"])  # one controlled agent per world, one episode per scenario
     for k in ("trial_0_score", "trial_1_score", "ada_delta_trial_1_minus_0"):
-        assert k in out
-    assert out["ada_delta_trial_1_minus_0"] == pytest.approx(out["trial_1_score"] - out["trial_0_score"])
-    with pytest.raises(ValueError, match="k-trials"):
-        main(["--checkpoint", str(ck), "--k-trials", "-1", "--device", "cpu"])
+        assert k in s
+    assert s["ada_delta_trial_1_minus_0"].mean == pytest.approx(s["trial_1_score"].mean - s["trial_0_score"].mean)
+    assert main(["--checkpoint", str(ck), "--k-trials", "-1", "--device", "cpu"]) == 2

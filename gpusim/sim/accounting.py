@@ -1,0 +1,40 @@
+"""Stage ``accounting``: the per-slot episode accumulators and the metrics of finished
+agent-episodes (``gpusim.metrics``: per-slot EMA and plain means, kept on the device).
+
+Only valid steps count: returns add the step's reward (0 on invalid steps), lengths count
+``loss_mask``, the contact flags count contacts of agents in play. When a slot's ``terminal`` is
+set its episode's values (:func:`~gpusim.metrics.episode_values`, plus the per-trial scores in
+trial mode) go to the metrics log. A new metric column = a column in ``gpusim/metrics.py`` and,
+if it needs a new accumulator, a state field written here (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpusim.metrics import episode_values
+from gpusim.sim.context import SimContext, StepVars
+from gpusim.state import EnvState
+
+
+def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
+    """Changes ``ep_return``, ``ep_length``, ``goal_reached``, ``ever_collided``, ``ever_offroad``;
+    records the finished agent-episodes (``step.terminal``) in ``ctx.metrics``."""
+    C = ctx.num_slots
+    changes = {
+        "ep_return": state.ep_return + step.reward,
+        "ep_length": state.ep_length + step.loss_mask.to(torch.int32),
+        "goal_reached": state.goal_reached | step.goal_now,
+        "ever_collided": state.ever_collided | (step.in_play & step.collided),
+        "ever_offroad": state.ever_offroad | (step.in_play & step.offroad),
+    }
+    values = episode_values(
+        ep_return=changes["ep_return"],
+        ep_length=changes["ep_length"],
+        goal_reached=changes["goal_reached"][:, :C],
+        collided=changes["ever_collided"][:, :C],
+        offroad=changes["ever_offroad"][:, :C],
+        extra=state.trial_score.float() if ctx.config.trial_mode else None,
+    )
+    ctx.metrics.add(values, step.terminal)
+    return changes

@@ -1,0 +1,65 @@
+"""Stage ``contacts``: collisions, offroad and (collision REMOVE) who was hit.
+
+Collisions are tested for the present controlled agents against every present agent
+(``query = present & controlled``, OBB separating axes with ``collision_box_scale``): overlaps among
+experts alone have no effect and are not computed, so an expert is flagged only when it overlaps a
+controlled agent. Offroad (box outline crosses a road edge, ``offroad_box_scale``) is tested for
+the C controlled slots only (experts are never offroad).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpusim.config import ContactBehavior
+from gpusim.kernels.collision import collisions
+from gpusim.kernels.events import hit_by
+from gpusim.kernels.offroad import offroad
+from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.state import EnvState
+
+
+def contacts(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
+    """Sets ``step.collided``, ``step.offroad``, ``step.hit`` [W, A] bool; changes
+    ``collided_now``, ``offroad_now``."""
+    cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
+    live = state.present & state.controlled
+    collided = collisions(
+        pos=state.pos,
+        heading=state.heading,
+        length=state.length,
+        width=state.width,
+        present=state.present,
+        box_scale=cfg.collision_box_scale,
+        query=live,
+    ) & state.present
+    off_c = offroad(
+        pos=slots(state.pos, C),
+        heading=slots(state.heading, C),
+        length=slots(state.length, C),
+        width=slots(state.width, C),
+        present=slots(live, C),
+        scenario=state.scenario,
+        road_seg=p.road_seg,
+        grid_edge=p.grid_edge,
+        grid_origin=p.grid_origin,
+        grid_dims=p.grid_dims,
+        cell_size=p.cell_size,
+        box_scale=cfg.offroad_box_scale,
+    )
+    off = torch.zeros_like(collided)
+    off[:, :C] = off_c
+    if cfg.collision_behavior == ContactBehavior.REMOVE:
+        step.hit = hit_by(
+            pos=state.pos,
+            heading=state.heading,
+            length=state.length,
+            width=state.width,
+            present=state.present,
+            source=step.in_play & collided,
+            box_scale=cfg.collision_box_scale,
+        )
+    else:
+        step.hit = torch.zeros_like(collided)
+    step.collided, step.offroad = collided, off
+    return {"collided_now": collided, "offroad_now": off}

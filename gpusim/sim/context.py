@@ -1,0 +1,119 @@
+"""What the stages of a step share: the static context (:class:`SimContext`) and the per-step
+scratch values that are not state (:class:`StepVars`), plus small slot-view helpers.
+
+A stage is ``fn(ctx: SimContext, state: EnvState, step: StepVars) -> dict[str, Tensor]``: it reads
+the state as the previous stages left it, may set fields of ``step`` for later stages and for the
+:class:`~gpusim.env.StepResult`, and returns only the :class:`~gpusim.state.EnvState` fields it
+changes (the pipeline applies them with ``state.replace(**changes)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gpusim.config import EnvConfig
+from gpusim.data.pack import ScenarioPack
+
+
+def normalize_device(device) -> torch.device:
+    """The one canonical form of ``device``: ``cpu`` (no index) or ``cuda:<index>`` (index filled in).
+
+    ``torch.device("cuda") != torch.device("cuda:0")`` and ``torch.device("cpu:0") !=
+    torch.device("cpu")``, while tensors report ``cuda:0`` and ``cpu``; comparing normalised
+    devices is what a user means.
+    """
+    d = torch.device(device)
+    if d.type == "cpu":
+        return torch.device("cpu")
+    if d.type == "cuda" and d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def slots(t: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """The policy-slot columns ``t[:, :C]`` of a ``[W, A, ...]`` tensor, contiguous."""
+    return t[:, :num_slots].contiguous()
+
+
+def with_slots(t: torch.Tensor, slot_values: torch.Tensor) -> torch.Tensor:
+    """``t`` [W, A, ...] with its first C columns replaced by ``slot_values`` [W, C, ...] (new tensor)."""
+    return torch.cat([slot_values, t[:, slot_values.shape[1]:]], dim=1)
+
+
+@dataclass
+class SimContext:
+    """Static context of the stages plus the env's host-side counters.
+
+    Attributes:
+        config, pack, device (normalised), generator (seeded; scenario draws, NEW_GOAL samples),
+        num_worlds (W), num_slots (C), metrics (:class:`~gpusim.metrics.EpisodeMetrics`),
+        t: steps taken in the current synchronous episode (host int; the auto-reset clock),
+        start: the state of the current episode at its reset (trial restarts restore from it),
+        end_flags: cached constant [W] bool tensors ``(all False, all True)`` for the kernels'
+        ``episode_end`` argument (no per-step host->device copy), obs_buf / obs_written: the
+        reused observation buffer [W, C, D] and the [W*C] bool slots that may be non-zero.
+    """
+
+    config: EnvConfig
+    pack: ScenarioPack
+    device: torch.device
+    generator: torch.Generator
+    num_worlds: int
+    num_slots: int
+    metrics: object
+    t: int = 0
+    start: object = None
+    end_flags: tuple = ()
+    obs_buf: torch.Tensor | None = None
+    obs_written: torch.Tensor | None = None
+
+    def __post_init__(self):
+        W = self.num_worlds
+        self.end_flags = (torch.zeros(W, dtype=torch.bool, device=self.device),
+                          torch.ones(W, dtype=torch.bool, device=self.device))
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """``{"W", "A", "C", "K"}`` sizes of the state tensors."""
+        cfg = self.config
+        return {"W": self.num_worlds, "A": cfg.max_agents, "C": self.num_slots, "K": cfg.k_trials}
+
+
+@dataclass
+class StepVars:
+    """Per-step values that are not state (set by the stages, in pipeline order).
+
+    Attributes (W worlds, A agent slots, C policy slots):
+        actions: validated actions (discrete [W, C] int64 / continuous [W, C, 2] float32).
+        episode_end: Python bool, this step completes the horizon (host clock; no sync).
+        in_play: [W, A] bool, the agent acts this step (motion).
+        loss_mask: [W, C] bool, ``in_play`` of the slots (motion).
+        collided / offroad: [W, A] bool contacts after the motion (contacts).
+        hit: [W, A] bool, hit by an in-play collider (collision REMOVE; else all False) (contacts).
+        reward: [W, C] float32 reward of the action (rewards).
+        goal_now: [W, A] bool, goal reached in this step (rewards).
+        truncated: [W] bool, the world was truncated early now (rewards).
+        terminal / truncation / trial_ended: [W, C] bool flags of the result (rewards, trial).
+        restart: [W] bool, the world starts a new trial (trial mode) or None.
+        info: extra result entries (``trial_end`` in trial mode).
+        obs: [W, C, D] float32 observation of the new state (observe).
+    """
+
+    actions: torch.Tensor
+    episode_end: bool
+    in_play: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = None
+    collided: torch.Tensor | None = None
+    offroad: torch.Tensor | None = None
+    hit: torch.Tensor | None = None
+    reward: torch.Tensor | None = None
+    goal_now: torch.Tensor | None = None
+    truncated: torch.Tensor | None = None
+    terminal: torch.Tensor | None = None
+    truncation: torch.Tensor | None = None
+    trial_ended: torch.Tensor | None = None
+    restart: torch.Tensor | None = None
+    info: dict = field(default_factory=dict)
+    obs: torch.Tensor | None = None

@@ -1,0 +1,106 @@
+"""Stage ``motion``: who acts, action decoding, and the dynamics model of the controlled agents.
+
+The dynamics model is looked up in :data:`DYNAMICS` by ``EnvConfig.dynamics``. A model is a
+``(forward, inverse)`` pair of kernel dispatchers, called by keyword:
+
+* ``forward(pos, heading, speed, length, accel, steer, moving, dt) -> (pos, heading, speed)``:
+  [W, C, 2] / [W, C] float32 inputs, ``moving`` [W, C] bool (where False the pose is returned
+  unchanged), ``dt`` in seconds;
+* ``inverse(pos, heading, speed, length, target_pos, target_heading, target_speed, target_valid,
+  dt) -> (accel, steer)``: the controls that best reach the target pose in one step (used by
+  :func:`expert_actions`).
+
+Adding a model = one kernel module (gpusim/kernels/) and one entry here (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+
+from gpusim.config import Dynamics
+from gpusim.kernels import dynamics
+from gpusim.sim.context import SimContext, StepVars, slots, with_slots
+from gpusim.state import EnvState, in_play
+
+
+class DynamicsModel(NamedTuple):
+    """A dynamics model: ``forward`` (one step) and ``inverse`` (controls toward a target pose)."""
+
+    forward: Callable
+    inverse: Callable
+
+
+#: Dynamics models by ``EnvConfig.dynamics``.
+DYNAMICS: dict = {
+    Dynamics.CLASSIC: DynamicsModel(forward=dynamics.bicycle_step, inverse=dynamics.inverse_bicycle),
+}
+
+
+def model_for(ctx: SimContext) -> DynamicsModel:
+    """The registered model of ``ctx.config.dynamics``.
+
+    Raises:
+        ValueError: no model registered under that value.
+    """
+    model = DYNAMICS.get(ctx.config.dynamics)
+    if model is None:
+        raise ValueError(f"unsupported dynamics {ctx.config.dynamics}; registered: {sorted(map(str, DYNAMICS))}")
+    return model
+
+
+def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
+    """Decode the actions and move the controlled agents that are in play.
+
+    Sets ``step.in_play`` [W, A] and ``step.loss_mask`` [W, C]; changes ``pos``, ``heading``,
+    ``speed`` (experts' columns unchanged here; the ``replay`` stage moves them).
+    """
+    C = ctx.num_slots
+    play = in_play(state)
+    step.in_play = play
+    step.loss_mask = slots(play, C)
+    accel, steer = dynamics.decode_actions(step.actions, int(ctx.config.action_space))
+    pos, heading, speed = model_for(ctx).forward(
+        pos=slots(state.pos, C),
+        heading=slots(state.heading, C),
+        speed=slots(state.speed, C),
+        length=slots(state.length, C),
+        accel=accel.contiguous(),
+        steer=steer.contiguous(),
+        moving=step.loss_mask,
+        dt=ctx.config.dt,
+    )
+    return {
+        "pos": with_slots(state.pos, pos),
+        "heading": with_slots(state.heading, heading),
+        "speed": with_slots(state.speed, speed),
+    }
+
+
+def expert_actions(ctx: SimContext, state: EnvState) -> torch.Tensor:
+    """Actions that make every controlled agent follow its logged trajectory (inverse dynamics
+    toward the logged pose at the next log index; zero controls where that pose is invalid).
+
+    Returns:
+        discrete: [W, C] int64; continuous: [W, C, 2] float32.
+    """
+    cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
+    T = p.num_steps
+    nxt = (cfg.init_steps + (state.step - state.trial_start) + 1).to(torch.int64)
+    i = nxt.clamp(max=T - 1)[:, None]
+    w = state.scenario[:, None]
+    c = torch.arange(C, device=ctx.device)[None, :]
+    target_speed = torch.linalg.vector_norm(p.traj_vel[w, c, i], dim=-1)
+    accel, steer = model_for(ctx).inverse(
+        pos=slots(state.pos, C),
+        heading=slots(state.heading, C),
+        speed=slots(state.speed, C),
+        length=slots(state.length, C),
+        target_pos=p.traj_pos[w, c, i].contiguous(),
+        target_heading=p.traj_heading[w, c, i].contiguous(),
+        target_speed=target_speed.contiguous(),
+        target_valid=(p.traj_valid[w, c, i] & (nxt < T)[:, None]).contiguous(),
+        dt=cfg.dt,
+    )
+    return dynamics.encode_actions(accel, steer, int(cfg.action_space))

@@ -1,0 +1,79 @@
+"""Stage ``observe``: the observation [W, C, D] of the new state (``kernels.observations``).
+
+Ego extras, in the order of ``observations.EGO_EXTRA``: collided now, offroad now, trial index
+``trial_count / k_trials``, time in trial ``(step - trial_start) / scenario_length`` (both 0
+outside trial mode), last reward. A new ego feature = a column here plus the kernel's layout
+(docs/architecture.md).
+
+The result is written into the env's reused buffer ``ctx.obs_buf`` (valid until the next step).
+On the torch (CPU) backend only the in-play slots are recomputed (compaction with ``nonzero``,
+which costs no device sync on the CPU); slots that left play are zeroed once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpusim.backend import backend_for
+from gpusim.kernels.observations import observations, observations_compiled
+from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.state import EnvState
+
+
+def ego_extra(ctx: SimContext, state: EnvState) -> torch.Tensor:
+    """[W, C, 5] float32 ego extras of ``state`` (order in the module docstring)."""
+    cfg, C = ctx.config, ctx.num_slots
+    zeros = torch.zeros_like(state.last_reward)
+    if cfg.trial_mode:
+        t_index = (state.trial_count.to(torch.float32) / cfg.k_trials)[:, None] + zeros
+        t_time = ((state.step - state.trial_start).to(torch.float32) / cfg.scenario_length)[:, None] + zeros
+    else:
+        t_index, t_time = zeros, zeros
+    return torch.stack([state.collided_now[:, :C].float(), state.offroad_now[:, :C].float(), t_index, t_time,
+                        state.last_reward], dim=-1)
+
+
+def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
+    """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned)."""
+    cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
+    active = (state.slot_active & state.present[:, :C]).contiguous()
+    buf, rows, obs_fn = ctx.obs_buf, None, observations
+    if backend_for(state.pos) == "torch":
+        if cfg.compile:  # opt-in torch.compile'd CPU path (EnvConfig.compile, docs/performance.md)
+            obs_fn = observations_compiled
+        flat = active.view(-1)
+        rows = flat.nonzero().squeeze(1)
+        stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
+        buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
+    obs_fn(
+        pos=state.pos,
+        heading=state.heading,
+        speed=state.speed,
+        length=state.length,
+        width=state.width,
+        agent_type=state.agent_type,
+        present=state.present,
+        goal=slots(state.goal, C),
+        ego_extra=ego_extra(ctx, state),
+        ego_active=active,
+        scenario=state.scenario,
+        road_seg=p.road_seg,
+        road_type=p.road_type,
+        grid_road=p.grid_road,
+        grid_origin=p.grid_origin,
+        grid_dims=p.grid_dims,
+        cell_size=p.cell_size,
+        num_partners=cfg.num_partners,
+        partner_radius=cfg.partner_radius,
+        road_radius=cfg.road_radius,
+        out=buf,
+        rows=rows,
+    )
+    ctx.obs_written = active.view(-1).clone()  # inactive slots are all zero now
+    return buf
+
+
+def observe(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
+    """Sets ``step.obs``; changes no state field."""
+    step.obs = observe_state(ctx, state)
+    return {}

@@ -1,0 +1,62 @@
+"""The stages of one simulator step, in order: :data:`PIPELINE`, and the loop that runs them.
+
+::
+
+    actions ─▶ motion ─▶ replay ─▶ contacts ─▶ rewards ─▶ goals ─▶ trial ─▶ accounting ─▶ restart ─▶ observe ─▶ StepResult
+
+Each stage is ``fn(ctx, state, step) -> changes`` (see :mod:`gpusim.sim.context`); the pipeline
+applies ``state = state.replace(**changes)`` after each one. A stage hook (``DriveEnv.stage_hook``)
+may wrap every stage call, e.g. to time it (``profiling/timers.py``) or to put it in a profiler
+range (``profiling/trace.py``): ``hook(name, call) -> changes`` where ``call()`` runs the stage.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+from gpusim.sim.accounting import accounting
+from gpusim.sim.contacts import contacts
+from gpusim.sim.context import SimContext, StepVars
+from gpusim.sim.episode import restart
+from gpusim.sim.goals import goals
+from gpusim.sim.motion import motion
+from gpusim.sim.observe import observe
+from gpusim.sim.replay import replay
+from gpusim.sim.rewards import rewards
+from gpusim.sim.trial import trial
+from gpusim.state import EnvState
+
+
+class Stage(NamedTuple):
+    """A named stage: ``run(ctx, state, step) -> dict`` of the state fields it changes."""
+
+    name: str
+    run: Callable
+
+
+#: The step, in order (docs/architecture.md). Insert a new stage here (e.g. traffic signals
+#: between ``replay`` and ``contacts``).
+PIPELINE: tuple[Stage, ...] = (
+    Stage("motion", motion),          # who acts; actions -> controls -> dynamics (controlled agents)
+    Stage("replay", replay),          # clock +1; experts follow the log
+    Stage("contacts", contacts),      # collisions, offroad, hit-by (collision REMOVE)
+    Stage("rewards", rewards),        # reward, goals reached, contact behaviours, terminal
+    Stage("goals", goals),            # RESPAWN / NEW_GOAL after a goal
+    Stage("trial", trial),            # trial clock (trial mode)
+    Stage("accounting", accounting),  # episode accumulators, metrics of finished agent-episodes
+    Stage("restart", restart),        # auto-reset after step H; trial restore
+    Stage("observe", observe),        # observation of the new state
+)
+
+
+def run_pipeline(ctx: SimContext, state: EnvState, step: StepVars, hook: Callable | None = None,
+                 stages: tuple[Stage, ...] = PIPELINE) -> EnvState:
+    """Run ``stages`` on ``state``; returns the new state (``step`` holds the per-step values)."""
+    for stage in stages:
+        if hook is None:
+            changes = stage.run(ctx, state, step)
+        else:
+            changes = hook(stage.name, lambda stage=stage, state=state: stage.run(ctx, state, step))
+        if changes:
+            state = state.replace(**changes)
+    return state

@@ -1,0 +1,32 @@
+"""Stage ``replay``: the episode clock advances and the experts follow their log.
+
+Experts (present, not controlled, not removed) take their logged pose at log index
+``init_steps + (step - trial_start)`` (``kernels.replay``); past their valid log they leave the
+scene (``present`` False).
+"""
+
+from __future__ import annotations
+
+from gpusim.kernels.replay import replay as replay_kernel
+from gpusim.sim.context import SimContext, StepVars
+from gpusim.state import EnvState
+
+
+def replay(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
+    """Changes ``step`` (+1), ``pos``, ``heading``, ``speed``, ``present`` of the experts."""
+    p = ctx.pack
+    new_step = state.step + 1
+    pos, heading, speed, present = replay_kernel(
+        pos=state.pos,
+        heading=state.heading,
+        speed=state.speed,
+        present=state.present,
+        replayed=~state.controlled & ~state.removed,
+        scenario=state.scenario,
+        log_index=ctx.config.init_steps + (new_step - state.trial_start),
+        traj_pos=p.traj_pos,
+        traj_heading=p.traj_heading,
+        traj_vel=p.traj_vel,
+        traj_valid=p.traj_valid,
+    )
+    return {"step": new_step, "pos": pos, "heading": heading, "speed": speed, "present": present}

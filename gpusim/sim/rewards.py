@@ -1,0 +1,59 @@
+"""Stage ``rewards``: the reward of the step, goals reached, contact behaviours and the episode
+flags (``kernels.events``).
+
+**The reward** (DESIGN.md section 4) is computed here, per controlled slot that was in play::
+
+    reward = reward_goal      * goal reached now (within goal_radius)
+           + reward_collision * collided now
+           + reward_offroad   * offroad now            (0 on invalid steps)
+
+The same kernel applies STOP / REMOVE for collisions and offroad, STOP for the goal, early
+truncation (``stop_truncate_fraction`` of a world's agents contact-stopped) and ``terminal``.
+In trial mode the trial clock owns ``world_done``, ``slot_done`` and ``terminal`` (stage
+``trial``), so this stage leaves them alone there.
+"""
+
+from __future__ import annotations
+
+from gpusim.kernels.events import events
+from gpusim.sim.context import SimContext, StepVars
+from gpusim.state import EnvState
+
+
+def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
+    """Sets ``step.reward`` [W, C], ``step.goal_now`` [W, A], ``step.truncated`` [W],
+    ``step.terminal`` [W, C]; changes ``speed``, ``present``, ``stopped``, ``contact_stopped``,
+    ``removed``, ``last_reward`` (and ``world_done``, ``slot_done`` outside trial mode)."""
+    cfg = ctx.config
+    ev = events(
+        pos=state.pos.contiguous(),
+        goal=state.goal,
+        speed=state.speed.contiguous(),
+        controlled=state.controlled,
+        in_play=step.in_play,
+        present=state.present,
+        collided=step.collided,
+        offroad=step.offroad,
+        hit=step.hit,
+        stopped=state.stopped,
+        contact_stopped=state.contact_stopped,
+        removed=state.removed,
+        world_done=state.world_done,
+        episode_end=ctx.end_flags[int(step.episode_end)],
+        slot_active=state.slot_active.contiguous(),
+        slot_done=state.slot_done,
+        goal_radius=cfg.goal_radius,
+        reward_goal=cfg.reward_goal,
+        reward_collision=cfg.reward_collision,
+        reward_offroad=cfg.reward_offroad,
+        goal_behavior=int(cfg.goal_behavior),
+        collision_behavior=int(cfg.collision_behavior),
+        offroad_behavior=int(cfg.offroad_behavior),
+        stop_truncate_fraction=cfg.stop_truncate_fraction,
+    )
+    step.reward, step.goal_now, step.truncated, step.terminal = ev.reward, ev.goal_now, ev.truncated, ev.terminal
+    changes = {"speed": ev.speed, "present": ev.present, "stopped": ev.stopped,
+               "contact_stopped": ev.contact_stopped, "removed": ev.removed, "last_reward": ev.reward}
+    if not cfg.trial_mode:
+        changes.update(world_done=ev.world_done, slot_done=ev.slot_done)
+    return changes
