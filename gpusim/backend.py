@@ -23,9 +23,34 @@ BACKENDS = ("torch", "triton")
 _override: list[str] = []
 
 
-def interpreting() -> bool:
+_gpu_sizes: list[bool] = []
+
+
+def interpreter_active() -> bool:
     """True when Triton kernels run through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def interpreting() -> bool:
+    """True when launchers should size their launches for Triton's CPU interpreter.
+
+    That is: the interpreter is active (:func:`interpreter_active`) and no
+    :func:`gpu_launch_sizes` block is open. Launchers use it to pick block sizes (the interpreter
+    costs ~1 ms per program instance, so it wants few, large blocks; a GPU wants smaller ones).
+    """
+    return interpreter_active() and not _gpu_sizes
+
+
+@contextlib.contextmanager
+def gpu_launch_sizes():
+    """Inside the ``with`` block launchers choose the launch sizes they would use on a GPU, even
+    under the interpreter (:func:`interpreting` returns False). The ahead-of-time compile test
+    (``gpusim/aot.py``) records launches this way, so it compiles what a GPU really runs."""
+    _gpu_sizes.append(True)
+    try:
+        yield
+    finally:
+        _gpu_sizes.pop()
 
 
 def requested_backend() -> str | None:
@@ -54,7 +79,7 @@ def backend_for(tensor: torch.Tensor) -> str:
     if forced == "torch":
         return "torch"
     if forced == "triton":
-        if tensor.device.type != "cuda" and not interpreting():
+        if tensor.device.type != "cuda" and not interpreter_active():
             raise RuntimeError(
                 "GPUSIM_BACKEND=triton on CPU tensors needs TRITON_INTERPRET=1 set before gpusim is imported"
             )

@@ -22,6 +22,7 @@ import math
 import triton
 import triton.language as tl
 
+# Float versions, for torch code (and anything on the host).
 PI = math.pi
 HALF_PI = math.pi / 2
 QUARTER_PI = math.pi / 4
@@ -30,16 +31,26 @@ TWO_PI = 2 * math.pi
 TAN_3PI_8 = 2.414213562373095
 TAN_PI_8 = 0.4142135623730950
 
+# The same values as ``tl.constexpr``, for use inside ``@triton.jit`` code. The compiler only
+# accepts module-level globals that are constexpr (a plain float works under the interpreter and
+# fails to compile with ``NameError``; tests/test_aot_compile.py checks every kernel).
+PI_C: tl.constexpr = tl.constexpr(PI)
+HALF_PI_C: tl.constexpr = tl.constexpr(HALF_PI)
+QUARTER_PI_C: tl.constexpr = tl.constexpr(QUARTER_PI)
+TWO_PI_C: tl.constexpr = tl.constexpr(TWO_PI)
+TAN_3PI_8_C: tl.constexpr = tl.constexpr(TAN_3PI_8)
+TAN_PI_8_C: tl.constexpr = tl.constexpr(TAN_PI_8)
+
 
 @triton.jit
 def atan(x):
     """Arc tangent of a float32 block (rad, in [-pi/2, pi/2])."""
     ax = tl.abs(x)
-    big = ax > TAN_3PI_8
-    mid = (ax > TAN_PI_8) & (~big)
+    big = ax > TAN_3PI_8_C
+    mid = (ax > TAN_PI_8_C) & (~big)
     safe = tl.where(big, ax, 1.0)
     r = tl.where(big, -1.0 / safe, tl.where(mid, (ax - 1.0) / (ax + 1.0), ax))
-    base = tl.where(big, HALF_PI, tl.where(mid, QUARTER_PI, 0.0))
+    base = tl.where(big, HALF_PI_C, tl.where(mid, QUARTER_PI_C, 0.0))
     z = r * r
     p = (((8.05374449538e-2 * z - 1.38776856032e-1) * z + 1.99777106478e-1) * z - 3.33329491539e-1) * z * r + r
     y = base + p
@@ -55,8 +66,8 @@ def atan2(y, x):
     mn = tl.minimum(ax, ay)
     t = mn / tl.where(mx > 0, mx, 1.0)  # in [0, 1]
     r = atan(t)
-    r = tl.where(ay > ax, HALF_PI - r, r)
-    r = tl.where(x < 0, PI - r, r)
+    r = tl.where(ay > ax, HALF_PI_C - r, r)
+    r = tl.where(x < 0, PI_C - r, r)
     return tl.where(y < 0, -r, r)
 
 
@@ -77,7 +88,7 @@ def tan(x):
 @triton.jit
 def wrap_angle(a):
     """Wrap angles to (-pi, pi] (same formula as :func:`wrap_angle_torch`)."""
-    return a - TWO_PI * tl.ceil((a - PI) / TWO_PI)
+    return a - TWO_PI_C * tl.ceil((a - PI_C) / TWO_PI_C)
 
 
 def wrap_angle_torch(a):
