@@ -20,7 +20,9 @@ from gpusim.data.tfrecord import encode_record, iter_records, masked_crc, write_
 from womd_records import json_to_proto, proto_to_json, small_scenario
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
-REAL_TFRECORD = SHARED / "womd_tfrecord" / "motion_data_one_scenario.tfrecord"
+BUNDLED_TFRECORD = pathlib.Path(__file__).resolve().parents[1] / "data" / "womd_tfrecord" / \
+    "motion_data_one_scenario.tfrecord.gz"
+SHARED_TFRECORD = SHARED / "womd_tfrecord" / "motion_data_one_scenario.tfrecord"
 CFG = DataConfig(grid_k=16, grid_edge_k=8)
 
 
@@ -191,9 +193,14 @@ def test_real_json_signals_survive_the_proto_round_trip(tmp_path):
     _assert_packs_equal(a, b)
 
 
-@pytest.mark.skipif(not REAL_TFRECORD.exists(), reason="shared WOMD TFRecord absent")
-def test_real_tfrecord_scenario(tmp_path):
-    pack = ScenarioPack.from_json(REAL_TFRECORD, CFG)
+REAL = [pytest.param(BUNDLED_TFRECORD, id="bundled-gzip"),
+        pytest.param(SHARED_TFRECORD, id="shared", marks=pytest.mark.skipif(
+            not SHARED_TFRECORD.exists(), reason="shared WOMD TFRecord absent"))]
+
+
+@pytest.mark.parametrize("real", REAL)
+def test_real_tfrecord_scenario(tmp_path, real):
+    pack = ScenarioPack.from_json(real, CFG)
     assert pack.scenario_ids == ["637f20cafde22ff8"] and pack.stats["errors"] == []
     assert int(pack.num_signals[0]) == 12 and pack.signal_valid[0].all()
     states = set(pack.signal_state[0].flatten().tolist())
@@ -210,9 +217,9 @@ def test_real_tfrecord_scenario(tmp_path):
     # the same scenario through the JSON path (exported by the test helper) gives the same pack
     from gpusim.data.parse_proto import decode_scenario
 
-    payload = next(iter_records(REAL_TFRECORD))[1]
+    payload = next(iter_records(real))[1]
     js = tmp_path / "real.json"
-    js.write_text(json.dumps(proto_to_json(decode_scenario(payload, REAL_TFRECORD, 0))))
+    js.write_text(json.dumps(proto_to_json(decode_scenario(payload, real, 0))))
     _assert_packs_equal(pack, ScenarioPack.from_json(js, CFG))
 
 
