@@ -311,12 +311,12 @@ def test_run_py_smoke_subprocess(tmp_path):
     assert all(k in lines[-1] for k in ("sps", "pg_loss", "v_loss", "entropy"))
     ck = tmp_path / "runs" / "smoke" / "checkpoint.pt"
     assert ck.exists()
-    r = subprocess.run([sys.executable, str(REPO / "train" / "evaluate.py"), "--checkpoint", str(ck),
-                        "--num-worlds", "2", "--episodes", "1"], cwd=tmp_path, env=env,
+    r = subprocess.run([sys.executable, str(REPO / "train" / "evaluate.py"), "--policy", str(ck),
+                        "--num-worlds", "2", "--json", str(tmp_path / "eval.json"), "--quiet"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert 0.0 <= res["goal_reached"] <= 1.0
+    res = json.loads((tmp_path / "eval.json").read_text())["runs"][0]["summary"]
+    assert 0.0 <= res["goal_reached"]["mean"] <= 1.0
 
 
 def test_cli_parses_env_enums_by_name():

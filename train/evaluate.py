@@ -1,116 +1,358 @@
-"""``python train/evaluate.py --checkpoint C [--data DIR]``: deterministic (argmax / mean action)
-evaluation of a trained policy; prints the metrics as one JSON line.
+"""``python train/evaluate.py --policy PATH|steer_to_goal|constant_speed|expert|random [...]``:
+evaluate trained policies and baselines side by side on every scenario of ``--data``.
 
-The env settings come from the checkpoint (the policy was trained for them). Each evaluation
-episode runs every world for one full horizon; metrics are the env's means over all agent-episodes
-that finished (``episode_return``, ``goal_reached``, ``collided``, ``offroad``, ``score``, ``n``) —
-plain means (``env.metrics(kind="mean")``), not the per-agent EMA used in training reports.
+Every scenario runs ``--episodes-per-scenario`` times in a fixed order (a deterministic sweep, not
+draws with replacement), for every policy and every ``--mode``, under the same env settings and
+seed. Printed: the scenarios that were skipped (with reasons), a summary table (goal, collision,
+offroad, score, episode return, each a mean over agent-episodes with a confidence interval; in
+trial mode also per-trial scores and ``ada_delta_trial_k_minus_0``) and a per-scenario table.
+``--json PATH`` writes all of it as JSON. Details and measured baselines: docs/evaluation.md.
 
-Trial mode (docs/trial.md): ``--k-trials K`` evaluates with ``goal_behavior=trial`` and K trials
-per episode (whatever the policy was trained with) and adds ``trial_k_score`` and
-``ada_delta_trial_k_minus_0``. ``--human-replay`` controls only one agent per world (the first
-controlled one: the self-driving car when it qualifies); every other agent is log-replayed. It
-builds the pack with ``max_controlled = 1`` (from WOMD JSON; a saved pack built for more slots is
-rejected with a clear error).
+Env settings: those of the first checkpoint in ``--policy`` (the policy was trained for them),
+else the training defaults of ``train/run.py`` (``TrainConfig().env``); ``--k-trials K`` switches
+to trial mode with K trials; ``--mode human_replay`` controls one agent per world.
+
+Examples::
+
+    python train/evaluate.py --policy steer_to_goal constant_speed expert random
+    python train/evaluate.py --policy runs/<name>/checkpoint.pt steer_to_goal --json eval.json
+    python train/evaluate.py --policy runs/<name>/checkpoint.pt --k-trials 2 --mode self_play human_replay
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
+import os
 import pathlib
 import sys
+from dataclasses import dataclass, field
+from typing import Literal
 
-if __package__ in (None, ""):
+if __package__ in (None, ""):  # `python train/evaluate.py` from a checkout without `pip install -e .`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import torch
+from rich.markup import escape
 
-from gpusim.config import ActionSpace
-from policy.actor_critic import ActorCritic
-from train.checkpoint import load_checkpoint
-from train.config import cli_registry, default_device, resolve_path
-from train.rollout import RolloutBatch, collect_rollout
-from train.run import _env_config_from_dict, load_pack
+from train.baselines import BASELINES, make_baseline
+from train.config import UserError, default_device, resolve_path
+from train.eval.modes import get_mode
+from train.eval.report import per_scenario, scenario_table, summarise, summary_table
+from train.eval.sweep import CallableDriver, PolicyDriver, default_num_worlds, make_sweep_env, run_sweep, sweep_plan
 
 
-@dataclasses.dataclass
+@dataclass
 class EvalConfig:
     """Arguments of ``train/evaluate.py``.
 
     Attributes:
-        checkpoint: checkpoint file written by ``train/run.py``.
-        data: scenarios (default ``data/womd_sample``, relative to the cwd or the repo root).
-        num_worlds: parallel worlds. episodes: evaluation episodes (each = one horizon of every
-            world). seed: scenario draws. device: ``cuda`` if available else ``cpu``.
-        stochastic: sample actions instead of argmax.
-        k_trials: > 0: evaluate in trial mode with this many trials per episode (0 = as trained).
-        human_replay: one controlled agent per world, all others log-replayed.
+        policy: what to evaluate, several side by side: checkpoint files of ``train/run.py`` and/or
+            baseline names (``steer_to_goal``, ``constant_speed``, ``expert``, ``random``).
+        checkpoint: one more checkpoint (same as adding it to ``--policy``; kept for old scripts).
+        data: scenarios (WOMD JSON directory or saved pack; default ``data/womd_sample``, relative
+            to the cwd or the repository root).
+        mode: evaluation modes, side by side: ``self_play`` (the policy drives every controlled
+            agent) and/or ``human_replay`` (one ego per world, others log-replayed).
+        human_replay: same as ``--mode human_replay`` (kept for old scripts).
+        episodes_per_scenario: how many times every scenario runs (a deterministic policy in a
+            deterministic env repeats itself exactly, so > 1 matters for ``random``,
+            ``--stochastic`` and NEW_GOAL/RESPAWN goals only).
+        num_worlds: worlds per batch (0 = up to 32, spread evenly over the batches).
+        k_trials: > 0: trial mode with this many trials per episode (0 = as trained).
+        stochastic: sample the policies' actions instead of argmax / mean.
+        seed: env generator, ``random`` baseline and sampling seed (the same for every policy).
+        device: ``cuda`` if available else ``cpu``.
+        num_threads: torch CPU threads (0 = torch's default, capped at the CPU cores available).
+        interval: ``normal`` (mean +- 1.96 s / sqrt(n), default) or ``bootstrap`` (percentile).
+        level: confidence level of the intervals. resamples: bootstrap resamples.
+        json: also write the results as JSON to this file.
+        per_scenario: print the per-scenario table.
+        quiet: print nothing (use with ``--json``).
+        debug: show tracebacks of user errors.
     """
 
-    checkpoint: str
+    policy: tuple[str, ...] = ()
+    checkpoint: str | None = None
     data: str = "data/womd_sample"
-    num_worlds: int = 16
-    episodes: int = 4
-    seed: int = 12345
-    device: str = dataclasses.field(default_factory=default_device)
-    stochastic: bool = False
-    k_trials: int = 0
+    mode: tuple[str, ...] = ("self_play",)
     human_replay: bool = False
+    episodes_per_scenario: int = 1
+    num_worlds: int = 0
+    k_trials: int = 0
+    stochastic: bool = False
+    seed: int = 12345
+    device: str = field(default_factory=default_device)
+    num_threads: int = 0
+    interval: Literal["normal", "bootstrap"] = "normal"
+    level: float = 0.95
+    resamples: int = 2000
+    json: str | None = None
+    per_scenario: bool = True
+    quiet: bool = False
+    debug: bool = False
 
 
-def _plain_metrics(env) -> dict:
-    """Plain means over the agent-episodes finished since the last call (not the training EMA)."""
+def available_cores() -> int:
+    """CPU cores this process may run on (affinity mask where the OS has one)."""
     try:
-        return env.metrics(kind="mean")
-    except TypeError:  # an env whose metrics() has no kinds
-        return env.metrics()
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
-@torch.no_grad()
-def evaluate(cfg: EvalConfig) -> dict:
-    """Run the evaluation and return the metrics dict.
+def apply_num_threads(requested: int) -> int:
+    """Set torch's intra-op threads: ``requested``, or (0) torch's default capped at the cores.
 
     Raises:
-        FileNotFoundError / ValueError: for a missing or invalid checkpoint or data.
+        UserError: ``requested < 0``.
     """
-    from gpusim.env import DriveEnv
+    if requested < 0:
+        raise UserError(f"--num-threads must be >= 0, got {requested}")
+    n = requested or min(torch.get_num_threads(), available_cores())
+    torch.set_num_threads(n)
+    return n
 
-    ck = load_checkpoint(resolve_path(cfg.checkpoint))
-    env_config = _env_config_from_dict(ck["env_config"])
-    if cfg.k_trials < 0:
-        raise ValueError(f"--k-trials must be >= 0, got {cfg.k_trials}")
-    if cfg.k_trials > 0:
-        env_config = env_config.replace(goal_behavior="trial", k_trials=cfg.k_trials)
-    if cfg.human_replay:
-        env_config = env_config.replace(max_controlled=1)
-    pack = load_pack(cfg.data, env_config, cfg.device)
-    env = DriveEnv(pack, cfg.num_worlds, config=env_config, device=cfg.device, seed=cfg.seed)
-    policy = ActorCritic.from_description(ck["policy"]).to(cfg.device)
-    policy.load_state_dict(ck["model"])
-    policy.eval()
-    torch.manual_seed(cfg.seed)
-    continuous = env_config.action_space == ActionSpace.CONTINUOUS
-    R, H = env.num_worlds * env.num_slots, env.horizon
-    buf = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, cfg.device)
-    cache = policy.init_cache(R, H, cfg.device)
-    obs = env.reset(seed=cfg.seed)
-    _plain_metrics(env)  # discard anything before the evaluation
-    for _ in range(cfg.episodes):
-        obs, _ = collect_rollout(env, policy, obs, buf, cache, deterministic=not cfg.stochastic)
-    out = {k: float(v) for k, v in _plain_metrics(env).items()}
-    out.update({"checkpoint": str(cfg.checkpoint), "global_step": ck["global_step"], "episodes": cfg.episodes,
-                "num_worlds": cfg.num_worlds, "deterministic": not cfg.stochastic,
-                "k_trials": env_config.k_trials if env_config.trial_mode else 0, "human_replay": cfg.human_replay})
+
+def _env_config_from_dict(d: dict):
+    from gpusim.config import EnvConfig
+
+    names = {f.name for f in dataclasses.fields(EnvConfig)}
+    return EnvConfig(**{k: v for k, v in d.items() if k in names})
+
+
+def _policy_label(spec: str, taken: set) -> str:
+    label = spec
+    if spec not in BASELINES:
+        p = pathlib.Path(spec)
+        label = f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+    base, i = label, 2
+    while label in taken:
+        label, i = f"{base}#{i}", i + 1
+    taken.add(label)
+    return label
+
+
+def _load_policies(specs: list[str], device) -> list[dict]:
+    """``[{"spec", "label", "kind": "baseline"|"checkpoint", "ckpt"}]`` (checkpoints loaded)."""
+    from train.checkpoint import load_checkpoint
+
+    out, taken = [], set()
+    for spec in specs:
+        entry = {"spec": spec, "label": _policy_label(spec, taken), "kind": "baseline", "ckpt": None}
+        if spec not in BASELINES:
+            path = resolve_path(spec)
+            if not path.exists():
+                raise UserError(f"--policy {spec}: no such checkpoint file, and not a baseline "
+                                f"({', '.join(BASELINES)})")
+            entry.update(kind="checkpoint", ckpt=load_checkpoint(path))
+        out.append(entry)
     return out
 
 
+def _base_env_config(policies: list[dict], cfg: EvalConfig):
+    """Env settings of the first checkpoint, else the training defaults; ``--k-trials`` applied."""
+    from train.config import TrainConfig
+
+    ckpts = [p for p in policies if p["kind"] == "checkpoint"]
+    env_config = _env_config_from_dict(ckpts[0]["ckpt"]["env_config"]) if ckpts else TrainConfig().env
+    if cfg.k_trials > 0:
+        env_config = env_config.replace(goal_behavior="trial", k_trials=cfg.k_trials)
+    return env_config
+
+
+def _make_driver(entry: dict, env, cfg: EvalConfig):
+    if entry["kind"] == "baseline":
+        return CallableDriver(make_baseline(entry["spec"], seed=cfg.seed))
+    from policy.actor_critic import ActorCritic
+    from policy.encoders import ObsDims
+
+    ck = entry["ckpt"]
+    policy = ActorCritic.from_description(ck["policy"])
+    want = dataclasses.asdict(ObsDims.from_layout(env.obs_layout))
+    if dataclasses.asdict(policy.dims) != want or policy.num_actions != env.num_actions:
+        raise UserError(f"--policy {entry['spec']}: the checkpoint's observation/action sizes "
+                        f"({dataclasses.asdict(policy.dims)}, {policy.num_actions} actions) do not match the "
+                        f"evaluation env's ({want}, {env.num_actions}); evaluate it on its own or first")
+    policy.load_state_dict(ck["model"])
+    return PolicyDriver(policy.to(env.device), deterministic=not cfg.stochastic)
+
+
+def _check(cfg: EvalConfig) -> list[str]:
+    specs = list(cfg.policy) + ([cfg.checkpoint] if cfg.checkpoint else [])
+    if not specs:
+        raise UserError(f"nothing to evaluate: pass --policy PATH and/or a baseline ({', '.join(BASELINES)})")
+    for name, value, low in (("--episodes-per-scenario", cfg.episodes_per_scenario, 1), ("--k-trials", cfg.k_trials, 0),
+                             ("--num-worlds", cfg.num_worlds, 0), ("--resamples", cfg.resamples, 1)):
+        if value < low:
+            raise UserError(f"{name} must be >= {low}, got {value}")
+    if not 0.0 < cfg.level < 1.0:
+        raise UserError(f"--level must be in (0, 1), got {cfg.level}")
+    return specs
+
+
+def _mode_env(mode, base, data: str, device) -> tuple:
+    """``(env_config, pack, notes)`` of ``mode``: the pack of ``data`` (converted with the mode's
+    settings, or loaded) and the env settings adapted to a saved pack (``train.run``'s rules)."""
+    from train.run import adapt_env_config, load_pack
+
+    env_config = mode.env_config(base)
+    pack = load_pack(data, env_config, device)
+    changed = {k for k, _ in mode.env_changes}
+    built = getattr(getattr(pack, "config", None), "max_controlled", env_config.max_controlled)
+    if "max_controlled" in changed and built != env_config.max_controlled:
+        raise UserError(f"--mode {mode.name} needs a pack with max_controlled={env_config.max_controlled}, "
+                        f"{data} was built with {built}: pass the WOMD JSON directory as --data, or convert "
+                        f"with `python -m gpusim.data convert ... --max-controlled {env_config.max_controlled}`")
+    env_config, notes = adapt_env_config(env_config, pack, changed)
+    return env_config, pack, notes
+
+
+@torch.no_grad()
+def evaluate(cfg: EvalConfig, progress=None) -> dict:
+    """Run the evaluation (module docstring) and return the results as plain data.
+
+    Args:
+        cfg: :class:`EvalConfig`.
+        progress: optional ``rich.progress.Progress`` to advance (one task per policy and mode).
+
+    Returns:
+        ``{"data", "device", "num_threads", "seed", "deterministic", "interval", "level",
+        "episodes_per_scenario", "num_worlds", "k_trials", "env", "skipped", "runs"}``; each run is
+        ``{"label", "policy", "mode", "scenarios" (ids, pack order), "summary" {metric: Interval},
+        "per_scenario" [...], "trial_log"?}``. Use :func:`to_json` for a JSON-ready copy.
+
+    Raises:
+        UserError, FileNotFoundError, ValueError (incl. ``ScenarioError`` and ``CheckpointError``):
+        bad flags, files or data, with a one-line message.
+    """
+    from train.run import check_device
+
+    specs = _check(cfg)
+    modes = [get_mode(m) for m in (("human_replay",) if cfg.human_replay else cfg.mode)]
+    threads = apply_num_threads(cfg.num_threads)
+    device = check_device(cfg.device)
+    policies = _load_policies(specs, device)
+    base = _base_env_config(policies, cfg)
+    out = {"data": cfg.data, "device": str(device), "num_threads": threads, "seed": cfg.seed,
+           "deterministic": not cfg.stochastic, "interval": cfg.interval, "level": cfg.level,
+           "episodes_per_scenario": cfg.episodes_per_scenario, "k_trials": base.k_trials if base.trial_mode else 0,
+           "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": [], "runs": []}
+    for mode in modes:
+        env_config, pack, notes = _mode_env(mode, base, cfg.data, device)
+        out["notes"] += [n for n in notes if n not in out["notes"]]
+        stats = getattr(pack, "stats", {}) or {}
+        out["files"] = stats.get("files", pack.num_scenarios)
+        for item in list(stats.get("errors", [])) + list(stats.get("skipped", [])):
+            if item not in out["skipped"]:
+                out["skipped"].append(dict(item))
+        S, N = pack.num_scenarios, cfg.episodes_per_scenario
+        W = cfg.num_worlds or default_num_worlds(S * N)
+        out["num_worlds"] = W
+        plan = sweep_plan(S, N, W)
+        env = make_sweep_env(pack, W, env_config, device, cfg.seed)
+        for entry in policies:
+            driver = _make_driver(entry, env, cfg)
+            torch.manual_seed(cfg.seed)
+            env.reset(seed=cfg.seed)
+            task = None
+            if progress is not None:
+                task = progress.add_task(escape(f"{entry['label']} ({mode.name})"), total=S * N)
+            on_batch = (lambda n, t=task: progress.advance(t, n)) if task is not None else None
+            agents, worlds = run_sweep(env, driver, plan, egos=mode.egos, on_batch=on_batch)
+            label = entry["label"] if len(modes) == 1 else f"{entry['label']} ({mode.name})"
+            run = {"label": label, "policy": entry["spec"], "mode": mode.name, "scenarios": list(pack.scenario_ids),
+                   "summary": summarise(agents, worlds, cfg.interval, cfg.level, cfg.resamples, cfg.seed),
+                   "per_scenario": per_scenario(agents, S)}
+            if entry["kind"] == "checkpoint":
+                run["global_step"] = int(entry["ckpt"].get("global_step", 0))
+            out["runs"].append(run)
+    return out
+
+
+def _plain(x):
+    if isinstance(x, enum.Enum):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return str(x)
+
+
+def to_json(results: dict) -> dict:
+    """A JSON-ready copy of :func:`evaluate`'s results (intervals as ``{mean, lo, hi, n}``, NaN as null)."""
+    res = dict(results)
+    res["runs"] = [{**r, "summary": {k: iv.to_dict() for k, iv in r["summary"].items()}} for r in results["runs"]]
+    return _plain(res)
+
+
+def print_results(results: dict, console, per_scenario_table: bool = True) -> None:
+    """The skipped files, the summary table and (optionally) the per-scenario table(s)."""
+    if results["skipped"]:
+        console.print(f"[yellow]data: {len(results['skipped'])} of {results.get('files', '?')} file(s) skipped:[/yellow]")
+        for item in results["skipped"]:
+            console.print(f"  skipped {item.get('file', '?')}: {item.get('reason', '?')}", soft_wrap=True)
+    for note in results.get("notes", []):
+        console.print(note, soft_wrap=True)
+    runs = results["runs"]
+    env = results["env"]
+    level = int(round(100 * results["level"]))
+    method = "normal approx." if results["interval"] == "normal" else "percentile bootstrap"
+    title = (f"{results['data']}: {len(runs[0]['scenarios'])} scenarios x {results['episodes_per_scenario']} "
+             f"episode(s); goal {env['goal_behavior']}, collision {env['collision_behavior']}, offroad "
+             f"{env['offroad_behavior']}{', %d trials' % results['k_trials'] if results['k_trials'] else ''}; "
+             f"{'argmax' if results['deterministic'] else 'sampled'} actions; {level}% CI over agent-episodes "
+             f"({method})")
+    console.print(summary_table(runs, title))
+    if per_scenario_table:
+        by_ids: dict = {}
+        for r in runs:
+            by_ids.setdefault(tuple(r["scenarios"]), []).append(r)
+        for ids, group in by_ids.items():
+            console.print(scenario_table(group, list(ids), "per scenario"))
+
+
 def main(argv=None) -> int:
-    """CLI entry point."""
+    """CLI entry point: returns 0, or 2 after a one-line message for a user error (tracebacks
+    only with ``--debug``)."""
     import tyro
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from train.config import cli_registry
+
+    from train.run import USER_ERRORS, one_line
 
     cfg = tyro.cli(EvalConfig, args=argv, registry=cli_registry(), description=__doc__.split("\n\n")[0])
-    print(json.dumps(evaluate(cfg)))
+    err = Console(stderr=True, highlight=False)
+    try:
+        if cfg.quiet:
+            results = evaluate(cfg)
+        else:
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("world-episodes"), TimeElapsedColumn())
+            with Progress(*columns, console=err, transient=False) as progress:
+                results = evaluate(cfg, progress)
+    except USER_ERRORS as e:
+        if cfg.debug:
+            raise
+        print(f"error: {one_line(e)}  (--debug shows the traceback)", file=sys.stderr)
+        return 2
+    if cfg.json:
+        path = pathlib.Path(cfg.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(to_json(results), indent=1))
+    if not cfg.quiet:
+        console = Console(highlight=False)
+        print_results(results, console, cfg.per_scenario)
+        if cfg.json:
+            console.print(f"results written to {cfg.json}")
     return 0
 
 

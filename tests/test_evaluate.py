@@ -1,0 +1,280 @@
+"""Evaluation (``train/evaluate.py``, ``train/eval/``, ``train/baselines.py``): the deterministic
+sweep, known tables on crafted scenes, intervals, trial scores, thread setting and CLI errors."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from gpusim.config import EnvConfig, RoadType
+from tests.synthetic import driver, lane, parked, small_config, synthetic_pack
+from train.baselines import BASELINES, RandomActions, SteerToGoal, constant_speed, make_baseline
+from train.eval.report import per_scenario, summarise
+from train.eval.stats import mean_interval
+from train.eval.sweep import CallableDriver, make_sweep_env, run_sweep, sweep_plan
+from train.evaluate import EvalConfig, apply_num_threads, evaluate, main
+
+LENGTH = 40  # steps per episode in the crafted scenes (4 s)
+
+
+def crafted_scenes() -> list[dict]:
+    """Four one-agent scenes whose outcome under ``constant_speed`` (10 m/s straight along +x) is known:
+
+    0. goal 20 m ahead: goal reached at t = 2 s;
+    1. goal 20 m behind: never reached, nothing hit;
+    2. a parked (log-replayed) car 20 m ahead, goal 30 m ahead: collision;
+    3. a road edge across the road 12 m ahead, goal 30 m ahead: offroad.
+    """
+    road = lane(-60.0, 100.0)
+    ego = lambda goal: driver(0.0, 0.0, 0.0, 10.0, goal=goal)  # noqa: E731
+    edge = [(12.0, -15.0, 12.0, 15.0, int(RoadType.ROAD_EDGE))]
+    return [
+        {"agents": [ego((20.0, 0.0))], "num_controlled": 1, "roads": road},
+        {"agents": [ego((-20.0, 0.0))], "num_controlled": 1, "roads": road},
+        {"agents": [ego((30.0, 0.0)), parked(20.0, 0.0)], "num_controlled": 1, "roads": road},
+        {"agents": [ego((30.0, 0.0))], "num_controlled": 1, "roads": road + edge},
+    ]
+
+
+#: constant_speed on crafted_scenes(): (goal, collided, offroad, return) per scenario
+KNOWN = [(1.0, 0.0, 0.0, 1.0), (0.0, 0.0, 0.0, 0.0), (0.0, 1.0, 0.0, -0.5), (0.0, 0.0, 1.0, -0.5)]
+
+
+def _env_config(**kw) -> EnvConfig:
+    base = dict(max_agents=32, max_controlled=4, num_roads=16, scenario_length=LENGTH,
+                collision_behavior="remove", offroad_behavior="remove")
+    base.update(kw)
+    return EnvConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def pack():
+    return synthetic_pack(crafted_scenes(), small_config(max_agents=32))  # 32: room for the 31 partner slots
+
+
+@pytest.fixture(scope="module")
+def pack_file(pack, tmp_path_factory):
+    return pack.save(tmp_path_factory.mktemp("pack") / "crafted.pt")
+
+
+def _sweep(pack, act, episodes=1, worlds=4, config=None):
+    cfg = config or _env_config()
+    env = make_sweep_env(pack, worlds, cfg, "cpu", seed=0)
+    return env, run_sweep(env, CallableDriver(act), sweep_plan(pack.num_scenarios, episodes, worlds))
+
+
+# ------------------------------------------------------------------------------------- the sweep
+def test_sweep_plan_runs_each_scenario_exactly_n_times_in_order():
+    plan = sweep_plan(num_scenarios=5, episodes=3, num_worlds=4)
+    scen = torch.cat(plan.scenarios)
+    rep = torch.cat(plan.repetition)
+    real = torch.cat(plan.real)
+    assert plan.num_worlds == 4 and len(plan.scenarios) == 4  # 15 world-episodes in 4 batches of 4
+    assert real.sum() == 15 and not real[15:].any() and real[:15].all()  # padding at the end only
+    assert scen[:15].tolist() == [0, 1, 2, 3, 4] * 3  # repetition-major, fixed order
+    assert rep[:15].tolist() == [0] * 5 + [1] * 5 + [2] * 5
+    assert torch.bincount(scen[real], minlength=5).tolist() == [3] * 5
+    with pytest.raises(ValueError):
+        sweep_plan(0, 1, 1)
+
+
+def test_sweep_covers_each_scenario_n_times(pack):
+    """3 episodes of 4 scenarios in batches of 5 worlds (the last batch padded): every scenario's
+    agent-episode appears exactly 3 times, once per repetition, whatever the batch."""
+    _, (agents, _) = _sweep(pack, constant_speed, episodes=3, worlds=5)
+    assert torch.bincount(agents["scenario"].long(), minlength=4).tolist() == [3, 3, 3, 3]
+    for s in range(4):
+        assert sorted(agents["repetition"][agents["scenario"] == s].tolist()) == [0, 1, 2]
+    rows = per_scenario(agents, 4)
+    assert [r["episodes"] for r in rows] == [3] * 4 and [r["agent_episodes"] for r in rows] == [3] * 4
+
+
+def test_reset_with_scenarios_sets_each_world(pack):
+    env = make_sweep_env(pack, 3, _env_config(), "cpu", seed=0)
+    env.reset(scenarios=torch.tensor([3, 0, 2]))
+    assert env.state.scenario.tolist() == [3, 0, 2]
+    with pytest.raises(ValueError, match="scenarios"):
+        env.reset(scenarios=torch.tensor([0, 1, 4]))
+    with pytest.raises(ValueError, match="scenarios"):
+        env.reset(scenarios=torch.tensor([0, 1]))
+
+
+# ------------------------------------------------------------------------------------- known tables
+def test_known_policy_gives_known_table(pack):
+    _, (agents, _) = _sweep(pack, constant_speed)
+    order = agents["scenario"].argsort()
+    got = torch.stack([agents[k][order] for k in ("goal_reached", "collided", "offroad", "episode_return")], 1)
+    assert got.tolist() == [list(row) for row in KNOWN]
+    s = summarise(agents)
+    assert s["goal_reached"].mean == 0.25 and s["collided"].mean == 0.25 and s["offroad"].mean == 0.25
+    assert s["score"].mean == 0.25 and s["episode_return"].mean == 0.0
+    half = 1.959964 * 0.5 / 2.0  # z * s / sqrt(n) with s = 0.5 for (1, 0, 0, 0)
+    assert s["goal_reached"].lo == 0.0 and s["goal_reached"].hi == pytest.approx(0.25 + half, abs=1e-5)
+    assert s["goal_reached"].n == 4
+
+
+def test_cli_known_table_json(pack_file, tmp_path, capsys):
+    """The CLI on the saved crafted pack: env settings adopted from the pack, the known table in the
+    JSON, both printed tables, baselines side by side."""
+    out = tmp_path / "eval.json"
+    rc = main(["--policy", "constant_speed", "expert", "--data", str(pack_file), "--json", str(out),
+               "--num-threads", "1", "--device", "cpu"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    runs = {r["label"]: r for r in res["runs"]}
+    assert set(runs) == {"constant_speed", "expert"}
+    cs = runs["constant_speed"]
+    assert cs["scenarios"] == [f"synthetic_{s}" for s in range(4)]
+    assert cs["summary"]["goal_reached"]["mean"] == 0.25 and cs["summary"]["goal_reached"]["n"] == 4
+    assert [r["goal_reached"] for r in cs["per_scenario"]] == [k[0] for k in KNOWN]
+    assert [r["collided"] for r in cs["per_scenario"]] == [k[1] for k in KNOWN]
+    assert runs["expert"]["summary"]["goal_reached"]["n"] == 4
+    assert res["num_threads"] == 1 and res["episodes_per_scenario"] == 1
+    text = capsys.readouterr().out
+    assert "synthetic_3" in text and "constant_speed" in text and "0.250 [0.000, 0.740]" in text
+
+
+def test_recorded_episodes_match_env_metrics(pack):
+    """The evaluator's per agent-episode records agree with the env's own plain means."""
+    env, (agents, _) = _sweep(pack, RandomActions(seed=3), episodes=2, worlds=4)
+    m = env.metrics(kind="mean")
+    assert m["n"] == agents["goal_reached"].numel() == 8
+    for k in ("goal_reached", "collided", "offroad", "score", "episode_return", "episode_length"):
+        assert float(agents[k].double().mean()) == pytest.approx(m[k], abs=1e-6), k
+
+
+def test_trial_scores_and_ada_delta(pack):
+    """Trial mode with a driver that brakes in trial 0 and drives on in trial 1: per-trial scores,
+    the clean score (goal without contact), paired ada_delta and the trial logs are as scripted."""
+    brake = torch.tensor(0 * 13 + 6)  # -4 m/s^2, straight
+
+    def act(env):
+        a = constant_speed(env)
+        first = (env.state.trial_count == 0)[:, None]
+        return torch.where(first, brake, a)
+
+    cfg = _env_config(goal_behavior="trial", k_trials=2, offroad_behavior="ignore")
+    _, (agents, worlds) = _sweep(pack, act, config=cfg)
+    order = agents["scenario"].argsort()
+    t0, t1 = agents["trial_0_score"][order].tolist(), agents["trial_1_score"][order].tolist()
+    assert t0 == [0, 0, 0, 0]
+    # scene 3 with offroad IGNORE: the agent crosses the edge and still reaches its goal at 30 m
+    assert t1 == [1, 0, 0, 1]
+    assert agents["trial_1_clean_score"][order].tolist() == [1, 0, 0, 0]
+    s = summarise(agents, worlds)
+    assert s["ada_delta_trial_1_minus_0"].mean == 0.5
+    assert s["trial_1_score"].mean == 0.5 and s["trial_1_clean_score"].mean == 0.25
+    assert worlds["trials"].tolist() == [2, 2, 2, 2]
+    # trial 0 always times out; trial 1 ends early (goal: agent removed) in scenes 0, 2 (collision) and 3
+    assert s["trials_ended_early"].mean == pytest.approx(3 / 8)
+
+
+# ------------------------------------------------------------------------------------- intervals
+def test_intervals():
+    iv = mean_interval([1.0, 0.0, 0.0, 0.0])
+    assert iv.mean == 0.25 and iv.n == 4
+    half = 1.959964 * 0.5 / 2.0
+    assert iv.lo == pytest.approx(0.25 - half, abs=1e-5) and iv.hi == pytest.approx(0.25 + half, abs=1e-5)
+    assert mean_interval([1.0, 0.0, 0.0, 0.0], bounds=(0.0, 1.0)).lo == 0.0
+    assert mean_interval([1.0, 0.0], level=0.9).hi == pytest.approx(0.5 + 1.644854 * math.sqrt(0.5) / math.sqrt(2), abs=1e-5)
+    same = mean_interval(torch.ones(10), method="bootstrap")
+    assert (same.lo, same.hi) == (1.0, 1.0)
+    x = (torch.arange(400) % 2).float()  # 200 ones, 200 zeros: normal half-width 1.96 * 0.5006 / 20
+    boot, norm = mean_interval(x, method="bootstrap", seed=1), mean_interval(x)
+    assert boot.lo == pytest.approx(norm.lo, abs=0.01) and boot.hi == pytest.approx(norm.hi, abs=0.01)
+    assert mean_interval(x, method="bootstrap", seed=1) == boot  # seeded
+    one = mean_interval([0.5])
+    assert one.mean == 0.5 and math.isnan(one.lo) and math.isnan(mean_interval([]).mean)
+    with pytest.raises(ValueError, match="method"):
+        mean_interval([1.0], method="wilson")
+    with pytest.raises(ValueError, match="level"):
+        mean_interval([1.0], level=1.0)
+
+
+def test_ada_delta_interval_is_paired():
+    """ada_delta's interval is that of the per-agent differences (not of two independent means)."""
+    t0 = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0])
+    agents = {"trial_0_score": t0, "trial_1_score": t0.clone(), "trial_0_clean_score": t0,
+              "trial_1_clean_score": t0, **{k: t0 for k in ("goal_reached", "collided", "offroad", "score",
+                                                              "episode_return")}}
+    d = summarise(agents)["ada_delta_trial_1_minus_0"]
+    assert (d.mean, d.lo, d.hi) == (0.0, 0.0, 0.0)
+
+
+# ------------------------------------------------------------------------------------- baselines
+def test_baselines_actions_and_behaviour(pack):
+    env = make_sweep_env(pack, 4, _env_config(), "cpu", seed=0)
+    env.reset(scenarios=torch.arange(4))
+    for name in BASELINES:
+        a = make_baseline(name, seed=0)(env)
+        assert a.shape == (4, 4) and a.dtype == torch.int64 and 0 <= int(a.min()) and int(a.max()) < 91, name
+    assert constant_speed(env).unique().tolist() == [3 * 13 + 6]  # (0 m/s^2, 0 rad)
+    r1, r2 = RandomActions(5)(env), RandomActions(5)(env)
+    assert torch.equal(r1, r2)
+    with pytest.raises(ValueError, match="steer_to_goal"):
+        make_baseline("nope")
+    cont = make_sweep_env(pack, 4, _env_config(action_space="continuous"), "cpu", seed=0)
+    cont.reset(scenarios=torch.arange(4))
+    for name in BASELINES:
+        a = make_baseline(name, seed=0)(cont)
+        assert a.shape == (4, 4, 2) and a.dtype == torch.float32 and float(a.abs().max()) <= 1.0, name
+    # steer_to_goal: straight at a goal ahead; full lock and braking (to turn_speed) for one behind
+    accel, steer = SteerToGoal().controls(env)
+    assert float(steer[0, 0]) == 0.0 and float(steer[1, 0]) == 1.0 and float(accel[1, 0]) == -4.0
+    _, (agents, _) = _sweep(pack, SteerToGoal())
+    assert agents["goal_reached"][agents["scenario"] == 0].tolist() == [1.0]
+
+
+# ------------------------------------------------------------------------------------- CLI
+def test_num_threads_applied(pack_file, monkeypatch, tmp_path):
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert main(["--policy", "constant_speed", "--data", str(pack_file), "--num-threads", "1", "--quiet",
+                     "--device", "cpu"]) == 0
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        monkeypatch.setattr("train.evaluate.available_cores", lambda: 1)
+        assert apply_num_threads(0) == 1 and torch.get_num_threads() == 1  # default capped at the cores
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "nothing to evaluate"),
+    (["--policy", "missing.pt"], "no such checkpoint"),
+    (["--policy", "random", "--mode", "coplayer"], "coplayer"),
+    (["--policy", "random", "--episodes-per-scenario", "0"], "--episodes-per-scenario"),
+    (["--policy", "random", "--num-threads", "-1"], "--num-threads"),
+    (["--policy", "random", "--data", "no/such/dir"], "no such file"),
+])
+def test_cli_user_errors_exit_2(argv, message, capsys):
+    assert main(argv + ["--device", "cpu", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in err[0]
+
+
+def test_policy_checkpoint_is_deterministic(pack_file, tmp_path):
+    """A trained-policy checkpoint evaluates with argmax actions: the same numbers twice; its env
+    settings (from the checkpoint) are used for the baselines beside it."""
+    from gpusim.kernels.observations import obs_layout
+    from policy.actor_critic import ActorCritic, PolicyConfig
+    from train.checkpoint import save_checkpoint
+    from train.config import TrainConfig
+
+    env_config = _env_config()
+    torch.manual_seed(0)
+    pol = ActorCritic(obs_layout(env_config.num_partners, env_config.num_roads), 91, False,
+                      PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16))
+    env_dict = TrainConfig(env=env_config).to_dict()["env"]
+    ck = save_checkpoint(tmp_path / "run" / "checkpoint.pt", policy=pol, optimizer=torch.optim.Adam(pol.parameters()),
+                         global_step=7, update=1, config={"env": env_dict}, env_config=env_dict)
+    cfg = EvalConfig(policy=(str(ck), "constant_speed"), data=str(pack_file), device="cpu", num_threads=1)
+    a, b = evaluate(cfg), evaluate(cfg)
+    assert [r["label"] for r in a["runs"]] == ["run/checkpoint.pt", "constant_speed"]
+    assert a["runs"][0]["global_step"] == 7 and a["env"]["scenario_length"] == LENGTH
+    for k in ("goal_reached", "collided", "episode_return"):
+        assert a["runs"][0]["summary"][k] == b["runs"][0]["summary"][k]

@@ -1,0 +1,135 @@
+"""Summaries of evaluation records (means with confidence intervals) and their rich tables.
+
+Input: the per agent-episode records of :func:`train.eval.sweep.run_sweep` (1-D CPU tensors per
+column). Reported metrics (:data:`METRICS`, labels in brackets):
+
+* ``goal_reached`` (goal), ``collided`` (collision), ``offroad`` (offroad), ``score`` (goal
+  reached without collision or offroad), ``episode_return`` (return), as in ``gpusim/metrics.py``;
+* trial mode: ``trial_k_score`` (goal reached in trial k, DESIGN.md section 5),
+  ``trial_k_clean_score`` (goal in trial k without collision/offroad — what the env's training
+  metrics call ``trial_k_score`` today) and ``ada_delta_trial_k_minus_0`` = the mean over
+  agent-episodes of ``trial_k_score - trial_0_score`` (paired, so its interval is that of the
+  per-agent differences), plus per world-episode trial logs (trials completed, share ended before
+  the timeout, mean trial length in steps).
+
+Every mean comes with a confidence interval over agent-episodes (:mod:`train.eval.stats`),
+clipped to the metric's range (``[0, 1]`` for rates, ``[-1, 1]`` for ``ada_delta``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from train.eval.stats import Interval, mean_interval
+
+#: (column, label) of the main metrics, in table order.
+METRICS = (("goal_reached", "goal"), ("collided", "collision"), ("offroad", "offroad"), ("score", "score"),
+           ("episode_return", "return"))
+
+
+def _trial_count(agents: dict) -> int:
+    k = 0
+    while f"trial_{k}_score" in agents:
+        k += 1
+    return k
+
+
+def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", level: float = 0.95,
+              resamples: int = 2000, seed: int = 0) -> dict[str, Interval]:
+    """Means with intervals of every reported metric (module docstring).
+
+    Args:
+        agents: per agent-episode columns (1-D tensors of equal length).
+        worlds: per world-episode trial columns (``trials``, ``trials_ended_early``,
+            ``trial_steps``) or empty / None outside trial mode.
+        method, level, resamples, seed: see :func:`train.eval.stats.mean_interval`.
+
+    Returns:
+        ``{metric name: Interval}`` in table order (trial metrics after the main ones).
+    """
+    def ci(x, bounds=(0.0, 1.0)):
+        return mean_interval(x, method=method, level=level, resamples=resamples, seed=seed, bounds=bounds)
+
+    out = {name: ci(agents[name], None if name == "episode_return" else (0.0, 1.0)) for name, _ in METRICS}
+    K = _trial_count(agents)
+    for k in range(K):
+        out[f"trial_{k}_score"] = ci(agents[f"trial_{k}_score"])
+    for k in range(K):
+        out[f"trial_{k}_clean_score"] = ci(agents[f"trial_{k}_clean_score"])
+    for k in range(1, K):
+        out[f"ada_delta_trial_{k}_minus_0"] = ci(agents[f"trial_{k}_score"] - agents["trial_0_score"], (-1.0, 1.0))
+    if worlds:
+        trials = worlds["trials"].to(torch.float64)
+        out["trials_per_episode"] = ci(trials, (0.0, float(trials.max())))
+        out["trials_ended_early"] = ci(worlds["trials_ended_early"].to(torch.float64) / trials.clamp_min(1))
+        n_trials = float(trials.sum())
+        steps = float(worlds["trial_steps"].sum()) / n_trials if n_trials else float("nan")
+        out["mean_trial_length"] = Interval(steps, float("nan"), float("nan"), int(n_trials), method, level)
+    return out
+
+
+def per_scenario(agents: dict, num_scenarios: int) -> list[dict]:
+    """Plain means per scenario index ``s`` in ``[0, num_scenarios)``: ``{"index", "agent_episodes",
+    "episodes", <metric>: mean}`` (``episodes`` = distinct repetitions; NaN means when empty)."""
+    rows = []
+    scen = agents["scenario"].to(torch.int64)
+    for s in range(num_scenarios):
+        m = scen == s
+        n = int(m.sum())
+        row = {"index": s, "agent_episodes": n, "episodes": int(agents["repetition"][m].unique().numel())}
+        for name, _ in METRICS:
+            row[name] = float(agents[name][m].to(torch.float64).mean()) if n else float("nan")
+        rows.append(row)
+    return rows
+
+
+def _fmt(x: float, digits: int = 3) -> str:
+    return "—" if not math.isfinite(x) else f"{x:.{digits}f}"
+
+
+def format_interval(iv: Interval, digits: int = 3) -> str:
+    """``"0.650 [0.585, 0.715]"`` (or just the mean when the interval is undefined)."""
+    if not math.isfinite(iv.lo):
+        return _fmt(iv.mean, digits)
+    return f"{_fmt(iv.mean, digits)} [{_fmt(iv.lo, digits)}, {_fmt(iv.hi, digits)}]"
+
+
+def summary_table(runs: list[dict], title: str):
+    """A rich Table: one row per metric, one column per run (``run["label"]``, ``run["summary"]``)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(title), title_justify="left")
+    table.add_column("metric")
+    for run in runs:
+        table.add_column(escape(run["label"]), justify="right")
+    labels = dict(METRICS)
+    names = []
+    for run in runs:
+        names += [k for k in run["summary"] if k not in names]
+    for name in names:
+        cells = [format_interval(r["summary"][name]) if name in r["summary"] else "" for r in runs]
+        table.add_row(labels.get(name, name), *cells)
+    n = [str(r["summary"]["goal_reached"].n) for r in runs]
+    table.add_row("agent-episodes", *n, style="dim")
+    return table
+
+
+def scenario_table(runs: list[dict], scenario_ids: list[str], title: str):
+    """A rich Table: one row per scenario (id, agent-episodes), per run ``goal / collision / offroad``."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(title), title_justify="left", caption="cells: goal / collision / offroad (plain means)")
+    table.add_column("#", justify="right")
+    table.add_column("scenario")
+    table.add_column("agent-eps", justify="right")
+    for run in runs:
+        table.add_column(escape(run["label"]), justify="right")
+    for s, sid in enumerate(scenario_ids):
+        rows = [r["per_scenario"][s] for r in runs]
+        cells = [f"{_fmt(x['goal_reached'], 2)} / {_fmt(x['collided'], 2)} / {_fmt(x['offroad'], 2)}" for x in rows]
+        table.add_row(str(s), escape(sid), str(rows[0]["agent_episodes"]), *cells)
+    return table

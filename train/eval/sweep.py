@@ -1,0 +1,289 @@
+"""The deterministic evaluation sweep: every scenario the same number of times, in a fixed order.
+
+* :func:`sweep_plan` lays out ``S x N`` world-episodes (scenario ``s``, repetition ``r``) in the
+  order ``r = 0: s = 0 .. S-1, r = 1: ...`` and cuts them into batches of ``W`` worlds; the last
+  batch is padded with scenarios from the start of the plan whose results are dropped
+  (``real = False``). No draws with replacement: each scenario runs exactly ``N`` times.
+* each batch starts with ``DriveEnv.reset(scenarios=...)`` ([W] pack indices: world ``w`` runs
+  ``scenarios[w]``); the env's own auto-reset at the end of an episode is overridden that way.
+* Drivers produce actions: :class:`CallableDriver` wraps an ``act(env) -> actions`` baseline,
+  :class:`PolicyDriver` a trained :class:`policy.ActorCritic` (KV-cache memory, argmax by default).
+* :func:`run_sweep` runs every batch for one full episode (``env.horizon`` steps) and returns one
+  record per ego agent-episode (:data:`AGENT_COLUMNS`) and one per world-episode
+  (:data:`WORLD_COLUMNS`), accumulated on the device from the :class:`~gpusim.env.StepResult` s
+  (same definitions as ``gpusim/metrics.py``) and read to the host once per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+#: Per agent-episode columns of :func:`run_sweep` (trial columns added in trial mode).
+AGENT_COLUMNS = ("scenario", "world", "slot", "repetition", "episode_return", "episode_length", "goal_reached",
+                 "collided", "offroad", "score")
+#: Per world-episode columns of :func:`run_sweep` (trial mode only; else empty).
+WORLD_COLUMNS = ("scenario", "repetition", "trials", "trials_ended_early", "trial_steps")
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """Batches of world-episodes: ``scenarios[b]`` / ``repetition[b]`` [W] int64, ``real[b]`` [W]
+    bool (False = padding world whose results are dropped). ``num_scenarios`` S, ``episodes`` N."""
+
+    scenarios: tuple
+    repetition: tuple
+    real: tuple
+    num_scenarios: int
+    episodes: int
+
+    @property
+    def num_worlds(self) -> int:
+        return int(self.scenarios[0].numel())
+
+
+def default_num_worlds(total: int, max_worlds: int = 32) -> int:
+    """Worlds per batch for ``total`` world-episodes: at most ``max_worlds``, spread evenly over
+    ``ceil(total / max_worlds)`` batches so the last batch wastes the fewest padding worlds."""
+    if total < 1 or max_worlds < 1:
+        raise ValueError(f"default_num_worlds: total and max_worlds must be >= 1, got {total}, {max_worlds}")
+    batches = math.ceil(total / max_worlds)
+    return math.ceil(total / batches)
+
+
+def sweep_plan(num_scenarios: int, episodes: int, num_worlds: int) -> SweepPlan:
+    """The deterministic sweep (module docstring): ``num_scenarios x episodes`` world-episodes in
+    batches of ``num_worlds``.
+
+    Raises:
+        ValueError: a size below 1.
+    """
+    S, N, W = int(num_scenarios), int(episodes), int(num_worlds)
+    if S < 1 or N < 1 or W < 1:
+        raise ValueError(f"sweep_plan: scenarios, episodes and worlds must be >= 1, got {S}, {N}, {W}")
+    flat_s = torch.arange(S).repeat(N)
+    flat_r = torch.arange(N).repeat_interleave(S)
+    total = S * N
+    batches = math.ceil(total / W)
+    pad = batches * W - total
+    idx = torch.cat([torch.arange(total), torch.arange(pad) % total])
+    real = torch.arange(batches * W) < total
+    return SweepPlan(
+        scenarios=tuple(flat_s[idx].view(batches, W).unbind(0)),
+        repetition=tuple(flat_r[idx].view(batches, W).unbind(0)),
+        real=tuple(real.view(batches, W).unbind(0)),
+        num_scenarios=S, episodes=N)
+
+
+# ----------------------------------------------------------------------------- env
+def make_sweep_env(pack, num_worlds: int, config, device, seed: int):
+    """The :class:`gpusim.env.DriveEnv` of a sweep (its ``reset(scenarios=...)`` sets each world's
+    scenario).
+
+    Raises:
+        ValueError: what ``DriveEnv`` raises (pack/config mismatch, ...).
+    """
+    from gpusim.env import DriveEnv
+
+    return DriveEnv(pack, num_worlds, config=config, device=device, seed=seed)
+
+
+# ----------------------------------------------------------------------------- drivers
+class Driver(Protocol):
+    """Produces the actions of every slot, one env step at a time."""
+
+    def begin(self, env, obs: torch.Tensor) -> None:
+        """A new episode starts in every world (``obs`` [W, C, D] its first observation)."""
+
+    def act(self, env, obs: torch.Tensor) -> torch.Tensor:
+        """Actions for ``env.step``: [W, C] int64 or [W, C, 2] float32."""
+
+    def observe(self, env, result) -> None:
+        """The :class:`~gpusim.env.StepResult` of the actions just returned."""
+
+
+class CallableDriver:
+    """A stateless ``act(env) -> actions`` callable (e.g. a baseline of ``train/baselines.py``)."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+
+    def begin(self, env, obs):
+        pass
+
+    def act(self, env, obs):
+        return self.fn(env)
+
+    def observe(self, env, result):
+        pass
+
+
+class PolicyDriver:
+    """A trained :class:`policy.ActorCritic` with its KV cache (memory), as in ``train/rollout.py``.
+
+    Memory is cleared for every slot at :meth:`begin` and per slot after a terminal; a trial
+    boundary (truncation) keeps it. Steps where the agent was removed are passed as removed.
+
+    Args:
+        policy: the model (put in eval mode). deterministic: argmax (discrete) / mean (continuous)
+            actions; else sampled with torch's global generator.
+    """
+
+    def __init__(self, policy, deterministic: bool = True):
+        self.policy = policy.eval()
+        self.deterministic = deterministic
+        self._cache = None
+        self._removed = None
+
+    def begin(self, env, obs):
+        R = env.num_worlds * env.num_slots
+        if self._cache is None or self._removed is None or self._removed.numel() != R:
+            self._cache = self.policy.init_cache(R, env.horizon, obs.device)
+        self.policy.reset_cache(self._cache)
+        self._removed = torch.zeros(R, dtype=torch.bool, device=obs.device)
+
+    def act(self, env, obs):
+        W, C = env.num_worlds, env.num_slots
+        logits, _, self._cache = self.policy.forward_eval(obs.reshape(W * C, -1), self._cache, self._removed)
+        action = self.policy.sample(logits, self.deterministic)
+        action = action.reshape(W, C, *action.shape[1:])
+        return action.clamp(-1.0, 1.0) if self.policy.continuous else action
+
+    def observe(self, env, result):
+        R = env.num_worlds * env.num_slots
+        self._removed = result.removed.reshape(R)
+        self.policy.reset_cache(self._cache, result.terminal.reshape(R))
+
+
+# ----------------------------------------------------------------------------- the sweep
+def _self_play_egos(env) -> torch.Tensor:
+    return env.state.slot_active.clone()
+
+
+@torch.no_grad()
+def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _self_play_egos) -> dict:
+    """One synchronous episode (``env.horizon`` steps) of every world, world ``w`` on ``scenarios[w]``.
+
+    Args:
+        env: an env from :func:`make_sweep_env`. driver: :class:`Driver`.
+        scenarios: [W] int64 pack indices.
+        egos: ``egos(env) -> [W, C] bool`` slots whose agent-episodes are recorded (called right
+            after the reset; default: every active slot).
+
+    Returns:
+        Device tensors: ``ego`` [W, C] bool; ``episode_return`` [W, C] float32; ``episode_length``
+        [W, C] int64 (valid steps); ``goal_reached``, ``collided``, ``offroad`` [W, C] bool;
+        in trial mode also ``trial_goal``, ``trial_collided``, ``trial_offroad`` [W, C, K] bool,
+        ``trials``, ``trials_ended_early``, ``trial_steps`` [W] int64.
+    """
+    cfg = env.config
+    obs = env.reset(scenarios=scenarios.to(env.device))
+    ego = egos(env).to(torch.bool)
+    driver.begin(env, obs)
+    W, C, dev = env.num_worlds, env.num_slots, env.device
+    ret = torch.zeros(W, C, device=dev)
+    length = torch.zeros(W, C, dtype=torch.int64, device=dev)
+    goal, col, off = (torch.zeros(W, C, dtype=torch.bool, device=dev) for _ in range(3))
+    trial = bool(cfg.trial_mode)
+    K = int(cfg.k_trials) if trial else 1
+    tg, tc, to = (torch.zeros(W, C, K, dtype=torch.bool, device=dev) for _ in range(3))
+    tcount = torch.zeros(W, dtype=torch.int64, device=dev)
+    clock = torch.zeros(W, dtype=torch.int64, device=dev)
+    t_steps = torch.zeros(W, dtype=torch.int64, device=dev)
+    early = torch.zeros(W, dtype=torch.int64, device=dev)
+    for _ in range(env.horizon):
+        res = env.step(driver.act(env, obs))
+        g, c, o = res.info["goal_reached"], res.info["collided"], res.info["offroad"]
+        ret += res.reward
+        length += res.loss_mask.to(torch.int64)
+        goal |= g
+        col |= c
+        off |= o
+        if trial:
+            cur = torch.nn.functional.one_hot(tcount.clamp_max(K - 1), K).to(torch.bool)[:, None, :]
+            tg |= g[..., None] & cur
+            tc |= c[..., None] & cur
+            to |= o[..., None] & cur
+            ended = res.trial_ended.any(dim=1)
+            clock += (tcount < K).to(torch.int64)
+            t_steps += torch.where(ended, clock, 0)
+            early += (ended & (clock < cfg.scenario_length)).to(torch.int64)
+            clock = torch.where(ended, 0, clock)
+            tcount += ended.to(torch.int64)
+        driver.observe(env, res)
+        obs = res.obs
+    out = {"ego": ego, "episode_return": ret, "episode_length": length, "goal_reached": goal, "collided": col,
+           "offroad": off}
+    if trial:
+        out.update(trial_goal=tg, trial_collided=tc, trial_offroad=to, trials=tcount, trials_ended_early=early,
+                   trial_steps=t_steps)
+    return out
+
+
+def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor, real: torch.Tensor) -> tuple[dict, dict]:
+    """Host records of one :func:`run_episode` result (the batch's one host read).
+
+    Returns:
+        ``(agents, worlds)``: dicts of 1-D CPU tensors, one entry per recorded ego agent-episode
+        (:data:`AGENT_COLUMNS` + ``trial_k_score`` / ``trial_k_clean_score``; the score columns
+        are float 0/1) and per real world-episode (:data:`WORLD_COLUMNS`, trial mode only).
+    """
+    ego = ep["ego"]
+    W, C = ego.shape
+    dev = ego.device
+    keep = ego & real.to(dev)[:, None]
+    wi = torch.arange(W, device=dev)[:, None].expand(W, C)
+    ci = torch.arange(C, device=dev)[None, :].expand(W, C)
+    cols = {
+        "scenario": scenarios.to(dev)[:, None].expand(W, C), "world": wi, "slot": ci,
+        "repetition": repetition.to(dev)[:, None].expand(W, C),
+        "episode_return": ep["episode_return"], "episode_length": ep["episode_length"],
+        "goal_reached": ep["goal_reached"], "collided": ep["collided"], "offroad": ep["offroad"],
+        "score": ep["goal_reached"] & ~ep["collided"] & ~ep["offroad"],
+    }
+    if "trial_goal" in ep:
+        clean = ep["trial_goal"] & ~ep["trial_collided"] & ~ep["trial_offroad"]
+        for k in range(ep["trial_goal"].shape[-1]):
+            cols[f"trial_{k}_score"] = ep["trial_goal"][..., k]
+            cols[f"trial_{k}_clean_score"] = clean[..., k]
+    agents = {k: v[keep].cpu() for k, v in cols.items()}
+    for k, v in agents.items():
+        if v.dtype == torch.bool:
+            agents[k] = v.to(torch.float32)
+    worlds = {}
+    if "trials" in ep:
+        r = real.to(dev)
+        worlds = {"scenario": scenarios.to(dev)[r].cpu(), "repetition": repetition.to(dev)[r].cpu(),
+                  **{k: ep[k][r].cpu() for k in ("trials", "trials_ended_early", "trial_steps")}}
+    return agents, worlds
+
+
+def run_sweep(env, driver: Driver, plan: SweepPlan, egos: Callable = _self_play_egos,
+              on_batch: Callable | None = None) -> tuple[dict, dict]:
+    """Run every batch of ``plan`` (:func:`run_episode`) and concatenate :func:`episode_records`.
+
+    Args:
+        env: from :func:`make_sweep_env` with ``plan.num_worlds`` worlds. driver: :class:`Driver`.
+        plan: :func:`sweep_plan`. egos: see :func:`run_episode`.
+        on_batch: called with the number of real world-episodes after each batch (progress).
+
+    Returns:
+        ``(agents, worlds)`` dicts of concatenated 1-D CPU tensors (see :func:`episode_records`).
+
+    Raises:
+        ValueError: the env's world count differs from the plan's.
+    """
+    if env.num_worlds != plan.num_worlds:
+        raise ValueError(f"run_sweep: env has {env.num_worlds} worlds, the plan {plan.num_worlds}")
+    agents, worlds = [], []
+    for scen, rep, real in zip(plan.scenarios, plan.repetition, plan.real):
+        a, w = episode_records(run_episode(env, driver, scen, egos), scen, rep, real)
+        agents.append(a)
+        worlds.append(w)
+        if on_batch is not None:
+            on_batch(int(real.sum()))
+    cat = lambda parts: {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts and parts[0] else {}  # noqa: E731
+    return cat(agents), cat(worlds)
