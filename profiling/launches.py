@@ -2,7 +2,8 @@
 
 The helpers patch ``run`` of Triton's ``JITFunction`` (and, when present, the interpreter's
 ``InterpretedFunction``) for the duration of a ``with`` block and restore it on exit, also when the
-block raises. Warm-up calls are not counted. Results are live: they can be read inside the block.
+block raises (``gpusim.aot.on_launch``, shared with the ahead-of-time compile test). Warm-up calls
+are not counted. Results are live: they can be read inside the block.
 """
 
 from __future__ import annotations
@@ -10,36 +11,7 @@ from __future__ import annotations
 import collections
 import contextlib
 
-
-@contextlib.contextmanager
-def _on_launch(callback):
-    """Call ``callback(jit_function, args, kwargs)`` before every (non-warm-up) Triton launch."""
-    classes = []
-    try:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        classes.append(InterpretedFunction)
-    except ImportError:  # pragma: no cover
-        pass
-    from triton.runtime.jit import JITFunction
-
-    classes.append(JITFunction)
-    saved = []
-    for cls in classes:
-        orig = cls.run
-
-        def run(self, *args, __orig=orig, **kwargs):
-            if not kwargs.get("warmup", False):
-                callback(self, args, kwargs)
-            return __orig(self, *args, **kwargs)
-
-        cls.run = run
-        saved.append((cls, orig))
-    try:
-        yield
-    finally:
-        for cls, orig in saved:
-            cls.run = orig
+from gpusim.aot import on_launch
 
 
 @contextlib.contextmanager
@@ -52,7 +24,7 @@ def record_launches():
         bound.update({k: v for k, v in kwargs.items() if k in fn.arg_names})
         log.append((fn.fn.__name__, bound))
 
-    with _on_launch(record):
+    with on_launch(record):
         yield log
 
 
@@ -64,5 +36,5 @@ def count_launches():
     def count(fn, args, kwargs):
         counts[fn.fn.__name__] += 1
 
-    with _on_launch(count):
+    with on_launch(count):
         yield counts

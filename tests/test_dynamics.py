@@ -55,6 +55,71 @@ def test_decode_encode_continuous():
     assert torch.allclose(back, a.clamp(-1, 1))
 
 
+def _decode_seed(actions):
+    """The former per-call decoding (tables built from Python data on every call), for bit-identity."""
+    k = actions.long().clamp(0, D.NUM_ACTIONS - 1)
+    av = torch.tensor(D.ACCEL_VALUES, dtype=torch.float32)
+    sv = torch.tensor(D.STEER_VALUES, dtype=torch.float32)
+    return av[k // D.NUM_STEER], sv[k % D.NUM_STEER]
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_decode_bit_identical_to_per_call_tables(dtype):
+    k = torch.randint(-5, 100, (9, 17), generator=torch.Generator().manual_seed(1)).to(dtype)
+    for got, want in zip(D.decode_actions(k, 0), _decode_seed(k)):
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+    g = torch.Generator().manual_seed(2)
+    accel, steer = torch.randn(9, 17, generator=g) * 4, torch.randn(9, 17, generator=g)
+    av = torch.tensor(D.ACCEL_VALUES, dtype=torch.float32)
+    sv = torch.tensor(D.STEER_VALUES, dtype=torch.float32)
+    want = (accel[..., None] - av).abs().argmin(-1) * D.NUM_STEER + (steer[..., None] - sv).abs().argmin(-1)
+    assert torch.equal(D.encode_actions(accel, steer, 0), want)
+
+
+class _SyncOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Collects the aten ops that read device data on the host or build tensors from Python data."""
+
+    # lift_fresh: torch.tensor(python data); the others read device values on the host
+    WATCH = ("_local_scalar_dense", "item", "nonzero", "lift_fresh", "masked_select")
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.WATCH:
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_action_coding_and_expert_path_build_no_tensors_per_call(backend):
+    """After a first call per device, decode/encode/inverse_bicycle issue no op that would be a
+    host sync or a host-to-device copy on CUDA (tables cached per device)."""
+    g, pos, heading, speed, length = _state(3, 5)
+    tpos = pos + torch.randn(3, 5, 2, generator=g)
+    valid = torch.rand(3, 5, generator=g) < 0.8
+    k = torch.randint(0, 91, (3, 5), generator=g)
+    k32 = k.int()
+    cont = torch.rand(3, 5, 2, generator=g) * 2 - 1
+
+    def calls():
+        D.decode_actions(k, 0)
+        D.decode_actions(k32, 0)
+        D.decode_actions(cont, 1)
+        a, s = D.inverse_bicycle(pos, heading, speed, length, tpos, heading, speed, valid, DT)
+        D.encode_actions(a, s, 0)
+        D.encode_actions(a, s, 1)
+
+    with use_backend(backend):
+        calls()  # first call: builds the cached tables
+        assert D.action_tables(torch.device("cpu")) is D.action_tables("cpu")
+        with _SyncOps() as mode:
+            calls()
+    assert mode.seen == []
+
+
 def test_decode_rejects_wrong_dtype():
     with pytest.raises(ValueError, match="int32/int64"):
         D.decode_actions(torch.zeros(2, 3), 0)

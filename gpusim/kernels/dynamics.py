@@ -75,8 +75,35 @@ def _block() -> int:
     return 1024 if interpreting() else 256
 
 
-def _grid(values, device):
-    return torch.tensor(values, dtype=torch.float32, device=device)
+_TABLES: dict[torch.device, dict[str, torch.Tensor]] = {}
+
+
+def action_tables(device: torch.device) -> dict[str, torch.Tensor]:
+    """The action-grid constants as float32 tensors on ``device``, built once per device and cached
+    (no host-to-device copy per step; DESIGN.md section 2).
+
+    Returns:
+        ``{"accel": [7], "steer": [13]}`` (the grid values, m/s^2 and rad) and
+        ``{"accel_of": [91], "steer_of": [91]}`` (the acceleration and steering of each joint index
+        ``k = accel_idx * 13 + steer_idx``). Treat them as read-only.
+
+    The cache key is the normalised device (``torch.device("cuda")`` and ``"cuda:0"`` share one
+    entry when device 0 is current).
+    """
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type == "cpu":
+        dev = torch.device("cpu")
+    tables = _TABLES.get(dev)
+    if tables is None:
+        accel = torch.tensor(ACCEL_VALUES, dtype=torch.float32)
+        steer = torch.tensor(STEER_VALUES, dtype=torch.float32)
+        k = torch.arange(NUM_ACTIONS)
+        tables = {"accel": accel, "steer": steer, "accel_of": accel[k // NUM_STEER], "steer_of": steer[k % NUM_STEER]}
+        tables = {name: t.to(dev) for name, t in tables.items()}
+        _TABLES[dev] = tables
+    return tables
 
 
 # ----------------------------------------------------------------------------- action coding
@@ -102,10 +129,9 @@ def decode_actions(actions: torch.Tensor, action_space: int) -> tuple[torch.Tens
     if int(action_space) == 0:
         if actions.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"decode_actions: discrete actions must be int32/int64, got {actions.dtype}")
-        k = actions.long().clamp(0, NUM_ACTIONS - 1)
-        accel = _grid(ACCEL_VALUES, actions.device)[k // NUM_STEER]
-        steer = _grid(STEER_VALUES, actions.device)[k % NUM_STEER]
-        return accel, steer
+        tables = action_tables(actions.device)
+        k = actions.clamp(0, NUM_ACTIONS - 1)  # int32 or int64: both index directly
+        return tables["accel_of"][k], tables["steer_of"][k]
     if int(action_space) == 1:
         if not actions.is_floating_point() or actions.shape[-1] != 2:
             raise ValueError(
@@ -134,8 +160,8 @@ def encode_actions(accel: torch.Tensor, steer: torch.Tensor, action_space: int) 
     if accel.shape != steer.shape:
         raise ValueError(f"encode_actions: accel {tuple(accel.shape)} and steer {tuple(steer.shape)} differ")
     if int(action_space) == 0:
-        av = _grid(ACCEL_VALUES, accel.device)
-        sv = _grid(STEER_VALUES, accel.device)
+        tables = action_tables(accel.device)
+        av, sv = tables["accel"], tables["steer"]
         ai = (accel.float()[..., None] - av).abs().argmin(-1)
         si = (steer.float()[..., None] - sv).abs().argmin(-1)
         return ai * NUM_STEER + si
