@@ -341,31 +341,7 @@ def parse_scenario(doc: dict, file) -> RawScenario:
         sdc = int(v)
 
     interest, predict = _metadata_flags(meta, objects, src, file)
-    unknown_roads: collections.Counter = collections.Counter()
-    pts, rtypes, starts, rids = [], [], [0], []
-    for j, road in enumerate(roads):
-        f = f"roads[{j}]"
-        if not isinstance(road, dict):
-            raise ScenarioError(file, f, f"expected an object, got {type(road).__name__}")
-        if "geometry" not in road:
-            raise ScenarioError(file, f + ".geometry", "missing")
-        xy = _points(road["geometry"], file, f + ".geometry")
-        if not np.isfinite(xy).all():
-            k = int(np.flatnonzero(~np.isfinite(xy).all(axis=1))[0])
-            raise ScenarioError(file, f"{f}.geometry[{k}]", "non-finite coordinates")
-        tname = road.get("type")
-        if isinstance(tname, str) and tname.lower() in _ROAD_TYPES:
-            rt = _ROAD_TYPES[tname.lower()]
-        elif isinstance(tname, int) and not isinstance(tname, bool) and 0 <= tname < len(RoadType):
-            rt = RoadType(tname)
-        else:
-            rt = RoadType.OTHER
-            unknown_roads[str(tname)] += 1
-        rid = road.get("id")
-        rids.append(int(rid) if isinstance(rid, int) and not isinstance(rid, bool) else -1)
-        pts.append(xy)
-        rtypes.append(int(rt))
-        starts.append(starts[-1] + len(xy))
+    pts, rtypes, starts, rids, unknown_roads = _parse_roads(roads, file)
 
     return RawScenario(
         file=file,
@@ -391,6 +367,37 @@ def parse_scenario(doc: dict, file) -> RawScenario:
         ignored_objects=dict(ignored),
         unknown_road_types=dict(unknown_roads),
     )
+
+
+def _parse_roads(roads: list, file) -> tuple[list, list, list, list, collections.Counter]:
+    """Validate the ``roads`` list: polylines (``[len, 2]`` float64), type codes, start offsets,
+    map ids (-1 when absent) and the count of unknown type names."""
+    unknown_roads: collections.Counter = collections.Counter()
+    pts, rtypes, starts, rids = [], [], [0], []
+    for j, road in enumerate(roads):
+        f = f"roads[{j}]"
+        if not isinstance(road, dict):
+            raise ScenarioError(file, f, f"expected an object, got {type(road).__name__}")
+        if "geometry" not in road:
+            raise ScenarioError(file, f + ".geometry", "missing")
+        xy = _points(road["geometry"], file, f + ".geometry")
+        if not np.isfinite(xy).all():
+            k = int(np.flatnonzero(~np.isfinite(xy).all(axis=1))[0])
+            raise ScenarioError(file, f"{f}.geometry[{k}]", "non-finite coordinates")
+        tname = road.get("type")
+        if isinstance(tname, str) and tname.lower() in _ROAD_TYPES:
+            rt = _ROAD_TYPES[tname.lower()]
+        elif isinstance(tname, int) and not isinstance(tname, bool) and 0 <= tname < len(RoadType):
+            rt = RoadType(tname)
+        else:
+            rt = RoadType.OTHER
+            unknown_roads[str(tname)] += 1
+        rid = road.get("id")
+        rids.append(int(rid) if isinstance(rid, int) and not isinstance(rid, bool) else -1)
+        pts.append(xy)
+        rtypes.append(int(rt))
+        starts.append(starts[-1] + len(xy))
+    return pts, rtypes, starts, rids, unknown_roads
 
 
 def _metadata_flags(meta, objects, src, file) -> tuple[np.ndarray, np.ndarray]:
