@@ -121,7 +121,7 @@ def test_cli_known_table_json(pack_file, tmp_path, capsys):
     JSON, both printed tables, baselines side by side."""
     out = tmp_path / "eval.json"
     rc = main(["--policy", "constant_speed", "expert", "--data", str(pack_file), "--json", str(out),
-               "--num-threads", "1", "--device", "cpu"])
+               "--records", str(tmp_path / "records.jsonl"), "--num-threads", "1", "--device", "cpu"])
     assert rc == 0
     res = json.loads(out.read_text())
     runs = {r["label"]: r for r in res["runs"]}
@@ -133,6 +133,10 @@ def test_cli_known_table_json(pack_file, tmp_path, capsys):
     assert [r["collided"] for r in cs["per_scenario"]] == [k[1] for k in KNOWN]
     assert runs["expert"]["summary"]["goal_reached"]["n"] == 4
     assert res["num_threads"] == 1 and res["episodes_per_scenario"] == 1
+    recs = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(recs) == 8  # 2 policies x 4 agent-episodes
+    r2 = next(r for r in recs if r["policy"] == "constant_speed" and r["scenario"] == "synthetic_2")
+    assert (r2["collided"], r2["goal_reached"], r2["slot"], r2["role"], r2["mode"]) == (1.0, 0.0, 0, "ego", "self_play")
     text = capsys.readouterr().out
     assert "synthetic_3" in text and "constant_speed" in text and "0.250 [0.000, 0.740]" in text
 

@@ -68,6 +68,8 @@ class EvalConfig:
         interval: ``normal`` (mean +- 1.96 s / sqrt(n), default) or ``bootstrap`` (percentile).
         level: confidence level of the intervals. resamples: bootstrap resamples.
         json: also write the results as JSON to this file.
+        records: also write one JSON line per agent-episode (policy, mode, scenario, slot, metrics,
+            per-trial scores) to this file, for offline analysis.
         per_scenario: print the per-scenario table.
         quiet: print nothing (use with ``--json``).
         debug: show tracebacks of user errors.
@@ -89,6 +91,7 @@ class EvalConfig:
     level: float = 0.95
     resamples: int = 2000
     json: str | None = None
+    records: str | None = None
     per_scenario: bool = True
     quiet: bool = False
     debug: bool = False
@@ -219,9 +222,12 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
 
     Returns:
         ``{"data", "device", "num_threads", "seed", "deterministic", "interval", "level",
-        "episodes_per_scenario", "num_worlds", "k_trials", "env", "skipped", "runs"}``; each run is
-        ``{"label", "policy", "mode", "scenarios" (ids, pack order), "summary" {metric: Interval},
-        "per_scenario" [...], "trial_log"?}``. Use :func:`to_json` for a JSON-ready copy.
+        "episodes_per_scenario", "num_worlds", "k_trials", "env", "skipped", "notes", "files", "runs"}``;
+        each run is ``{"label", "policy", "mode", "scenarios" (ids, pack order), "summary" {metric:
+        Interval} (trial logs included in trial mode), "per_scenario" [...], "records" (the per
+        agent-episode columns of :func:`train.eval.sweep.run_sweep`), "global_step"?}``. Use
+        :func:`to_json` for a JSON-ready copy (without the records) and :func:`write_records` for
+        the records.
 
     Raises:
         UserError, FileNotFoundError, ValueError (incl. ``ScenarioError`` and ``CheckpointError``):
@@ -264,7 +270,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             label = entry["label"] if len(modes) == 1 else f"{entry['label']} ({mode.name})"
             run = {"label": label, "policy": entry["spec"], "mode": mode.name, "scenarios": list(pack.scenario_ids),
                    "summary": summarise(agents, worlds, cfg.interval, cfg.level, cfg.resamples, cfg.seed),
-                   "per_scenario": per_scenario(agents, S)}
+                   "per_scenario": per_scenario(agents, S), "records": agents}
             if entry["kind"] == "checkpoint":
                 run["global_step"] = int(entry["ckpt"].get("global_step", 0))
             out["runs"].append(run)
@@ -288,8 +294,31 @@ def _plain(x):
 def to_json(results: dict) -> dict:
     """A JSON-ready copy of :func:`evaluate`'s results (intervals as ``{mean, lo, hi, n}``, NaN as null)."""
     res = dict(results)
-    res["runs"] = [{**r, "summary": {k: iv.to_dict() for k, iv in r["summary"].items()}} for r in results["runs"]]
+    res["runs"] = [{**{k: v for k, v in r.items() if k != "records"},
+                    "summary": {k: iv.to_dict() for k, iv in r["summary"].items()}} for r in results["runs"]]
     return _plain(res)
+
+
+def write_records(results: dict, path) -> int:
+    """Write one JSON line per evaluated agent-episode to ``path``: ``policy`` (run label),
+    ``mode``, ``role`` (``ego``), ``scenario`` (id), ``scenario_index``, ``repetition``, ``world``,
+    ``slot`` and the metric columns (``goal_reached``, ``collided``, ``offroad``, ``score``,
+    ``episode_return``, ``episode_length``; in trial mode ``trial_k_score`` and
+    ``trial_k_clean_score`` per trial k, 0/1). Returns the number of lines."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with open(path, "w") as f:
+        for run in results["runs"]:
+            cols = {k: v.tolist() for k, v in run["records"].items()}
+            ids = run["scenarios"]
+            for i in range(len(cols["scenario"])):
+                row = {"policy": run["label"], "mode": run["mode"], "role": "ego",
+                       "scenario": ids[int(cols["scenario"][i])], "scenario_index": int(cols["scenario"][i])}
+                row.update({k: v[i] for k, v in cols.items() if k != "scenario"})
+                f.write(json.dumps(row) + "\n")
+                n += 1
+    return n
 
 
 def print_results(results: dict, console, per_scenario_table: bool = True) -> None:
@@ -348,6 +377,8 @@ def main(argv=None) -> int:
         path = pathlib.Path(cfg.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(to_json(results), indent=1))
+    if cfg.records:
+        write_records(results, cfg.records)
     if not cfg.quiet:
         console = Console(highlight=False)
         print_results(results, console, cfg.per_scenario)

@@ -1,0 +1,188 @@
+"""``python -m train.plot RUN_DIR [RUN_DIR ...] --out curves.png``: learning curves of training runs.
+
+Reads each run's ``metrics.jsonl`` (written by ``train/run.py``, one record per report; see
+``train/logger.py``) and draws, against ``global_step`` (controlled-agent steps), one panel per
+metric with one line per run (runs overlaid, labelled by their directory name):
+
+* ``goal_reached`` (goal), ``collided`` (collision), ``offroad``, ``episode_return`` (return) —
+  the per-agent EMA population means of the training reports (DESIGN.md section 8);
+* in trial mode also a panel of the per-trial scores (``trial_k_score``, one line per run and
+  trial k) and one of ``ada_delta_trial_k_minus_0``.
+
+A metric logged as ``ego/<name>`` (co-player runs) is used when ``<name>`` itself is absent.
+Records without a metric are skipped in that panel; a partial last line (a run killed mid-write)
+is ignored. Matplotlib runs with the non-interactive Agg backend (no display needed).
+
+Errors (one line, exit code 2): a run directory or file that does not exist, has no
+``metrics.jsonl``, or has no record with ``global_step``.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from dataclasses import dataclass
+
+if __package__ in (None, ""):  # `python train/plot.py` from a checkout without `pip install -e .`
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import tyro
+
+from train.config import UserError
+
+METRICS_FILE = "metrics.jsonl"
+#: (metric, panel title) of the main panels, in order.
+PANELS = (("goal_reached", "goal"), ("collided", "collision"), ("offroad", "offroad"), ("episode_return", "return"))
+
+
+def load_records(run: str | pathlib.Path) -> list[dict]:
+    """The JSON records of a run directory's ``metrics.jsonl`` (or of that file given directly),
+    in file order, keeping only records with a numeric ``global_step``.
+
+    Raises:
+        UserError: no such directory/file, no ``metrics.jsonl``, or no usable record in it.
+    """
+    path = pathlib.Path(run)
+    if not path.exists():
+        raise UserError(f"{run}: no such run directory")
+    file = path / METRICS_FILE if path.is_dir() else path
+    if not file.is_file():
+        raise UserError(f"{run}: no {METRICS_FILE} in this directory (is it a train/run.py run directory?)")
+    records = []
+    for line in file.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a partial line of a run killed mid-write
+        if isinstance(rec, dict) and isinstance(rec.get("global_step"), (int, float)):
+            records.append(rec)
+    if not records:
+        raise UserError(f"{file}: no report records (empty, or the run stopped before its first report)")
+    return records
+
+
+def _series(records: list[dict], name: str) -> tuple[list[float], list[float]]:
+    """``(global_steps, values)`` of metric ``name`` (or ``ego/<name>``) over the records that have it."""
+    xs, ys = [], []
+    for rec in records:
+        v = rec.get(name, rec.get(f"ego/{name}"))
+        if isinstance(v, (int, float)):
+            xs.append(float(rec["global_step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def _trial_names(records: list[dict], prefix: str, suffix: str) -> list[str]:
+    """Metric names ``<prefix>k<suffix>`` present in the records, in k order."""
+    found = set()
+    for rec in records:
+        for key in rec:
+            key = key[4:] if key.startswith("ego/") else key
+            if key.startswith(prefix) and key.endswith(suffix):
+                mid = key[len(prefix):len(key) - len(suffix)]
+                if mid.isdigit():  # trial_k_clean_score has "k_clean" here and stays out
+                    found.add(int(mid))
+    return [f"{prefix}{k}{suffix}" for k in sorted(found)]
+
+
+def _labels(runs: list[str]) -> list[str]:
+    """Run labels: the directory names, with the parent added where two are the same."""
+    paths = [pathlib.Path(r) for r in runs]
+    names = [(p.parent.name if p.is_file() else p.name) or str(p) for p in paths]
+    out = []
+    for p, n in zip(paths, names):
+        d = p.parent if p.is_file() else p
+        out.append(f"{d.parent.name}/{n}" if names.count(n) > 1 and d.parent.name else n)
+    return out
+
+
+def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str | None = None):
+    """Draw the learning curves of ``runs`` (module docstring) and save them to ``out`` if given.
+
+    Args:
+        runs: run directories (or ``metrics.jsonl`` files). out: image path (format from the
+            extension, e.g. ``.png``, ``.pdf``, ``.svg``). title: figure title.
+
+    Returns:
+        The matplotlib ``Figure`` (axes in panel order; one ``Line2D`` per run and metric).
+
+    Raises:
+        UserError: see :func:`load_records`; no run given; an unknown image extension.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not runs:
+        raise UserError("give at least one run directory")
+    data = [load_records(r) for r in runs]
+    labels = _labels(list(runs))
+    panels = [(name, label, [name]) for name, label in PANELS]
+    trial_scores = sorted({n for recs in data for n in _trial_names(recs, "trial_", "_score")},
+                          key=lambda n: int(n.split("_")[1]))
+    deltas = sorted({n for recs in data for n in _trial_names(recs, "ada_delta_trial_", "_minus_0")},
+                    key=lambda n: int(n.split("_")[3]))
+    if trial_scores:
+        panels.append(("trial", "per-trial score (goal in trial k)", trial_scores))
+    if deltas:
+        panels.append(("ada_delta", "ada_delta_trial_k_minus_0", deltas))
+    cols = 2 if len(panels) <= 4 else 3
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.4 * rows), squeeze=False)
+    for ax, (_, ptitle, names) in zip(axes.flat, panels):
+        for label, recs in zip(labels, data):
+            for name in names:
+                xs, ys = _series(recs, name)
+                if xs:
+                    suffix = f" {name.replace('_score', '').replace('ada_delta_', '')}" if len(names) > 1 else ""
+                    ax.plot(xs, ys, label=label + suffix)
+        ax.set_title(ptitle)
+        ax.set_xlabel("agent-steps")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if out is not None:
+        out = pathlib.Path(out)
+        if out.suffix.lstrip(".").lower() not in fig.canvas.get_supported_filetypes():
+            raise UserError(f"--out {out}: unknown image format {out.suffix!r}; use .png, .pdf or .svg")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    return fig
+
+
+@dataclass
+class PlotConfig:
+    """Arguments of ``python -m train.plot``.
+
+    Attributes:
+        runs: run directories of ``train/run.py`` (or their ``metrics.jsonl`` files), overlaid.
+        out: image file to write (format from the extension).
+        title: figure title.
+    """
+
+    runs: tyro.conf.Positional[tuple[str, ...]]
+    out: str = "curves.png"
+    title: str | None = None
+
+
+def main(argv=None) -> int:
+    """CLI entry point: 0 on success, 2 with a one-line message for a user error."""
+    cfg = tyro.cli(PlotConfig, args=argv, description=__doc__.split("\n\n")[0])
+    try:
+        plot_runs(list(cfg.runs), cfg.out, cfg.title)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {cfg.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
