@@ -171,6 +171,8 @@ def test_pack_settings_are_adopted_or_the_flag_is_named(pack32):
     assert env.num_slots == 32
     with pytest.raises(UserError, match=r"--env\.max-controlled 4 .*max_controlled=32.*--max-controlled 4"):
         adapt_env_config(cfg.replace(max_controlled=4), pack32, user_set={"max_controlled"})
+    with pytest.raises(UserError, match=r"the checkpoint was trained with max_controlled=8 .*--max-controlled 8"):
+        adapt_env_config(cfg, pack32, user_set={"max_controlled"}, resuming=True)
 
 
 def test_skipped_data_files_are_listed_and_counted(tmp_path, capsys):

@@ -110,11 +110,13 @@ def data_problems(pack) -> list[str]:
     return lines
 
 
-def adapt_env_config(env_config: EnvConfig, pack, user_set: set[str] = frozenset()) -> tuple[EnvConfig, list[str]]:
+def adapt_env_config(env_config: EnvConfig, pack, user_set: set[str] = frozenset(),
+                     resuming: bool = False) -> tuple[EnvConfig, list[str]]:
     """Make ``env_config`` match the data config the pack was built with.
 
     A field the user did not set (not in ``user_set``) takes the pack's value; a field the user
-    set to another value is an error naming both ways out.
+    set to another value is an error naming both ways out. ``resuming``: the values come from the
+    checkpoint being resumed (the message says so).
 
     Returns:
         ``(env_config, notes)``: the adapted config and one note per adopted value.
@@ -130,7 +132,11 @@ def adapt_env_config(env_config: EnvConfig, pack, user_set: set[str] = frozenset
         want, have = getattr(env_config, env_field), getattr(data_cfg, data_field, None)
         if have is None or want == have:
             continue
-        if env_field in user_set:
+        if env_field in user_set and resuming:
+            clashes.append(f"the checkpoint was trained with {env_field}={want} but the pack was built with "
+                           f"{data_field}={have} (convert the data with `python -m gpusim.data convert ... "
+                           f"{convert_flag} {want}`)")
+        elif env_field in user_set:
             clashes.append(f"{_flag('env', env_field)} {want} but the pack was built with {data_field}={have} "
                            f"(drop the flag or pass {have}, or convert again with `python -m gpusim.data convert "
                            f"... {convert_flag} {want}`)")
@@ -156,7 +162,8 @@ def _user_set(cfg: TrainConfig, group: str) -> set[str]:
     return {f.name for f in dataclasses.fields(ours) if getattr(ours, f.name) != getattr(default, f.name)}
 
 
-def make_env(cfg: TrainConfig, env_config: EnvConfig, user_set: set[str] | None = None, say=print):
+def make_env(cfg: TrainConfig, env_config: EnvConfig, user_set: set[str] | None = None, say=print,
+             resuming: bool = False):
     """Build the :class:`gpusim.env.DriveEnv` for ``cfg``: load/convert ``cfg.data``, list skipped
     files (``say``), adapt ``env_config`` to a saved pack (:func:`adapt_env_config`).
 
@@ -168,7 +175,8 @@ def make_env(cfg: TrainConfig, env_config: EnvConfig, user_set: set[str] | None 
     pack = load_pack(cfg.data, env_config, cfg.device)
     for line in data_problems(pack):
         say(line)
-    env_config, notes = adapt_env_config(env_config, pack, _user_set(cfg, "env") if user_set is None else user_set)
+    env_config, notes = adapt_env_config(env_config, pack, _user_set(cfg, "env") if user_set is None else user_set,
+                                         resuming=resuming)
     for line in notes:
         say(line)
     return DriveEnv(pack, cfg.num_worlds, config=env_config, device=cfg.device, seed=cfg.seed)
@@ -359,7 +367,9 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     problems: list[str] = []
     if env is None:
         say = (lambda line: problems.append(line) or print(line, file=sys.stderr))
-        env = make_env(cfg, env_config, user_set=set() if ckpt is not None else None, say=say)
+        # on resume the checkpoint's env settings are fixed: a pack that disagrees is named, never adopted
+        env = make_env(cfg, env_config, user_set=set(PACK_FIELDS) if ckpt is not None else None, say=say,
+                       resuming=ckpt is not None)
     if isinstance(getattr(env, "config", None), EnvConfig):
         env_config = env.config
 
@@ -372,20 +382,9 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     continuous = int(getattr(env, "config", env_config).action_space) == int(ActionSpace.CONTINUOUS)
     policy = ActorCritic(dims, env.num_actions, continuous, policy_config).to(device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
-    global_step, update, elapsed = 0, 0, 0.0
+    global_step, update, elapsed, dropped = 0, 0, 0.0, 0
     if ckpt is not None:
-        policy.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        global_step, update = ckpt["global_step"], ckpt["update"]
-        torch.set_rng_state(ckpt["rng"])
-        extra = ckpt.get("extra") or {}
-        elapsed = float(extra.get("elapsed", 0.0))
-        if metric_log is not None and extra.get("env_metrics") is not None:
-            try:
-                metric_log.load_state_dict(extra["env_metrics"])
-            except ValueError as e:
-                raise UserError(f"--resume {ckpt_file}: cannot restore the metric state: {e}") from e
-        kept, dropped = truncate_jsonl(run_dir / "metrics.jsonl", update)
+        global_step, update, elapsed, dropped = _restore(ckpt, ckpt_file, policy, optimizer, metric_log, run_dir)
 
     context = {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", []))}
     if hook is None:
@@ -407,11 +406,7 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     n_params = sum(p.numel() for p in policy.parameters())
     logger.info(f"gpusim train: {W} worlds x {C} slots, horizon {H}, obs {env.obs_dim}, "
                 f"policy {n_params:,} params, device {device}, run dir {run_dir}")
-    for p in stale:
-        logger.info(f"removed {p} (left by an interrupted checkpoint write)")
-    if ckpt is not None:
-        logger.info(f"resumed {ckpt_file} at update {update}, step {global_step:,}: continuing {run_dir / 'metrics.jsonl'}"
-                    + (f" ({dropped} record(s) after the checkpoint dropped)" if dropped else ""))
+    _announce(logger, stale, ckpt_file if ckpt is not None else None, update, global_step, run_dir, dropped)
 
     obs = env.reset(seed=cfg.seed + update)
     reports: list[dict] = []
@@ -454,6 +449,39 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     return {"global_step": global_step, "update": update, "reports": reports,
             "checkpoint": str(saved) if saved else None, "run_dir": str(run_dir), "nothing_to_do": False,
             "data_problems": problems}
+
+
+def _announce(logger, stale, ckpt_file, update: int, global_step: int, run_dir, dropped: int) -> None:
+    """Console lines about removed temporary files and the resumed checkpoint."""
+    for p in stale:
+        logger.info(f"removed {p} (left by an interrupted checkpoint write)")
+    if ckpt_file is not None:
+        logger.info(f"resumed {ckpt_file} at update {update}, step {global_step:,}: continuing "
+                    f"{run_dir / 'metrics.jsonl'}" + (f" ({dropped} record(s) after the checkpoint dropped)"
+                                                      if dropped else ""))
+
+
+def _restore(ckpt: dict, ckpt_file, policy, optimizer, metric_log, run_dir: pathlib.Path):
+    """Load a checkpoint's weights, optimizer, RNG and metric state, and cut ``metrics.jsonl`` back
+    to its update (:func:`train.logger.truncate_jsonl`).
+
+    Returns:
+        ``(global_step, update, elapsed seconds, JSONL lines dropped)``.
+
+    Raises:
+        UserError: the saved metric state does not fit the env.
+    """
+    policy.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    torch.set_rng_state(ckpt["rng"])
+    extra = ckpt.get("extra") or {}
+    if metric_log is not None and extra.get("env_metrics") is not None:
+        try:
+            metric_log.load_state_dict(extra["env_metrics"])
+        except ValueError as e:
+            raise UserError(f"--resume {ckpt_file}: cannot restore the metric state: {e}") from e
+    _, dropped = truncate_jsonl(run_dir / "metrics.jsonl", ckpt["update"])
+    return ckpt["global_step"], ckpt["update"], float(extra.get("elapsed", 0.0)), dropped
 
 
 def _report_record(update, global_step, elapsed, sps, rollout_time, update_time, counts, optimizer, stats, env):
