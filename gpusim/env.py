@@ -29,7 +29,7 @@ from gpusim.sim.context import SimContext, StepVars, normalize_device
 from gpusim.sim.episode import begin_episode, draw_scenarios
 from gpusim.sim.motion import expert_actions, model_for
 from gpusim.sim.observe import observe_state
-from gpusim.sim.pipeline import run_pipeline
+from gpusim.sim.pipeline import PIPELINE, run_pipeline
 from gpusim.state import EnvState
 
 
@@ -80,7 +80,8 @@ class DriveEnv:
     Attributes: ``num_worlds``, ``num_slots`` (C), ``obs_dim`` (D), ``obs_layout``, ``horizon``,
     ``num_actions`` (91 discrete; 2 = action dimension when continuous), ``config``, ``device``,
     ``pack``, ``state``, ``generator``, ``episode_metrics``, ``episode_step`` (host clock of the synchronous episode),
-    ``stage_hook`` (None, or ``hook(stage_name, call) -> changes`` wrapping every stage call; see
+    ``pipeline`` (the stages a step runs, default :data:`gpusim.sim.pipeline.PIPELINE`), ``stage_hook``
+    (None, or ``hook(stage_name, call) -> changes`` wrapping every stage call; see
     :mod:`gpusim.sim.pipeline`).
 
     Raises:
@@ -111,6 +112,7 @@ class DriveEnv:
         self._check = ActionCheck(config.check_actions, config.action_space, self.num_worlds, self.num_slots,
                                   self.device)
         self.stage_hook = None
+        self.pipeline = PIPELINE
         self.state = begin_episode(self.sim, draw_scenarios(self.sim))
         # Reused observation buffer [W, C, D] (docs/performance.md): valid until the next step() /
         # reset(); obs_written [W*C] bool marks the slots that may hold non-zero values.
@@ -185,7 +187,7 @@ class DriveEnv:
         actions = self._check(actions)
         self.sim.t += 1
         step = StepVars(actions=actions, episode_end=self.sim.t >= self.horizon)
-        self.state = state = run_pipeline(self.sim, self.state, step, hook=self.stage_hook)
+        self.state = state = run_pipeline(self.sim, self.state, step, hook=self.stage_hook, stages=self.pipeline)
         C = self.num_slots
         return StepResult(
             obs=step.obs,

@@ -1,0 +1,156 @@
+"""No host sync in ``DriveEnv.step`` / ``expert_actions`` on the Triton path (issue 14, DESIGN.md §2).
+
+A :class:`TorchDispatchMode` watches every aten op while the env steps with
+``check_actions="async"`` on the Triton backend (CPU tensors under ``TRITON_INTERPRET=1``, the way
+every kernel runs on a machine without a GPU) and records the ops that force a host sync on CUDA:
+
+* ``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``), ``aten.item``,
+  ``aten.equal``, ``aten.is_nonzero``;
+* data-dependent shapes: ``aten.nonzero``, ``aten.masked_select``, ``aten.unique*``;
+* tensors built from Python data (``torch.tensor(list)``: ``aten.lift_fresh``), which on CUDA is a
+  blocking host->device copy; and any copy from a CPU tensor into a non-CPU one;
+* ``Tensor.tolist`` (not an aten op: counted by wrapping the method during the test).
+
+Ops run by Triton's interpreter itself while it launches a kernel (it copies every argument to
+NumPy and back, on the host, because it *is* the host) are not the env's: an op whose Python call
+stack contains a frame of ``triton/runtime/interpreter.py`` is skipped. On a GPU those copies do
+not exist (the compiled kernel takes device pointers).
+
+The torch (CPU) backend's observation compaction uses ``nonzero`` on purpose (no sync on a CPU);
+it is not exercised here.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gpusim.backend import use_backend
+from gpusim.config import EnvConfig
+from gpusim.env import DriveEnv
+from synthetic import driver, lane, parked, small_config, synthetic_pack
+
+SYNC_OPS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "unique",
+            "_unique", "_unique2", "unique_dim", "unique_consecutive", "lift_fresh", "lift_fresh_copy"}
+
+
+def _in_triton_interpreter() -> bool:
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename.replace("\\", "/")
+        if "triton/runtime/interpreter" in name:
+            return True
+        f = f.f_back
+    return False
+
+
+class SyncCounter(TorchDispatchMode):
+    """Records the sync-causing aten ops run inside the block (name and where they came from)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hits: list[str] = []
+
+    def _hit(self, what: str) -> None:
+        if _in_triton_interpreter():
+            return
+        frames, f = [], sys._getframe(2)
+        while f is not None and len(frames) < 4:
+            if "gpusim" in f.f_code.co_filename:
+                frames.append(f"{f.f_code.co_filename.split('gpusim')[-1]}:{f.f_lineno}")
+            f = f.f_back
+        self.hits.append(f"{what} at {' <- '.join(frames)}")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = func.overloadpacket.__name__
+        if name in SYNC_OPS:
+            self._hit(f"aten.{name}")
+        elif name in ("copy_", "_to_copy", "_copy_from"):
+            src = args[1] if name == "copy_" else args[0]
+            dst_dev = args[0].device if name == "copy_" else kwargs.get("device", None)
+            if isinstance(src, torch.Tensor) and src.device.type == "cpu" and dst_dev is not None \
+                    and torch.device(dst_dev).type != "cpu":
+                self._hit(f"aten.{name} host->device")
+        return func(*args, **kwargs)
+
+
+@pytest.fixture()
+def count_tolist(monkeypatch):
+    """Wraps ``Tensor.tolist`` so that calls inside an active :class:`SyncCounter` are recorded."""
+    active: list[SyncCounter] = []
+    orig = torch.Tensor.tolist
+
+    def tolist(self):
+        if active:
+            active[-1]._hit("Tensor.tolist")
+        return orig(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", tolist)
+    return active
+
+
+def _pack():
+    return synthetic_pack([
+        {"agents": [driver(0, 0, 0.0, 5.0, (12.0, 0.0)), driver(-20, 4, 0.0, 3.0, (80.0, 4.0)), parked(25, 0.5)],
+         "num_controlled": 2, "roads": lane() + lane(y=8.0, rtype=2)},
+        {"agents": [driver(0, 0, 0.0, 4.0, (200.0, 0.0)), driver(6, 0, 0.0, 4.0, (300.0, 0.0)), parked(30, 30)],
+         "num_controlled": 2, "roads": lane()},
+    ], small_config())
+
+
+def _config(space: str, trial: bool) -> EnvConfig:
+    dc = small_config()
+    kw = dict(max_agents=dc.max_agents, max_controlled=dc.max_controlled, num_roads=dc.grid_k, num_partners=3,
+              action_space=space, check_actions="async", scenario_length=4, collision_behavior="stop")
+    if trial:
+        kw.update(goal_behavior="trial", k_trials=2, scenario_length=3)
+    return EnvConfig(**kw)
+
+
+@pytest.mark.parametrize("trial", [False, True], ids=["normal", "trial"])
+@pytest.mark.parametrize("space", ["discrete", "continuous"])
+def test_step_and_expert_actions_make_no_host_sync(space, trial, count_tolist):
+    """Steps across a trial restart and an episode end (auto-reset): zero sync-causing ops."""
+    cfg = _config(space, trial)
+    with use_backend("triton"):
+        env = DriveEnv(_pack(), 3, cfg, seed=1)
+        env.reset()
+        assert env.check_actions == "async"
+        g = torch.Generator().manual_seed(0)
+        acts = [env.expert_actions()]  # outside the counter: warm-up
+        for _ in range(cfg.horizon + 1):
+            if space == "discrete":
+                acts.append(torch.randint(0, env.num_actions, (3, env.num_slots), generator=g))
+            else:
+                acts.append(torch.rand(3, env.num_slots, 2, generator=g) * 2 - 1)
+        counter = SyncCounter()
+        ended = []
+        with counter:
+            count_tolist.append(counter)
+            for a in acts:
+                env.expert_actions()
+                r = env.step(a)
+                ended.append(r.info["episode_end"])
+            count_tolist.clear()
+    assert any(bool(e) for e in ended)  # the auto-reset ran inside the counter
+    assert counter.hits == [], "\n".join(counter.hits)
+
+
+def test_counter_catches_syncs(count_tolist):
+    """The counter itself works: each kind of sync it must catch is caught."""
+    x = torch.arange(4.0)
+    counter = SyncCounter()
+    with counter:
+        count_tolist.append(counter)
+        bool(x.any())
+        (x > 1).nonzero()
+        torch.tensor([1.0, 2.0])
+        x.tolist()
+        count_tolist.clear()
+    kinds = " ".join(counter.hits)
+    for k in ("_local_scalar_dense", "nonzero", "lift_fresh", "tolist"):
+        assert k in kinds, k
