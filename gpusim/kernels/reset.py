@@ -9,7 +9,7 @@ For world ``w`` running scenario ``s = scenario[w]`` and agent slot ``a`` select
 * with ``set_present``: ``present = traj_valid[s, a, i] & agent_exists[s, a]``.
 
 Unselected agents keep their input values. The env uses it with ``mask=None`` for the pose part
-of ``DriveEnv._initial_state`` (reset and trial restart, ``i = init_steps``) and with the
+of ``gpusim.sim.episode.initial_state`` (reset; trial restarts restore from it, ``i = init_steps``) and with the
 goal-reached mask and ``set_present=False`` for goal RESPAWN (a respawn never changes presence:
 controlled agents are valid at ``init_steps`` by the agent selection rule, and RESPAWN does not
 re-check it). The logged pose is copied even where the log is invalid (``traj_pos`` then holds
