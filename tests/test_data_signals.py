@@ -157,10 +157,14 @@ def test_cli_convert_tfrecord_limit_and_corrupt_info(tmp_path, capsys):
 
     src = write_records(tmp_path / "t.tfrecord", [small_scenario(f"c{i}").SerializeToString() for i in range(3)])
     assert main(["convert", str(src), "--out", str(tmp_path / "o.pt"), "--limit", "2", "--grid-k", "16",
-                 "--grid-edge-k", "8"]) == 0
+                 "--grid-edge-k", "8", "--max-controlled", "8"]) == 0
     out = capsys.readouterr().out
     assert "converted 2 scenario(s) from 1 file(s)" in out and "stopped at --limit 2" in out
-    assert ScenarioPack.load(tmp_path / "o.pt").scenario_ids == ["c0", "c1"]
+    pack = ScenarioPack.load(tmp_path / "o.pt")
+    assert pack.scenario_ids == ["c0", "c1"] and pack.config.max_controlled == 8
+    pack.check_compatible(EnvConfig(max_controlled=8, num_roads=16))
+    with pytest.raises(ValueError, match=r"pass --env.max-controlled 8, or convert again with .*--max-controlled 32"):
+        pack.check_compatible(EnvConfig(num_roads=16))
     assert main(["convert", str(src), "--out", str(tmp_path / "x.pt"), "--workers", "0"]) == 2
     (tmp_path / "bad.pt").write_bytes(b"\x01\x02")
     assert main(["info", str(tmp_path / "bad.pt")]) == 1

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from gpusim.config import DataConfig, RoadType
-from gpusim.data import ScenarioError, ScenarioPack, SignalState
-from gpusim.data.convert import expand_sources, is_tfrecord_file
+from gpusim.data import ScenarioError, ScenarioPack, SignalState, load_scenario
+from gpusim.data.convert import expand_sources
 from gpusim.data.parse_proto import parse_record
-from gpusim.data.tfrecord import encode_record, iter_records, masked_crc, write_records
+from gpusim.data.tfrecord import encode_record, is_tfrecord_file, iter_records, masked_crc, write_records
 from womd_records import json_to_proto, proto_to_json, small_scenario
 
 SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -251,3 +251,10 @@ def test_expert_tracking_on_the_real_tfrecord_scenario(action_space):
 
     goal_rate, _median, p95, n = _track(ScenarioPack.from_json(BUNDLED_TFRECORD), action_space)
     assert n == 21 and goal_rate >= 0.95 and p95 < 0.1
+
+
+def test_load_scenario_reads_the_first_record(tmp_path):
+    path = write_records(tmp_path / "two.tfrecord", [small_scenario("first").SerializeToString(), b"junk"])
+    assert load_scenario(path, CFG).scenario_id == "first"
+    with pytest.raises(ScenarioError, match="holds no record"):
+        load_scenario(write_records(tmp_path / "empty.tfrecord", []), CFG)

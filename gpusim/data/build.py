@@ -35,8 +35,10 @@ from gpusim.config import DataConfig, ObjectType, RoadType
 from gpusim.data.errors import NoControllableAgentError, ScenarioError
 from gpusim.data.grid_tables import build_grid_tables
 from gpusim.data.parse import RawScenario, read_scenario
+from gpusim.data.parse_proto import parse_record
 from gpusim.data.roads import polylines_to_segments
 from gpusim.data.signals import lane_directions
+from gpusim.data.tfrecord import is_tfrecord_file, iter_records
 
 
 @dataclass
@@ -244,12 +246,18 @@ def build_scenario(raw: RawScenario, config: DataConfig = DataConfig()) -> Scena
 
 
 def load_scenario(path, config: DataConfig = DataConfig()) -> ScenarioData:
-    """Read, validate and convert one JSON scenario file (``.json``, ``.json.gz`` or ``.json.xz``).
-
-    (TFRecord files hold many scenarios: read them with :func:`gpusim.data.convert.convert_sources`.)
+    """Read, validate and convert one scenario: a JSON file (``.json``, ``.json.gz``, ``.json.xz``) or
+    the first record of a TFRecord file (all records: :func:`gpusim.data.convert.convert_sources`).
 
     Raises:
-        ScenarioError: naming the file and the field for any malformed input;
-            :class:`NoControllableAgentError` (a subclass) when no agent is controllable.
+        ScenarioError: naming the file (and record) and the field for any malformed input, or an
+            empty TFRecord file; :class:`NoControllableAgentError` (a subclass) when no agent is
+            controllable.
     """
-    return build_scenario(read_scenario(path), config)
+    if not is_tfrecord_file(path):
+        return build_scenario(read_scenario(path), config)
+    for index, item in iter_records(path):
+        if isinstance(item, ScenarioError):
+            raise item
+        return build_scenario(parse_record(item, path, index), config)
+    raise ScenarioError(path, "", "the TFRecord file holds no record")

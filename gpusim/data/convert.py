@@ -19,7 +19,6 @@ import multiprocessing
 import os
 import pathlib
 import pickle
-import re
 import time
 import warnings
 
@@ -30,20 +29,13 @@ from gpusim.data.build import ScenarioData, build_scenario
 from gpusim.data.errors import NoControllableAgentError, ScenarioError
 from gpusim.data.parse import is_scenario_file, read_scenario
 from gpusim.data.parse_proto import parse_record
-from gpusim.data.tfrecord import iter_records
+from gpusim.data.tfrecord import is_tfrecord_file, iter_records
 
-_TFRECORD_NAME = re.compile(r"\.tfrecord(\.gz)?$|\.tfrecord-\d+(-of-\d+)?(\.gz)?$", re.IGNORECASE)
 
 #: Summed per-scenario counters reported in ``stats``.
 COUNTERS = ("never_valid_objects", "controllable", "controllable_over_cap", "dropped_over_max_agents",
             "road_points_in", "road_points_kept", "single_point_polylines", "zero_length_segments",
             "signals", "signal_stop_points_moved", "unknown_signal_states", "signals_without_lane")
-
-
-def is_tfrecord_file(path) -> bool:
-    """True for ``*.tfrecord``, ``*.tfrecord.gz`` and shards ``*.tfrecord-NNNNN[-of-NNNNN][.gz]``."""
-    name = pathlib.Path(path).name
-    return not is_scenario_file(name) and _TFRECORD_NAME.search(name) is not None
 
 
 def is_source_file(path) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import gzip
 import pathlib
+import re
 import struct
 from collections.abc import Iterator
 
@@ -26,6 +27,16 @@ _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
 #: Refuse records larger than this (a corrupt length field would otherwise ask for terabytes).
 MAX_RECORD_BYTES = 1 << 31
+
+
+_TFRECORD_NAME = re.compile(r"\.tfrecord(\.gz)?$|\.tfrecord-\d+(-of-\d+)?(\.gz)?$", re.IGNORECASE)
+
+
+def is_tfrecord_file(path) -> bool:
+    """True for ``*.tfrecord``, ``*.tfrecord.gz`` and shards ``*.tfrecord-NNNNN[-of-NNNNN][.gz]``
+    (JSON names such as ``tfrecord-00001-of-01000_307.json.xz`` are not TFRecords)."""
+    name = pathlib.Path(path).name
+    return not name.lower().endswith((".json", ".json.gz", ".json.xz")) and _TFRECORD_NAME.search(name) is not None
 
 
 def _crc32c():
