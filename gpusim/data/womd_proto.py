@@ -119,5 +119,7 @@ def messages() -> dict[str, type]:
     pool = descriptor_pool.DescriptorPool()
     fd = pool.Add(fdp)
     fd = pool.FindFileByName(fdp.name) if fd is None else fd
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
-            for name in _SCHEMA}
+    get = getattr(message_factory, "GetMessageClass", None)  # protobuf >= 4.22
+    if get is None:  # pragma: no cover - older protobuf
+        get = message_factory.MessageFactory(pool).GetPrototype
+    return {name: get(pool.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in _SCHEMA}
