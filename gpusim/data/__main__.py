@@ -98,7 +98,7 @@ def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, pr
     for e in stats["skipped"]:
         where = f"record[{e['record']}]: " if "record" in e else ""
         print(f"skipped: {e['file']}: {where}{e['reason']}", file=out)
-    what = (f"{stats['converted']} scenario(s) from {stats['files']} file(s) ({stats['records']} TFRecord records)"
+    what = (f"{stats['converted']} scenario(s) from {stats['files']} file(s) ({stats['records']} TFRecord record(s))"
             if stats.get("records") else f"{stats['converted']} of {stats['files']} file(s)")
     print(
         f"converted {what} in {seconds:.1f} s; "
