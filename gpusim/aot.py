@@ -50,7 +50,8 @@ PACKAGE_ROOT = pathlib.Path(__file__).resolve().parent
 
 
 # ----------------------------------------------------------------------------- discovery
-def _jit_classes() -> tuple:
+def jit_classes() -> tuple:
+    """Triton's ``JITFunction`` and, when present, the interpreter's ``InterpretedFunction``."""
     from triton.runtime.jit import JITFunction
 
     classes = [JITFunction]
@@ -81,7 +82,7 @@ def jit_functions(root: pathlib.Path = PACKAGE_ROOT, package: str = "gpusim") ->
     Raises:
         ImportError: a module that mentions ``triton.jit`` fails to import.
     """
-    classes = _jit_classes()
+    classes = jit_classes()
     found = {}
     for path in sorted(root.rglob("*.py")):
         if "triton.jit" not in path.read_text(encoding="utf-8", errors="replace"):
@@ -217,7 +218,7 @@ def on_launch(callback):
     interpreted) inside the ``with`` block; warm-up calls are not reported. The patched ``run``
     methods are restored on exit, also when the block raises."""
     saved = []
-    for cls in _jit_classes():
+    for cls in jit_classes():
         orig = cls.run
 
         def run(self, *args, __orig=orig, **kwargs):

@@ -20,9 +20,13 @@ measured here (see ``profiling/bench_env.py``).
 
 Usage::
 
-    python profiling/kernel_costs.py [--worlds 4] [--steps 3] [--data data/womd_sample]
+    python profiling/kernel_costs.py [--worlds 4] [--steps 3] [--data data/womd_sample] [--only launches|bytes]
 
-Prints a Markdown table (one row per kernel and behaviour set) that docs/kernels.md reproduces.
+Prints a Markdown table of kernel launches per env step (Triton launches and the other torch
+kernels, ``profiling.launches.count_ops``) for three configurations (env defaults, trainer
+defaults, trial mode; docs/performance.md reproduces it), then a table per behaviour set with one
+row per kernel and its bytes (docs/kernels.md reproduces those). Launches are counted with the GPU
+launch sizes (``gpusim.backend.gpu_launch_sizes``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import argparse
 import collections
 import os
 import pathlib
+import statistics
 import sys
 
 import torch
@@ -42,7 +47,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from profiling.launches import record_launches  # noqa: E402
+from profiling.launches import count_ops, record_launches  # noqa: E402
 
 #: Table arguments that kernels gather from, and how many rows each processed item reads:
 #: kernel -> {argument: function(sizes) -> rows per launch}. ``sizes`` has W, A, C, K, KE, N.
@@ -135,12 +140,75 @@ def measure(pack, config, worlds: int, steps: int, seed: int = 0):
     return {k: (v[0] / steps, v[1] / agent_steps, v[2] / agent_steps) for k, v in per.items()}
 
 
+def launch_counts(pack, config, worlds: int, steps: int, seed: int = 0) -> dict:
+    """Kernel launches per ``DriveEnv.step`` under the Triton backend (``profiling.launches.count_ops``).
+
+    Returns:
+        ``{"triton": [per step], "torch": [per step], "top": [(op, launches per step), ...]}``:
+        Triton launches and other torch kernels (device ops outside the Triton kernels) of each of
+        ``steps`` steps after a reset (random valid actions drawn outside the count), and the most
+        frequent torch ops, averaged over the steps.
+    """
+    from gpusim.backend import gpu_launch_sizes, use_backend
+    from gpusim.env import DriveEnv
+
+    env = DriveEnv(pack, worlds, config, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    discrete = int(config.action_space) == 0
+    res = {"triton": [], "torch": []}
+    total = collections.Counter()
+    with use_backend("triton"), gpu_launch_sizes():
+        env.reset()
+        for _ in range(steps):
+            if discrete:
+                a = torch.randint(0, env.num_actions, (worlds, env.num_slots), generator=g)
+            else:
+                a = torch.rand((worlds, env.num_slots, 2), generator=g) * 2 - 1
+            with count_ops() as c:
+                env.step(a)
+            res["triton"].append(c["triton"])
+            res["torch"].append(c["torch"])
+            total.update({k[6:]: v for k, v in c.items() if k.startswith("torch:")})
+    res["top"] = [(k, v / steps) for k, v in total.most_common(8)]
+    return res
+
+
+def launch_configs(base):
+    """The configurations of the launch-count table: env defaults, trainer defaults, trial mode."""
+    sets = {"default `EnvConfig()`": base}
+    try:
+        from train.config import TrainConfig
+
+        sets["trainer defaults (`train/config.py`)"] = TrainConfig().env
+    except ImportError as e:  # pragma: no cover  (train/ not importable)
+        print(f"# trainer config unavailable: {e}", file=sys.stderr)
+    sets["trial mode (`goal_behavior=trial`)"] = base.replace(goal_behavior="trial")
+    return sets
+
+
+def print_launch_table(pack_for, worlds: int, steps: int, base) -> None:
+    """Print the Markdown launch-count table (one row per configuration)."""
+    print("### Kernel launches per env step (Triton backend)\n")
+    print("| configuration | Triton launches / step | other torch kernels / step | total | most frequent torch ops "
+          "(per step) |")
+    print("|---|---:|---:|---:|---|")
+    for label, cfg in launch_configs(base).items():
+        r = launch_counts(pack_for(cfg), cfg, worlds, steps)
+        tri, tor = statistics.median(r["triton"]), statistics.median(r["torch"])
+        rng = lambda xs: f"{min(xs)}-{max(xs)}" if min(xs) != max(xs) else f"{xs[0]}"  # noqa: E731
+        top = ", ".join(f"{k} {v:g}" for k, v in r["top"][:6])
+        print(f"| {label} | {tri:g} ({rng(r['triton'])}) | {tor:g} ({rng(r['torch'])}) | {tri + tor:g} | {top} |")
+    print(f"\nMedian over {steps} steps after a reset, W = {worlds} (range in brackets).\n")
+
+
 def main(argv=None) -> int:
-    """Print the launch/bytes table for three behaviour sets."""
+    """Print the launch-count table (three configurations) and the bytes tables (four behaviour sets)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(REPO / "data" / "womd_sample"))
     ap.add_argument("--worlds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--only", choices=["launches", "bytes"], default=None,
+                    help="print only the launch-count table or only the bytes tables")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from gpusim.config import EnvConfig
@@ -151,7 +219,19 @@ def main(argv=None) -> int:
         print(f"no scenarios in {args.data}", file=sys.stderr)
         return 2
     base = EnvConfig()
-    pack = ScenarioPack.from_json(files, base.data_config())
+    packs = {}
+
+    def pack_for(cfg):
+        key = cfg.data_config()
+        if key not in packs:
+            packs[key] = ScenarioPack.from_json(files, key)
+        return packs[key]
+
+    if args.only != "bytes":
+        print_launch_table(pack_for, args.worlds, args.steps, base)
+    if args.only == "launches":
+        return 0
+    pack = pack_for(base)
     sets = {
         "contact ignore": base,
         "collision remove, offroad stop": base.replace(collision_behavior="remove", offroad_behavior="stop"),

@@ -126,3 +126,54 @@ def test_trace_writes_chrome_json(pack8, tmp_path, capsys):
     for stage in PIPELINE:  # every stage of the step is a named range, once per step
         assert names.count(stage.name) == 2, stage.name
     assert "wrote" in capsys.readouterr().out
+
+
+def test_gpu_check_needs_cuda_or_dry_run(tmp_path, capsys):
+    from profiling import gpu_check
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the no-GPU message does not apply")
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--out", str(tmp_path)])
+    assert e.value.code == 2 and "--dry-run" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def json2(sample_dir, tmp_path_factory):
+    """A directory with 2 sample scenarios as WOMD JSON (any max_controlled can load it)."""
+    src = tmp_path_factory.mktemp("json2")
+    for f in sorted(sample_dir.glob("*.json*"))[:2]:
+        (src / f.name).write_bytes(f.read_bytes())
+    return src
+
+
+def test_gpu_check_dry_run_env_only(json2, tmp_path):
+    """The env step of the dry run on its own: JSON and Markdown written, numbers positive."""
+    from profiling import gpu_check
+
+    rep = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--skip", "tests", "train", "--worlds", "1",
+                          "--data", str(json2)])
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["meta"]["dry_run"] and saved["device"]["device"] == "cpu" and rep["env"]["ok"]
+    (row,) = saved["env"]["rows"]
+    assert row["worlds"] == 1 and _positive(row["agent_steps_per_s"]) and row["breakdown_ms"]
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "DRY RUN" in md and "| 1 |" in md
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_end_to_end(json2, tmp_path):
+    """Every step of the dry run (a pytest subprocess, the env benchmark, a short training run and
+    the bench_train split); ~20 s of CPU, mostly subprocess start-up."""
+    from profiling import gpu_check
+
+    rep = gpu_check.main(["--dry-run", "--out", str(tmp_path), "--worlds", "1", "--data", str(json2),
+                          "--train-seconds", "120"])
+    for name in ("device", "tests", "env", "train"):
+        assert rep[name]["ok"], (name, rep[name])
+    assert "passed" in rep["tests"]["summary"]
+    run = rep["train"]["run"]
+    assert run["reports"] >= 1 and not run["stopped_at_time_limit"] and _positive(run["sps_median"])
+    assert _positive(rep["train"]["split"]["median"]["sps"])
+    md = (tmp_path / "gpu_check.md").read_text()
+    assert "## Tests" in md and "## Env only" in md and "## Training" in md and "ppo_update" in md
