@@ -258,3 +258,12 @@ def test_load_scenario_reads_the_first_record(tmp_path):
     assert load_scenario(path, CFG).scenario_id == "first"
     with pytest.raises(ScenarioError, match="holds no record"):
         load_scenario(write_records(tmp_path / "empty.tfrecord", []), CFG)
+
+
+def test_unknown_proto_signal_code_is_stored_as_unknown():
+    msg = small_scenario("u")
+    ls = msg.dynamic_map_states[3].lane_states.add(lane=9, state=42)
+    ls.stop_point.x, ls.stop_point.y = 1000.0, 2000.0
+    raw = parse_record(msg.SerializeToString(), "u.tfrecord", 0)
+    assert raw.signals.lane.tolist() == [7, 9] and raw.signals.unknown_names == 1
+    assert raw.signals.valid[3, 1] and raw.signals.state[3, 1] == SignalState.UNKNOWN

@@ -112,7 +112,7 @@ def _signals(msg, file, rec, T):
             break
         for ls in dms.lane_states:
             code = ls.state
-            if code not in SignalState._value2member_map_:
+            if not 0 <= code < len(SignalState):  # codes are 0..8, contiguous
                 unknown += 1
                 code = 0
             x, y = ls.stop_point.x, ls.stop_point.y
