@@ -1,0 +1,182 @@
+"""Capture a steady-state step (e.g. env step + policy ``forward_eval``) in a CUDA graph.
+
+On a GPU a rollout step is launch-bound (~100 small kernels per env step; docs/performance.md):
+replaying a captured ``torch.cuda.CUDAGraph`` issues them all with one launch. :class:`GraphedStep`
+wraps a callable with static input and output buffers:
+
+* calls ``1 .. warmup`` run the callable eagerly (on a side stream, as capture requires: lazy
+  initialisation, Triton compilation and allocator warm-up happen here);
+* the next call copies its inputs into static buffers and captures one call of the callable;
+* every later call copies the new inputs into the static buffers and replays the graph. The
+  returned tensors are the *static output buffers*: they are overwritten by the next call (clone
+  what must outlive it), exactly like the env's observation buffer.
+
+The callable must be capturable: no host sync (``.item()``, ``bool()``, ``nonzero``, ...), no
+tensors built from Python data, no data-dependent shapes or Python branches on tensor values, and
+any state it carries between calls kept in tensors it updates in place (a graph replays fixed
+addresses: reassigning ``self.state = new_tensor`` inside the callable is not replayed).
+Outputs: a tensor, or a (nested) tuple / list / dict of tensors; other leaves are returned as they
+were at capture time.
+
+Eager fallback: with ``enabled=False``, on a non-CUDA device, or when capture raises (the error is
+kept in :attr:`GraphedStep.fallback_reason`), every call runs the callable directly.
+:func:`cuda_graphs_enabled` gives the default: on where CUDA exists, unless
+``GPUSIM_CUDA_GRAPHS=0``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+
+ENV_FLAG = "GPUSIM_CUDA_GRAPHS"
+
+
+def cuda_graphs_enabled(device: torch.device | str | None = None) -> bool:
+    """Default for the CUDA-graph flag: True when ``device`` (default: the current default device
+    type, i.e. CUDA if available) is a CUDA device and ``GPUSIM_CUDA_GRAPHS`` is not ``0``/``false``/``off``.
+
+    Raises:
+        ValueError: ``GPUSIM_CUDA_GRAPHS`` holds something other than 0/1/true/false/on/off.
+    """
+    flag = os.environ.get(ENV_FLAG, "").strip().lower()
+    if flag not in ("", "0", "1", "true", "false", "on", "off"):
+        raise ValueError(f"{ENV_FLAG}={flag!r}: expected 0 or 1")
+    if flag in ("0", "false", "off"):
+        return False
+    if device is None:
+        return torch.cuda.is_available()
+    return torch.device(device).type == "cuda" and torch.cuda.is_available()
+
+
+def _flatten(obj, leaves: list):
+    """Structure of ``obj`` with tensors replaced by their index in ``leaves``."""
+    if isinstance(obj, torch.Tensor):
+        leaves.append(obj)
+        return ("T", len(leaves) - 1)
+    if isinstance(obj, (tuple, list)):
+        return (type(obj).__name__, [_flatten(x, leaves) for x in obj])
+    if isinstance(obj, dict):
+        return ("dict", {k: _flatten(v, leaves) for k, v in obj.items()})
+    return ("C", obj)
+
+
+def _unflatten(spec, leaves: list):
+    kind, body = spec
+    if kind == "T":
+        return leaves[body]
+    if kind in ("tuple", "list"):
+        items = [_unflatten(x, leaves) for x in body]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        return {k: _unflatten(v, leaves) for k, v in body.items()}
+    return body
+
+
+class GraphedStep:
+    """A callable of tensors, run eagerly or replayed from a CUDA graph (module docstring).
+
+    Args:
+        fn: the step; called as ``fn(*inputs)`` with tensors only.
+        enabled: capture a CUDA graph (default :func:`cuda_graphs_enabled` of the first input's
+            device). Ignored (eager) when the inputs are not CUDA tensors.
+        warmup: eager calls before the capture (>= 1; 3 is what PyTorch's documentation uses).
+
+    Attributes:
+        captured: True once a graph is captured and replayed on every call.
+        fallback_reason: why the calls run eagerly (None while capturing is still possible or done).
+        calls: number of calls so far.
+
+    Raises (on call):
+        ValueError: a captured step called with a different number of inputs, or an input whose
+            shape, dtype or device differs from the captured one (a graph has fixed buffers).
+        TypeError: a non-tensor input.
+    """
+
+    def __init__(self, fn: Callable[..., Any], enabled: bool | None = None, warmup: int = 3):
+        if warmup < 1:
+            raise ValueError(f"GraphedStep: warmup must be >= 1, got {warmup}")
+        self.fn = fn
+        self.enabled = enabled
+        self.warmup = warmup
+        self.calls = 0
+        self.captured = False
+        self.fallback_reason: str | None = None
+        self._graph = None
+        self._static_in: list[torch.Tensor] = []
+        self._static_out: list[torch.Tensor] = []
+        self._out_spec = None
+        self._stream = None
+
+    # ------------------------------------------------------------------ decisions
+    def _want_graph(self, inputs) -> bool:
+        if self.fallback_reason is not None:
+            return False
+        devices = {t.device.type for t in inputs}
+        if devices != {"cuda"}:
+            self.fallback_reason = f"inputs on {sorted(devices) or ['no tensors']}: CUDA graphs need CUDA tensors"
+            return False
+        enabled = cuda_graphs_enabled(inputs[0].device) if self.enabled is None else self.enabled
+        if not enabled:
+            self.fallback_reason = f"disabled ({ENV_FLAG}=0 or enabled=False)"
+        return enabled
+
+    def _check(self, inputs):
+        if len(inputs) != len(self._static_in):
+            raise ValueError(f"GraphedStep: captured with {len(self._static_in)} inputs, called with {len(inputs)}")
+        for i, (x, s) in enumerate(zip(inputs, self._static_in)):
+            if x.shape != s.shape or x.dtype != s.dtype or x.device != s.device:
+                raise ValueError(f"GraphedStep: input {i} is {tuple(x.shape)} {x.dtype} on {x.device}, the graph "
+                                 f"was captured with {tuple(s.shape)} {s.dtype} on {s.device}")
+
+    # ------------------------------------------------------------------ calls
+    def __call__(self, *inputs):
+        for i, x in enumerate(inputs):
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"GraphedStep: input {i} must be a tensor, got {type(x).__name__}")
+        self.calls += 1
+        if self.captured:
+            self._check(inputs)
+            for s, x in zip(self._static_in, inputs):
+                s.copy_(x)
+            self._graph.replay()
+            return _unflatten(self._out_spec, self._static_out)
+        if not self._want_graph(inputs):
+            return self.fn(*inputs)
+        if self.calls <= self.warmup:
+            return self._warm(inputs)
+        return self._capture(inputs)
+
+    def _warm(self, inputs):  # pragma: no cover  (needs a CUDA device)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=inputs[0].device)
+        self._stream.wait_stream(torch.cuda.current_stream(inputs[0].device))
+        with torch.cuda.stream(self._stream):
+            out = self.fn(*inputs)
+        torch.cuda.current_stream(inputs[0].device).wait_stream(self._stream)
+        return out
+
+    def _capture(self, inputs):  # pragma: no cover  (needs a CUDA device)
+        self._static_in = [x.clone() for x in inputs]
+        graph = torch.cuda.CUDAGraph()
+        try:
+            torch.cuda.synchronize(inputs[0].device)
+            with torch.cuda.graph(graph):
+                out = self.fn(*self._static_in)
+        except Exception as e:  # capture is best effort: fall back to eager, say why
+            self.fallback_reason = f"capture failed: {type(e).__name__}: {e}"
+            self._static_in = []
+            torch.cuda.synchronize(inputs[0].device)
+            return self.fn(*inputs)
+        leaves: list[torch.Tensor] = []
+        self._out_spec = _flatten(out, leaves)
+        self._static_out = leaves
+        self._graph = graph
+        self.captured = True
+        # the capture recorded the work but did not run it: run it once for this call's inputs
+        for s, x in zip(self._static_in, inputs):
+            s.copy_(x)
+        graph.replay()
+        return _unflatten(self._out_spec, self._static_out)
