@@ -141,7 +141,7 @@ def new_goal_reference(
     return torch.where(mask[..., None], new.view(W, A, 2), goal)
 
 
-def _new_goal_compact(mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, grid_dims, cell_size,
+def new_goal_compact(mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, grid_dims, cell_size,
                       road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE):
     """CPU path of :func:`new_goal`: the rows of the masked agents only (``nonzero`` costs no device
     synchronisation on the CPU), same per-row arithmetic as :func:`new_goal_reference`."""
@@ -276,5 +276,5 @@ def new_goal(mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, g
     if backend_for(pos) == "triton":
         return _new_goal_triton(*args)
     if pos.device.type == "cpu":
-        return _new_goal_compact(*args)
+        return new_goal_compact(*args)
     return new_goal_reference(*args)

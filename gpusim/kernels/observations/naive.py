@@ -1,6 +1,6 @@
 """Torch reference of the observations (CPU, and the oracle of the Triton kernel).
 
-:func:`observe_block` is the one functional body of the CPU paths: the eager reference
+:func:`observe_block` is the one body of the CPU paths (it writes only into a block it allocates): the eager reference
 (:func:`observations_reference`) calls it per block of slot rows, and the compiled path
 (:mod:`.compiled`) hands the same function to ``torch.compile``.
 """
@@ -11,7 +11,7 @@ import torch
 from einops import rearrange
 
 from gpusim.kernels.grid import cell_index
-from gpusim.kernels.obs_layout import GOAL_SCALE
+from gpusim.kernels.obs_layout import GOAL_SCALE, obs_layout
 from gpusim.kernels.observations.tables import (
     AGENT_COLS,
     GEO_COLS,
@@ -37,26 +37,33 @@ def observe_block(
 ) -> torch.Tensor:
     """Observations [n, D] float32 of the in-play slot rows ``rows`` [n] int64 (flat ``w * C + c``).
 
-    Functional (no in-place writes), so ``torch.compile`` can fuse it. ``agent_tab`` is
-    :func:`agent_table`, ``(geo, feat)`` is :func:`road_table`; ``goal2`` [W*C, 2], ``extra2``
-    [W*C, 5] and ``grid2`` [S*NC, K] are flat views of the inputs of
-    :func:`gpusim.kernels.observations.observations`; ``P`` partner slots, ``R`` segments per
-    scenario, radii and cell size in metres.
+    The one body of both CPU paths: eager (:func:`observations_reference`) and ``torch.compile``
+    (:mod:`.compiled`). It writes into a block it allocates itself (slice assignments through
+    views), which keeps eager as fast as hand-written in-place code and which inductor
+    functionalises; nothing outside the block is mutated. ``agent_tab`` is :func:`agent_table`,
+    ``(geo, feat)`` is :func:`road_table`; ``goal2`` [W*C, 2], ``extra2`` [W*C, 5] and ``grid2``
+    [S*NC, K] are flat views of the inputs of :func:`gpusim.kernels.observations.observations`;
+    ``P`` partner slots, ``R`` segments per scenario, radii and cell size in metres.
     """
     n = rows.shape[0]
     W, A = present.shape
     K = grid2.shape[1]
     NC = grid2.shape[0] // grid_origin.shape[0]
+    lay = obs_layout(P, K)
     w = torch.div(rows, C, rounding_mode="floor")
     c = rows - w * C
+    blk = torch.empty(n, lay.obs_dim, device=pos.device, dtype=torch.float32)
 
     # ---------------------------------------------------------------- ego block [n, 11]
     e = agent_tab.index_select(0, w * A + c)  # [n, 12]
     ex, ey, ec, es = e[:, 0:1], e[:, 1:2], e[:, 2:3], e[:, 3:4]  # [n, 1]
     gl = goal2.index_select(0, rows)
     gx, gy = gl[:, 0:1] - ex, gl[:, 1:2] - ey
-    ego = torch.cat([e[:, 4:7], (gx * ec + gy * es) / GOAL_SCALE, (gy * ec - gx * es) / GOAL_SCALE,
-                     torch.sqrt(gx * gx + gy * gy) / GOAL_SCALE, extra2.index_select(0, rows)], 1)
+    blk[:, 0:3] = e[:, 4:7]
+    blk[:, 3:4] = (gx * ec + gy * es) / GOAL_SCALE
+    blk[:, 4:5] = (gy * ec - gx * es) / GOAL_SCALE
+    blk[:, 5:6] = torch.sqrt(gx * gx + gy * gy) / GOAL_SCALE
+    blk[:, 6:lay.ego_dim] = extra2.index_select(0, rows)
 
     # ---------------------------------------------------------------- partners [n, P, 11]
     pw = rearrange(pos.index_select(0, w), "n a xy -> xy n a")  # [2, n, A]
@@ -73,10 +80,14 @@ def observe_block(
     px, py = g[..., 0] - ex * one, g[..., 1] - ey * one  # zero on padding rows
     pc, ps = g[..., 2], g[..., 3]
     inv_pr = 1.0 / partner_radius
-    part = torch.cat([torch.stack([(px * ec + py * es) * inv_pr, (py * ec - px * es) * inv_pr,
-                                   pc * ec + ps * es, ps * ec - pc * es], -1), g[..., 4:11]], -1)
+    part = rearrange(blk[:, lay.partners], "n (p f) -> n p f", p=P)  # a view: writes land in blk
+    part[:, :kp, 0] = (px * ec + py * es) * inv_pr
+    part[:, :kp, 1] = (py * ec - px * es) * inv_pr
+    part[:, :kp, 2] = pc * ec + ps * es
+    part[:, :kp, 3] = ps * ec - pc * es
+    part[:, :kp, 4:] = g[..., 4:11]
     if kp < P:
-        part = torch.cat([part, part.new_zeros(n, P - kp, part.shape[-1])], 1)
+        part[:, kp:] = 0.0
 
     # ---------------------------------------------------------------- roads [n, K, 10]
     s = scenario.index_select(0, w)  # [n] int64
@@ -95,9 +106,14 @@ def observe_block(
     mx, my = g[..., 0] - ex * one, g[..., 1] - ey * one  # zero on padding rows
     ux, uy = g[..., 2], g[..., 3]
     inv_rr = 1.0 / road_radius
-    road = torch.cat([torch.stack([(mx * ec + my * es) * inv_rr, (my * ec - mx * es) * inv_rr, g[..., 4] * (2.0 * inv_rr),
-                                   ux * ec + uy * es, uy * ec - ux * es], -1), g[..., 5:]], -1)
-    return torch.cat([ego, rearrange(part, "n p f -> n (p f)"), rearrange(road, "n k f -> n (k f)")], 1)
+    road = rearrange(blk[:, lay.roads], "n (k f) -> n k f", k=K)  # a view: writes land in blk
+    road[..., 0] = (mx * ec + my * es) * inv_rr
+    road[..., 1] = (my * ec - mx * es) * inv_rr
+    road[..., 2] = g[..., 4] * (2.0 * inv_rr)
+    road[..., 3] = ux * ec + uy * es
+    road[..., 4] = uy * ec - ux * es
+    road[..., 5:] = g[..., 5:]
+    return blk
 
 
 def block_arguments(*, pos, heading, speed, length, width, agent_type, present, goal, ego_extra, scenario,
