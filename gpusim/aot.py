@@ -338,32 +338,52 @@ def _module_roots(specs) -> list[str]:
     return roots
 
 
-def compile_specs(specs, capabilities=CAPABILITIES, timeout: float = 600.0) -> list[dict]:
-    """Compile ``specs`` for every capability in a fresh subprocess (``python -m gpusim.aot``)
+def compile_specs(specs, capabilities=CAPABILITIES, timeout: float = 600.0, jobs: int | None = None) -> list[dict]:
+    """Compile ``specs`` for every capability in fresh subprocesses (``python -m gpusim.aot``)
     without ``TRITON_INTERPRET`` and with an empty Triton cache (so ``ptxas`` always runs).
+
+    Args:
+        jobs: parallel subprocesses, each compiling an interleaved share of the specs
+            (default ``min(2, cpu count)``).
 
     Returns:
         one :func:`compile_spec` result per (spec, capability), specs in order.
 
     Raises:
-        RuntimeError: the subprocess failed (its stderr tail is in the message).
+        RuntimeError: a subprocess failed (its stderr tail is in the message).
     """
     specs = list(specs)
+    jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(specs) or 1))
     with tempfile.TemporaryDirectory(prefix="gpusim-aot-") as tmp:
-        src = pathlib.Path(tmp) / "specs.json"
-        dst = pathlib.Path(tmp) / "results.json"
-        src.write_text(json.dumps([dataclasses.asdict(s) for s in specs]))
         env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        env["TRITON_CACHE_DIR"] = str(pathlib.Path(tmp) / "cache")
         env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (silences its warning)
         roots = _module_roots(specs) + [str(PACKAGE_ROOT.parent)]
         env["PYTHONPATH"] = os.pathsep.join(roots + [p for p in [env.get("PYTHONPATH")] if p])
-        cmd = [sys.executable, "-m", "gpusim.aot", str(src), str(dst), "--capabilities",
-               *map(str, capabilities)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 0 or not dst.exists():
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-        return json.loads(dst.read_text())
+        procs = []
+        for j in range(jobs):
+            src = pathlib.Path(tmp) / f"specs{j}.json"
+            dst = pathlib.Path(tmp) / f"results{j}.json"
+            src.write_text(json.dumps([dataclasses.asdict(s) for s in specs[j::jobs]]))
+            cmd = [sys.executable, "-m", "gpusim.aot", str(src), str(dst), "--capabilities", *map(str, capabilities)]
+            penv = dict(env, TRITON_CACHE_DIR=str(pathlib.Path(tmp) / f"cache{j}"))
+            procs.append((cmd, dst, subprocess.Popen(cmd, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                     text=True)))
+        parts = []
+        for cmd, dst, proc in procs:
+            try:
+                _, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if proc.returncode != 0 or not dst.exists():
+                raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{(err or '')[-4000:]}")
+            parts.append(json.loads(dst.read_text()))
+    n = len(capabilities)
+    out = []
+    for i in range(len(specs)):  # back to spec order: spec i is the (i // jobs)-th of part i % jobs
+        k = i // jobs
+        out.extend(parts[i % jobs][k * n:(k + 1) * n])
+    return out
 
 
 def main(argv=None) -> int:

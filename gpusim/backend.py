@@ -26,6 +26,19 @@ _override: list[str] = []
 _gpu_sizes: list[bool] = []
 
 
+def normalize_device(device) -> torch.device:
+    """The canonical form of ``device``: ``cpu`` (no index) or ``cuda:<index>`` (index filled in
+    from the current CUDA device). Tensors report these forms, while ``torch.device("cuda") !=
+    torch.device("cuda:0")`` and ``torch.device("cpu:0") != torch.device("cpu")``: compare
+    normalised devices only (DESIGN.md section 2)."""
+    d = torch.device(device)
+    if d.type == "cpu":
+        return torch.device("cpu")
+    if d.type == "cuda" and d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
 def interpreter_active() -> bool:
     """True when Triton kernels run through Triton's CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

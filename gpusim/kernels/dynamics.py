@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for, interpreting
+from gpusim.backend import backend_for, interpreting, normalize_device
 from gpusim.kernels import trimath
 from gpusim.kernels.trimath import wrap_angle_torch
 
@@ -87,14 +87,10 @@ def action_tables(device: torch.device) -> dict[str, torch.Tensor]:
         ``{"accel_of": [91], "steer_of": [91]}`` (the acceleration and steering of each joint index
         ``k = accel_idx * 13 + steer_idx``). Treat them as read-only.
 
-    The cache key is the normalised device (``torch.device("cuda")`` and ``"cuda:0"`` share one
-    entry when device 0 is current).
+    The cache key is the normalised device (:func:`gpusim.backend.normalize_device`:
+    ``torch.device("cuda")`` and ``"cuda:0"`` share one entry when device 0 is current).
     """
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type == "cpu":
-        dev = torch.device("cpu")
+    dev = normalize_device(device)
     tables = _TABLES.get(dev)
     if tables is None:
         accel = torch.tensor(ACCEL_VALUES, dtype=torch.float32)
@@ -243,13 +239,14 @@ def _bicycle_step_kernel(
 
 
 def _check_agent_tensors(fn: str, shape, device, named: dict, float_names=(), bool_names=(), pair_names=()):
+    device = normalize_device(device)
     for name, t in named.items():
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{fn}: {name} must be a tensor")
         want = tuple(shape) + ((2,) if name in pair_names else ())
         if tuple(t.shape) != want:
             raise ValueError(f"{fn}: {name} has shape {tuple(t.shape)}, expected {want}")
-        if t.device != device:
+        if normalize_device(t.device) != device:
             raise ValueError(f"{fn}: {name} is on {t.device}, expected {device}")
         if name in float_names and t.dtype != torch.float32:
             raise ValueError(f"{fn}: {name} must be float32, got {t.dtype}")
