@@ -137,7 +137,9 @@ def test_cli_known_table_json(pack_file, tmp_path, capsys):
     assert len(recs) == 8  # 2 policies x 4 agent-episodes
     r2 = next(r for r in recs if r["policy"] == "constant_speed" and r["scenario"] == "synthetic_2")
     assert (r2["collided"], r2["goal_reached"], r2["slot"], r2["role"], r2["mode"]) == (1.0, 0.0, 0, "ego", "self_play")
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "world-episodes" in captured.err  # progress (rich) on stderr
     assert "synthetic_3" in text and "constant_speed" in text and "0.250 [0.000, 0.740]" in text
 
 
@@ -282,3 +284,42 @@ def test_policy_checkpoint_is_deterministic(pack_file, tmp_path):
     assert a["runs"][0]["global_step"] == 7 and a["env"]["scenario_length"] == LENGTH
     for k in ("goal_reached", "collided", "episode_return"):
         assert a["runs"][0]["summary"][k] == b["runs"][0]["summary"][k]
+
+
+def test_skipped_files_listed_with_reasons(tmp_path, sample_dir, capsys):
+    """A data directory with one bad file: the evaluation runs on the good one and lists the bad
+    one with its reason (console and JSON)."""
+    import shutil
+
+    good = min(sample_dir.glob("*.json*"), key=lambda p: p.stat().st_size)
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(good, data / good.name)
+    (data / "broken.json").write_text("{not json")
+    out = tmp_path / "e.json"
+    assert main(["--policy", "constant_speed", "--data", str(data), "--json", str(out), "--num-threads", "1",
+                 "--device", "cpu", "--no-per-scenario"]) == 0
+    res = json.loads(out.read_text())
+    assert [s["file"].endswith("broken.json") for s in res["skipped"]] == [True]
+    assert res["skipped"][0]["reason"]
+    assert len(res["runs"][0]["scenarios"]) == 1
+    text = capsys.readouterr().out
+    assert "1 of 2 file(s) skipped" in text and "broken.json" in text and "scenarios run" in text
+
+
+def test_progress_counts_world_episodes(pack_file):
+    class Progress:  # the part of rich.progress.Progress that evaluate() uses
+        def __init__(self):
+            self.tasks = {}
+
+        def add_task(self, description, total):
+            self.tasks[description] = [total, 0]
+            return description
+
+        def advance(self, task, n):
+            self.tasks[task][1] += n
+
+    progress = Progress()
+    evaluate(EvalConfig(policy=("constant_speed", "random"), data=str(pack_file), episodes_per_scenario=3,
+                        num_worlds=5, device="cpu", num_threads=1), progress)
+    assert progress.tasks == {"constant_speed (self_play)": [12, 12], "random (self_play)": [12, 12]}

@@ -66,7 +66,8 @@ class EvalConfig:
         device: ``cuda`` if available else ``cpu``.
         num_threads: torch CPU threads (0 = torch's default, capped at the CPU cores available).
         interval: ``normal`` (mean +- 1.96 s / sqrt(n), default) or ``bootstrap`` (percentile).
-        level: confidence level of the intervals. resamples: bootstrap resamples.
+        level: confidence level of the intervals.
+        resamples: bootstrap resamples (``--interval bootstrap``).
         json: also write the results as JSON to this file.
         records: also write one JSON line per agent-episode (policy, mode, scenario, slot, metrics,
             per-trial scores) to this file, for offline analysis.
@@ -339,12 +340,15 @@ def print_results(results: dict, console, per_scenario_table: bool = True) -> No
              f"{'argmax' if results['deterministic'] else 'sampled'} actions; {level}% CI over agent-episodes "
              f"({method})")
     console.print(summary_table(runs, title))
-    if per_scenario_table:
-        by_ids: dict = {}
-        for r in runs:
-            by_ids.setdefault(tuple(r["scenarios"]), []).append(r)
-        for ids, group in by_ids.items():
+    by_ids: dict = {}
+    for r in runs:
+        by_ids.setdefault(tuple(r["scenarios"]), []).append(r)
+    for ids, group in by_ids.items():
+        if per_scenario_table:
             console.print(scenario_table(group, list(ids), "per scenario"))
+        else:
+            console.print(escape(f"scenarios run ({results['episodes_per_scenario']} episode(s) each): "
+                                 + ", ".join(ids)), soft_wrap=True)
 
 
 def main(argv=None) -> int:
