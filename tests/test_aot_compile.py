@@ -22,6 +22,7 @@ global) shows that the harness catches what the interpreter hides.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -208,7 +209,7 @@ def test_specs_follow_triton_specialisation(recorded):
     s = aot.specialise(_plain_global_kernel, (x, None, 1), {"BLOCK": 16, "num_warps": 2})
     assert s.signature["n"] == "constexpr" and s.constexprs["n"] == 1 and s.constexprs["out_ptr"] is None
     assert s.options == {"num_warps": 2}
-    assert aot.Spec.from_dict(__import__("dataclasses").asdict(s)).key() == s.key()
+    assert aot.Spec.from_dict(dataclasses.asdict(s)).key() == s.key()
 
 
 def test_parse_ptxas_log():
