@@ -4,8 +4,11 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from gpusim.backend import use_backend
+from gpusim.kernels.grid import cell_index_jit, cell_index_reference
 from gpusim.kernels.offroad import offroad, offroad_reference
 
 BACKENDS = ["torch", "triton"]
@@ -149,3 +152,42 @@ def test_reference_equals_dense_oracle(W, A, S, R, KE, scale):
     want = _dense_oracle(*args, CELL, scale)
     assert want.any() and not want.all()
     assert torch.equal(offroad_reference(*args, CELL, scale), want)
+
+
+# ------------------------------------------------------------- the shared grid-cell helper
+@triton.jit
+def _cell_probe_kernel(pos_ptr, scenario_ptr, origin_ptr, dims_ptr, out_ptr, n, A, cell_size, BLOCK: tl.constexpr):
+    """Test-only kernel: ``cell_index_jit`` of every position (what the observation, offroad and
+    NEW_GOAL kernels call)."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(pos_ptr + 2 * offs, mask=m, other=0.0)
+    y = tl.load(pos_ptr + 2 * offs + 1, mask=m, other=0.0)
+    s = tl.load(scenario_ptr + offs // A, mask=m, other=0)
+    tl.store(out_ptr + offs, cell_index_jit(x, y, s, origin_ptr, dims_ptr, cell_size, m), mask=m)
+
+
+@pytest.mark.parametrize("W,A,S", [(1, 1, 1), (3, 7, 2), (5, 13, 3)])
+def test_cell_index_jit_matches_reference(W, A, S):
+    """The Triton cell lookup equals the torch one bit for bit: inside, on cell borders, outside the
+    grid (clamped), at +-inf and NaN (cell 0 along that axis), on odd sizes with a NaN-prefilled output."""
+    g = torch.Generator().manual_seed(W * 100 + A)
+    origin = torch.randn(S, 2, generator=g) * 30
+    dims = torch.randint(1, 9, (S, 2), generator=g, dtype=torch.int32)
+    cell = 2.5
+    scenario = torch.randint(0, S, (W,), generator=g)
+    pos = origin[scenario][:, None, :] + (torch.rand(W, A, 2, generator=g) * 1.6 - 0.3) * dims[scenario][:, None, :] * cell
+    special = torch.tensor([[float("nan"), 0.0], [float("inf"), -float("inf")], [1e30, -1e30], [0.0, float("nan")]])
+    flat = pos.view(-1, 2)
+    flat[: min(4, flat.shape[0])] = special[: min(4, flat.shape[0])]
+    flat[-1] = origin[scenario[-1]] + cell  # exactly on a cell corner
+    want = cell_index_reference(pos, scenario, origin, dims, cell)
+    out = torch.full((W, A), -7, dtype=torch.int64)
+    n = W * A
+    _cell_probe_kernel[(triton.cdiv(n, 32),)](
+        pos_ptr=pos, scenario_ptr=scenario, origin_ptr=origin, dims_ptr=dims, out_ptr=out, n=n, A=A,
+        cell_size=cell, BLOCK=32,
+    )
+    assert torch.equal(out, want)
+    nx, ny = dims[scenario][:, None, 0].to(torch.int64), dims[scenario][:, None, 1].to(torch.int64)
+    assert bool(((want >= 0) & (want < nx * ny)).all())
