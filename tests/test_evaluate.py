@@ -3,6 +3,7 @@ sweep, known tables on crafted scenes, intervals, trial scores, thread setting a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -279,7 +280,7 @@ def test_policy_checkpoint_is_deterministic(pack_file, tmp_path):
     ck = save_checkpoint(tmp_path / "run" / "checkpoint.pt", policy=pol, optimizer=torch.optim.Adam(pol.parameters()),
                          global_step=7, update=1, config={"env": env_dict}, env_config=env_dict)
     cfg = EvalConfig(policy=(str(ck), "constant_speed"), data=str(pack_file), device="cpu", num_threads=1)
-    a, b = evaluate(cfg), evaluate(cfg)
+    a, b = evaluate(cfg), evaluate(dataclasses.replace(cfg, policy=(str(ck),)))
     assert [r["label"] for r in a["runs"]] == ["run/checkpoint.pt", "constant_speed"]
     assert a["runs"][0]["global_step"] == 7 and a["env"]["scenario_length"] == LENGTH
     for k in ("goal_reached", "collided", "episode_return"):
@@ -320,6 +321,6 @@ def test_progress_counts_world_episodes(pack_file):
             self.tasks[task][1] += n
 
     progress = Progress()
-    evaluate(EvalConfig(policy=("constant_speed", "random"), data=str(pack_file), episodes_per_scenario=3,
-                        num_worlds=5, device="cpu", num_threads=1), progress)
-    assert progress.tasks == {"constant_speed (self_play)": [12, 12], "random (self_play)": [12, 12]}
+    evaluate(EvalConfig(policy=("constant_speed", "random"), data=str(pack_file), episodes_per_scenario=2,
+                        num_worlds=8, device="cpu", num_threads=1), progress)
+    assert progress.tasks == {"constant_speed (self_play)": [8, 8], "random (self_play)": [8, 8]}
