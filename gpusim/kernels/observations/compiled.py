@@ -1,6 +1,6 @@
 """Compiled CPU path of the observations (opt-in, ``EnvConfig.compile``).
 
-The same functional body as the eager reference (:func:`.naive.observe_block`), handed to
+The same per-block body as the eager reference (:func:`.naive.observe_block`), handed to
 ``torch.compile`` (inductor) over blocks of a FIXED number of slot rows, so every shape is static
 (``dynamic=False``) and one compiled graph serves every step of an env.
 """
