@@ -280,7 +280,7 @@ def test_policy_checkpoint_is_deterministic(pack_file, tmp_path):
     ck = save_checkpoint(tmp_path / "run" / "checkpoint.pt", policy=pol, optimizer=torch.optim.Adam(pol.parameters()),
                          global_step=7, update=1, config={"env": env_dict}, env_config=env_dict)
     cfg = EvalConfig(policy=(str(ck), "constant_speed"), data=str(pack_file), device="cpu", num_threads=1)
-    a, b = evaluate(cfg), evaluate(dataclasses.replace(cfg, policy=(str(ck),)))
+    a, b = evaluate(cfg), evaluate(dataclasses.replace(cfg, policy=(str(ck.parent),)))  # a run dir works too
     assert [r["label"] for r in a["runs"]] == ["run/checkpoint.pt", "constant_speed"]
     assert a["runs"][0]["global_step"] == 7 and a["env"]["scenario_length"] == LENGTH
     for k in ("goal_reached", "collided", "episode_return"):
@@ -324,3 +324,19 @@ def test_progress_counts_world_episodes(pack_file):
     evaluate(EvalConfig(policy=("constant_speed", "random"), data=str(pack_file), episodes_per_scenario=2,
                         num_worlds=8, device="cpu", num_threads=1), progress)
     assert progress.tasks == {"constant_speed (self_play)": [8, 8], "random (self_play)": [8, 8]}
+
+
+def test_other_checkpoint_settings_noted():
+    """Policies side by side share the first checkpoint's env settings; a checkpoint trained with
+    other settings gets a note naming them."""
+    from train.config import TrainConfig
+    from train.evaluate import base_env_config
+
+    def entry(label, **env):
+        return {"label": label, "kind": "checkpoint",
+                "ckpt": {"env_config": TrainConfig(env=_env_config(**env)).to_dict()["env"]}}
+
+    cfg, notes = base_env_config([entry("a"), entry("b", collision_behavior="stop"),
+                                   {"label": "random", "kind": "baseline"}], EvalConfig(policy=("x",), k_trials=3))
+    assert str(cfg.collision_behavior) == "remove" and cfg.trial_mode and cfg.k_trials == 3
+    assert len(notes) == 1 and "b was trained with collision_behavior=stop" in notes[0]

@@ -48,8 +48,9 @@ class EvalConfig:
     """Arguments of ``train/evaluate.py``.
 
     Attributes:
-        policy: what to evaluate, several side by side: checkpoint files of ``train/run.py`` and/or
-            baseline names (``steer_to_goal``, ``constant_speed``, ``expert``, ``random``).
+        policy: what to evaluate, several side by side: checkpoint files of ``train/run.py`` (or
+            run directories holding a ``checkpoint.pt``) and/or baseline names
+            (``steer_to_goal``, ``constant_speed``, ``expert``, ``random``).
         checkpoint: one more checkpoint (same as adding it to ``--policy``; kept for old scripts).
         data: scenarios (WOMD JSON directory or saved pack; default ``data/womd_sample``, relative
             to the cwd or the repository root).
@@ -147,6 +148,8 @@ def _load_policies(specs: list[str], device) -> list[dict]:
         entry = {"spec": spec, "label": _policy_label(spec, taken), "kind": "baseline", "ckpt": None}
         if spec not in BASELINES:
             path = resolve_path(spec)
+            if path.is_dir() and (path / "checkpoint.pt").is_file():  # a run directory
+                path = path / "checkpoint.pt"
             if not path.exists():
                 raise UserError(f"--policy {spec}: no such checkpoint file, and not a baseline "
                                 f"({', '.join(BASELINES)})")
@@ -155,15 +158,25 @@ def _load_policies(specs: list[str], device) -> list[dict]:
     return out
 
 
-def _base_env_config(policies: list[dict], cfg: EvalConfig):
-    """Env settings of the first checkpoint, else the training defaults; ``--k-trials`` applied."""
+def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
+    """``(env_config, notes)``: the env settings of the first checkpoint, else the training
+    defaults, with ``--k-trials`` applied; a note for every later checkpoint trained with other
+    settings (it is evaluated under the first one's)."""
     from train.config import TrainConfig
 
     ckpts = [p for p in policies if p["kind"] == "checkpoint"]
     env_config = _env_config_from_dict(ckpts[0]["ckpt"]["env_config"]) if ckpts else TrainConfig().env
+    notes = []
+    for other in ckpts[1:]:
+        theirs = _env_config_from_dict(other["ckpt"]["env_config"])
+        diff = [f"{f.name}={getattr(theirs, f.name)}" for f in dataclasses.fields(env_config)
+                if getattr(theirs, f.name) != getattr(env_config, f.name)]
+        if diff:
+            notes.append(f"note: {other['label']} was trained with {', '.join(diff)}; evaluated with "
+                         f"{ckpts[0]['label']}'s env settings like every policy here")
     if cfg.k_trials > 0:
         env_config = env_config.replace(goal_behavior="trial", k_trials=cfg.k_trials)
-    return env_config
+    return env_config, notes
 
 
 def _make_driver(entry: dict, env, cfg: EvalConfig):
@@ -241,11 +254,11 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     threads = apply_num_threads(cfg.num_threads)
     device = check_device(cfg.device)
     policies = _load_policies(specs, device)
-    base = _base_env_config(policies, cfg)
+    base, base_notes = base_env_config(policies, cfg)
     out = {"data": cfg.data, "device": str(device), "num_threads": threads, "seed": cfg.seed,
            "deterministic": not cfg.stochastic, "interval": cfg.interval, "level": cfg.level,
            "episodes_per_scenario": cfg.episodes_per_scenario, "k_trials": base.k_trials if base.trial_mode else 0,
-           "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": [], "runs": []}
+           "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}
     for mode in modes:
         env_config, pack, notes = _mode_env(mode, base, cfg.data, device)
         out["notes"] += [n for n in notes if n not in out["notes"]]
