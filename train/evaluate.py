@@ -338,7 +338,8 @@ def write_records(results: dict, path) -> int:
 def print_results(results: dict, console, per_scenario_table: bool = True) -> None:
     """The skipped files, the summary table and (optionally) the per-scenario table(s)."""
     if results["skipped"]:
-        console.print(f"[yellow]data: {len(results['skipped'])} of {results.get('files', '?')} file(s) skipped:[/yellow]")
+        n, files = len(results["skipped"]), results.get("files", "?")
+        console.print(f"[yellow]data: {n} of {files} file(s) skipped:[/yellow]")
         for item in results["skipped"]:
             console.print(f"  skipped {item.get('file', '?')}: {item.get('reason', '?')}", soft_wrap=True)
     for note in results.get("notes", []):

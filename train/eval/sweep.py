@@ -223,7 +223,8 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     return out
 
 
-def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor, real: torch.Tensor) -> tuple[dict, dict]:
+def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
+                    real: torch.Tensor) -> tuple[dict, dict]:
     """Host records of one :func:`run_episode` result (the batch's one host read).
 
     Returns:
@@ -285,5 +286,9 @@ def run_sweep(env, driver: Driver, plan: SweepPlan, egos: Callable = _self_play_
         worlds.append(w)
         if on_batch is not None:
             on_batch(int(real.sum()))
-    cat = lambda parts: {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts and parts[0] else {}  # noqa: E731
-    return cat(agents), cat(worlds)
+    return _cat(agents), _cat(worlds)
+
+
+def _cat(parts: list[dict]) -> dict:
+    """Column-wise concatenation of record dicts (``{}`` when there are none)."""
+    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]} if parts and parts[0] else {}
