@@ -341,3 +341,17 @@ def test_other_checkpoint_settings_noted():
                                    {"label": "random", "kind": "baseline"}], EvalConfig(policy=("x",), k_trials=3))
     assert str(cfg.collision_behavior) == "remove" and cfg.trial_mode and cfg.k_trials == 3
     assert len(notes) == 1 and "b was trained with collision_behavior=stop" in notes[0]
+
+
+def test_bad_checkpoint_and_device_exit_2(tmp_path, capsys):
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"\x80\x02random bytes, not a checkpoint")
+    for argv, message in ((["--policy", str(empty)], "empty"), (["--policy", str(junk)], "junk.pt")):
+        assert main(argv + ["--device", "cpu", "--quiet"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    if not torch.cuda.is_available():
+        assert main(["--policy", "random", "--device", "cuda", "--quiet"]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
