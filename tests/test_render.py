@@ -328,6 +328,8 @@ def test_cli_log_png_and_errors(sample_dir, tmp_path, capsys):
     assert rc == 2 and "no-such-id" in capsys.readouterr().err
     rc = render.main(["--data", str(tmp_path / "missing"), "--log", "--out", str(out)])
     assert rc == 2
+    rc = render.main(["--data", str(sample_dir), "--checkpoint", "ck.pt", "--out", str(out)])
+    assert rc == 2 and "python -m train.render" in capsys.readouterr().err  # the renderer loads no checkpoints
 
 
 def test_cli_checkpoint_rollout(env, sample_dir, tmp_path):

@@ -118,8 +118,13 @@ def main(argv=None) -> int:
     --out FILE [--ego-view --agent K] [--steps N]``.
 
     Returns 0 on success; prints a one-line error and returns 2 for bad input (missing data or
-    scenario, bad arguments).
+    scenario, bad arguments, ``--checkpoint``, which is ``python -m train.render``'s).
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a == "--checkpoint" or a.startswith("--checkpoint=") for a in argv):
+        print("gpusim.render: error: --checkpoint is rendered by the trainer: python -m train.render --checkpoint ...",
+              file=sys.stderr)
+        return 2
     return render_from_args(build_parser().parse_args(argv))
 
 
