@@ -6,11 +6,19 @@ last feature of every partner and road slot is its valid flag (1 valid, 0 paddin
 (DESIGN.md section 6) is
 
 * ego MLP,
-* partner MLP applied to each slot, then a max-pool over the *valid* slots,
-* road MLP applied to each slot (the type one-hot is part of the slot features), then a max-pool
-  over the valid slots,
+* partner encoder: a linear layer + ReLU applied to each slot, a max-pool over the *valid* slots,
+  then a second linear layer on the pooled vector,
+* road encoder: the same over the road slots (the type one-hot is part of the slot features),
 * concatenation of the three, then a linear projection to the model width ``d_model`` and a
   LayerNorm (so the token has the scale of the sinusoidal position code added to it).
+
+The slot encoders pool *between* their two layers (PointNet-style: per-slot features, symmetric
+pool, then a layer on the pooled set; Qi et al. 2017, "PointNet"): the second layer then runs once
+per token instead of once per slot. With 31 partner and 32 road slots this is what made the PPO
+update 2-3x cheaper (docs/performance.md, "Training speed"); the slot inputs have 10-11 features,
+so the per-slot work is now a narrow 11 -> ``hidden`` layer. Checkpoints written before this
+change (slot MLPs named ``partner``/``road``) are refused by ``load_state_dict`` (missing keys)
+rather than silently computing another function.
 
 A max-pool over zero valid slots gives zeros (never ``-inf``/NaN). ``max_roads`` optionally keeps
 only the first (= nearest, the observation sorts them nearest-first) road slots, a cheap way to
@@ -59,19 +67,100 @@ def _mlp(n_in: int, hidden: int, n_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(n_in, hidden), nn.ReLU(), nn.Linear(hidden, n_out))
 
 
-def masked_max_pool(features: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def masked_max_pool(features: torch.Tensor, valid: torch.Tensor, nonnegative: bool = False) -> torch.Tensor:
     """Max over the slot axis of the valid slots; zeros where no slot is valid.
 
     Args:
         features: [..., S, F] float per-slot features.
         valid: [..., S] bool.
+        nonnegative: the caller guarantees ``features >= 0`` (e.g. after a ReLU): invalid slots
+            are then replaced by 0 instead of the most negative float, which gives the same result
+            (the max over valid slots, or 0 when none is valid) in one pass instead of two.
 
     Returns:
         [..., F]; gradients reach only the selected (valid) entries.
     """
+    if nonnegative:
+        return torch.where(valid[..., None], features, 0.0).amax(dim=-2)
     neg = torch.finfo(features.dtype).min
     pooled = torch.where(valid[..., None], features, neg).amax(dim=-2)
     return torch.where(valid.any(dim=-1, keepdim=True), pooled, 0.0)
+
+
+class _SlotMaxPool(torch.autograd.Function):
+    """``max over valid slots of relu(x @ W^T + b)`` with a sparse backward.
+
+    Forward: [N, S, I] slots -> [N, H] (invalid slots count as 0, which is also the result when
+    no slot is valid). Backward: the gradient of a pooled entry ``(n, f)`` reaches only its arg-max
+    slot, and only when the pooled value is > 0 (a valid slot with a positive pre-activation; ReLU's
+    gradient at 0 is 0, as in torch). So the weight gradient is a sum over tokens of
+    ``g[n, f] * x[n, argmax[n, f], :]`` — a gather of [N, H, I] instead of the dense [N, S, H]
+    tensors (and the slow tall-skinny ``[H, N*S] @ [N*S, I]`` product) autograd would build. It is
+    the same function and the same (sub)gradient as :meth:`SlotEncoder.reference` with
+    ``torch.max`` (which also sends a tied maximum's gradient to one slot).
+    """
+
+    @staticmethod
+    def forward(ctx, x, valid, weight, bias):
+        N, S, I = x.shape
+        # max_s relu(x_s W^T + b) over valid s (0 if none) = relu(max_s(x_s W^T) + b): the bias is the
+        # same for every slot, so it is added after the max (no [N, S, H] bias pass); invalid
+        # slots are -inf before the max, and -inf + b clamps to 0
+        pre = torch.mm(x.reshape(N * S, I), weight.t()).view(N, S, -1)
+        pre.masked_fill_(~valid[..., None], float("-inf"))
+        best, idx = pre.max(dim=1)
+        pooled = (best + bias).clamp_min_(0.0)
+        ctx.save_for_backward(x, weight, pooled, idx)
+        return pooled
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, pooled, idx = ctx.saved_tensors
+        N, S, I = x.shape
+        H = weight.shape[0]
+        g = torch.where(pooled > 0, grad, 0.0)  # [N, H]
+        index = idx[..., None].expand(N, H, I)
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[2]:
+            picked = x.gather(1, index)  # [N, H, I]: x[n, argmax[n, f], :]
+            # an entry with g = 0 may point at an invalid slot holding NaN/inf: 0 * NaN would leak
+            picked = torch.where((g != 0)[..., None], picked, 0.0)
+            grad_w = torch.bmm(g.t()[:, None, :], picked.transpose(0, 1))[:, 0, :]  # [H, I]
+        if ctx.needs_input_grad[3]:
+            grad_b = g.sum(0)
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.zeros_like(x).scatter_add_(1, index, g[..., None] * weight[None])
+        return grad_x, None, grad_w, grad_b
+
+
+class SlotEncoder(nn.Module):
+    """Set encoder for a group of slots: ``Linear(slot_dim, hidden)`` + ReLU per slot, max-pool over
+    the valid slots, then ``Linear(hidden, hidden)`` on the pooled vector.
+
+    Args:
+        slot_dim: features per slot (the last is the valid flag). hidden: width.
+    """
+
+    def __init__(self, slot_dim: int, hidden: int):
+        super().__init__()
+        self.slot = nn.Linear(slot_dim, hidden)
+        self.post = nn.Linear(hidden, hidden)
+
+    def forward(self, slots: torch.Tensor) -> torch.Tensor:
+        """slots [..., S, slot_dim] float32 -> [..., hidden] float32 (fused, sparse-backward pool,
+        :class:`_SlotMaxPool`; same values and gradients as :meth:`reference`)."""
+        lead = slots.shape[:-2]
+        flat = slots.reshape(-1, *slots.shape[-2:])
+        valid = flat[..., -1] > 0.5
+        pooled = _SlotMaxPool.apply(flat, valid, self.slot.weight, self.slot.bias)
+        return self.post(pooled.reshape(*lead, -1))
+
+    def reference(self, slots: torch.Tensor) -> torch.Tensor:
+        """Plain-autograd definition of :meth:`forward` (for tests): per-slot layer + ReLU, max
+        over the valid slots (0 if none), second layer."""
+        h = torch.relu(self.slot(slots))
+        h = torch.where((slots[..., -1] > 0.5)[..., None], h, 0.0)
+        return self.post(h.max(dim=-2).values)
 
 
 class ObsEncoder(nn.Module):
@@ -96,8 +185,8 @@ class ObsEncoder(nn.Module):
         self.dims = dims
         self.num_roads_used = dims.num_roads if max_roads is None else int(max_roads)
         self.ego = _mlp(dims.ego_dim, hidden, hidden)
-        self.partner = _mlp(dims.partner_dim, hidden, hidden)
-        self.road = _mlp(dims.road_dim, hidden, hidden)
+        self.partner_set = SlotEncoder(dims.partner_dim, hidden)
+        self.road_set = SlotEncoder(dims.road_dim, hidden)
         # LayerNorm on the token: keeps it on the scale of the sinusoidal position code (entries in
         # [-1, 1]) that the transformer adds, so the observation is not drowned by the position
         self.out = nn.Sequential(nn.ReLU(), nn.Linear(3 * hidden, d_model), nn.LayerNorm(d_model))
@@ -122,8 +211,9 @@ class ObsEncoder(nn.Module):
         r0 = p0 + d.num_partners * d.partner_dim
         ego = obs[..., :p0]
         partners = obs[..., p0:r0].reshape(*lead, d.num_partners, d.partner_dim)
-        roads = obs[..., r0:].reshape(*lead, d.num_roads, d.road_dim)[..., : self.num_roads_used, :]
+        # slice the used road slots before the reshape (which copies the non-contiguous slice)
+        roads = obs[..., r0: r0 + self.num_roads_used * d.road_dim].reshape(*lead, self.num_roads_used, d.road_dim)
         h_ego = self.ego(ego)
-        h_p = masked_max_pool(self.partner(partners), partners[..., -1] > 0.5)
-        h_r = masked_max_pool(self.road(roads), roads[..., -1] > 0.5)
+        h_p = self.partner_set(partners)
+        h_r = self.road_set(roads)
         return self.out(torch.cat([h_ego, h_p, h_r], dim=-1))

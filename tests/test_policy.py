@@ -222,3 +222,35 @@ def test_describe_roundtrip():
     f = torch.zeros(1, 5, dtype=torch.bool)
     with torch.no_grad():
         assert torch.equal(model(obs, f, f)[1], clone(obs, f, f)[1])
+
+
+def test_slot_encoder_fused_equals_reference_values_and_grads():
+    from policy.encoders import SlotEncoder
+
+    torch.manual_seed(3)
+    enc = SlotEncoder(6, 16)
+    x = torch.randn(4, 7, 9, 6)
+    x[..., -1] = (torch.rand(4, 7, 9) < 0.6).float()
+    x[0, 0, :, -1] = 0.0  # a token with no valid slot -> post(0)
+    grads = []
+    for fn in (enc.forward, enc.reference):
+        xi = x.clone().requires_grad_(True)
+        enc.zero_grad()
+        out = fn(xi)
+        (out * torch.linspace(-1, 1, 16)).sum().backward()
+        grads.append((out.detach(), xi.grad.clone(), [p.grad.clone() for p in enc.parameters()]))
+    (o1, gx1, gp1), (o2, gx2, gp2) = grads
+    torch.testing.assert_close(o1, o2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(o1[0, 0], enc.post.bias.detach())
+    torch.testing.assert_close(gx1, gx2, atol=1e-5, rtol=1e-5)
+    for a, b in zip(gp1, gp2):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    # NaN/inf in invalid slots reach neither the output nor the gradients
+    xn = x.clone()
+    xn[..., :-1] = torch.where(xn[..., -1:] > 0.5, xn[..., :-1], torch.tensor(float("nan")))
+    xn.requires_grad_(True)
+    enc.zero_grad()
+    out = enc(xn)
+    torch.testing.assert_close(out, o1)
+    out.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in enc.parameters()) and torch.isfinite(xn.grad).all()
