@@ -1,6 +1,7 @@
 """Compiled CPU path of the observations (opt-in, ``EnvConfig.compile``).
 
-The same per-block body as the eager reference (:func:`.naive.observe_block`), handed to
+The same feature computation as the eager reference (:func:`.naive.observe_features`), laid out
+functionally (:func:`.naive.observe_block_functional`) and handed to
 ``torch.compile`` (inductor) over blocks of a FIXED number of slot rows, so every shape is static
 (``dynamic=False``) and one compiled graph serves every step of an env.
 """
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.kernels.observations.naive import block_arguments, observe_block
+from gpusim.kernels.observations.naive import block_arguments, observe_block_functional
 from gpusim.kernels.observations.tables import check_inputs, live_rows
 
 #: Slot rows per compiled block: full blocks of the first size while that many rows remain, the
@@ -20,9 +21,9 @@ _compiled_fn: list = []  # [torch.compile(_observe_block_into)], built on first 
 
 
 def _observe_block_into(obs2d, rows, args):
-    """:func:`observe_block` scattered into ``obs2d`` [W*C, D] at ``rows`` (inside the compiled
-    graph, so the block is written once, straight into the buffer)."""
-    obs2d.index_copy_(0, rows, observe_block(rows=rows, **args))
+    """:func:`observe_block_functional` scattered into ``obs2d`` [W*C, D] at ``rows`` (inside the
+    compiled graph, so the block is written once, straight into the buffer)."""
+    obs2d.index_copy_(0, rows, observe_block_functional(rows=rows, **args))
 
 
 def observations_compiled(

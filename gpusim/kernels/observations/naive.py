@@ -1,8 +1,9 @@
 """Torch reference of the observations (CPU, and the oracle of the Triton kernel).
 
-:func:`observe_block` is the one body of the CPU paths (it writes only into a block it allocates): the eager reference
-(:func:`observations_reference`) calls it per block of slot rows, and the compiled path
-(:mod:`.compiled`) hands the same function to ``torch.compile``.
+:func:`observe_features` is the one computation of both CPU paths; only the final layout
+differs: the eager reference (:func:`observations_reference`) writes the columns into a block
+(:func:`observe_block`), the compiled path (:mod:`.compiled`) concatenates them
+(:func:`observe_block_functional`) under ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -31,41 +32,41 @@ from gpusim.kernels.observations.tables import (
 BLOCK_CANDIDATES = 65536
 
 
-def observe_block(
+def observe_features(
     *, rows, agent_tab, geo, feat, pos, present, goal2, extra2, scenario, grid2, grid_origin, grid_dims,
     C: int, P: int, R: int, cell_size: float, partner_radius: float, road_radius: float,
-) -> torch.Tensor:
-    """Observations [n, D] float32 of the in-play slot rows ``rows`` [n] int64 (flat ``w * C + c``).
+) -> tuple[list, list, list]:
+    """The one computation of both CPU paths: the feature columns of the in-play slot rows ``rows``
+    [n] int64 (flat ``w * C + c``), before they are laid out.
 
-    The one body of both CPU paths: eager (:func:`observations_reference`) and ``torch.compile``
-    (:mod:`.compiled`). It writes into a block it allocates itself (slice assignments through
-    views), which keeps eager as fast as hand-written in-place code and which inductor
-    functionalises; nothing outside the block is mutated. ``agent_tab`` is :func:`agent_table`,
-    ``(geo, feat)`` is :func:`road_table`; ``goal2`` [W*C, 2], ``extra2`` [W*C, 5] and ``grid2``
-    [S*NC, K] are flat views of the inputs of :func:`gpusim.kernels.observations.observations`;
-    ``P`` partner slots, ``R`` segments per scenario, radii and cell size in metres.
+    ``agent_tab`` is :func:`agent_table`, ``(geo, feat)`` is :func:`road_table`; ``goal2`` [W*C, 2],
+    ``extra2`` [W*C, 5] and ``grid2`` [S*NC, K] are flat views of the inputs of
+    :func:`gpusim.kernels.observations.observations`; ``P`` partner slots, ``R`` segments per
+    scenario, radii and cell size in metres.
+
+    Returns:
+        ``(ego, partners, roads)``: lists of float32 columns in feature order, each either one
+        feature (``[n]``, ``[n, kp]``, ``[n, K]``) or several (a trailing feature axis): the ego
+        block [n, 11], the first ``kp = min(P, A)`` partner slots [n, kp, 11] (the caller pads to
+        P with zeros), the road slots [n, K, 10]. :func:`observe_block` writes them into a block
+        (eager), :func:`observe_block_functional` concatenates them (``torch.compile``).
     """
-    n = rows.shape[0]
     W, A = present.shape
     K = grid2.shape[1]
     NC = grid2.shape[0] // grid_origin.shape[0]
-    lay = obs_layout(P, K)
+    n = rows.shape[0]
     w = torch.div(rows, C, rounding_mode="floor")
     c = rows - w * C
-    blk = torch.empty(n, lay.obs_dim, device=pos.device, dtype=torch.float32)
 
     # ---------------------------------------------------------------- ego block [n, 11]
     e = agent_tab.index_select(0, w * A + c)  # [n, 12]
     ex, ey, ec, es = e[:, 0:1], e[:, 1:2], e[:, 2:3], e[:, 3:4]  # [n, 1]
     gl = goal2.index_select(0, rows)
     gx, gy = gl[:, 0:1] - ex, gl[:, 1:2] - ey
-    blk[:, 0:3] = e[:, 4:7]
-    blk[:, 3:4] = (gx * ec + gy * es) / GOAL_SCALE
-    blk[:, 4:5] = (gy * ec - gx * es) / GOAL_SCALE
-    blk[:, 5:6] = torch.sqrt(gx * gx + gy * gy) / GOAL_SCALE
-    blk[:, 6:lay.ego_dim] = extra2.index_select(0, rows)
+    ego = [e[:, 4:7], (gx * ec + gy * es) / GOAL_SCALE, (gy * ec - gx * es) / GOAL_SCALE,
+           torch.sqrt(gx * gx + gy * gy) / GOAL_SCALE, extra2.index_select(0, rows)]
 
-    # ---------------------------------------------------------------- partners [n, P, 11]
+    # ---------------------------------------------------------------- partners [n, kp, 11]
     pw = rearrange(pos.index_select(0, w), "n a xy -> xy n a")  # [2, n, A]
     rx, ry = pw[0] - ex, pw[1] - ey
     d2 = rx * rx + ry * ry
@@ -80,14 +81,8 @@ def observe_block(
     px, py = g[..., 0] - ex * one, g[..., 1] - ey * one  # zero on padding rows
     pc, ps = g[..., 2], g[..., 3]
     inv_pr = 1.0 / partner_radius
-    part = rearrange(blk[:, lay.partners], "n (p f) -> n p f", p=P)  # a view: writes land in blk
-    part[:, :kp, 0] = (px * ec + py * es) * inv_pr
-    part[:, :kp, 1] = (py * ec - px * es) * inv_pr
-    part[:, :kp, 2] = pc * ec + ps * es
-    part[:, :kp, 3] = ps * ec - pc * es
-    part[:, :kp, 4:] = g[..., 4:11]
-    if kp < P:
-        part[:, kp:] = 0.0
+    partners = [(px * ec + py * es) * inv_pr, (py * ec - px * es) * inv_pr, pc * ec + ps * es, ps * ec - pc * es,
+                g[..., 4:11]]
 
     # ---------------------------------------------------------------- roads [n, K, 10]
     s = scenario.index_select(0, w)  # [n] int64
@@ -106,14 +101,58 @@ def observe_block(
     mx, my = g[..., 0] - ex * one, g[..., 1] - ey * one  # zero on padding rows
     ux, uy = g[..., 2], g[..., 3]
     inv_rr = 1.0 / road_radius
-    road = rearrange(blk[:, lay.roads], "n (k f) -> n k f", k=K)  # a view: writes land in blk
-    road[..., 0] = (mx * ec + my * es) * inv_rr
-    road[..., 1] = (my * ec - mx * es) * inv_rr
-    road[..., 2] = g[..., 4] * (2.0 * inv_rr)
-    road[..., 3] = ux * ec + uy * es
-    road[..., 4] = uy * ec - ux * es
-    road[..., 5:] = g[..., 5:]
+    roads = [(mx * ec + my * es) * inv_rr, (my * ec - mx * es) * inv_rr, g[..., 4] * (2.0 * inv_rr),
+             ux * ec + uy * es, uy * ec - ux * es, g[..., 5:]]
+    return ego, partners, roads
+
+
+def _write_columns(dst: torch.Tensor, cols: list) -> None:
+    """Write feature columns (see :func:`observe_features`) side by side into ``dst`` [..., F]."""
+    j = 0
+    for col in cols:
+        if col.dim() == dst.dim():
+            dst[..., j : j + col.shape[-1]] = col
+            j += col.shape[-1]
+        else:
+            dst[..., j] = col
+            j += 1
+
+
+def _cat_columns(cols: list) -> torch.Tensor:
+    """Feature columns (see :func:`observe_features`) concatenated along a new last axis."""
+    dim = max(col.dim() for col in cols)
+    return torch.cat([col if col.dim() == dim else col[..., None] for col in cols], -1)
+
+
+def observe_block(**kw) -> torch.Tensor:
+    """Eager layout of :func:`observe_features` (same keyword arguments): the [n, D] float32
+    observations of ``rows``, written column by column into one block through views (no
+    intermediate concatenations, which would copy the road block twice more)."""
+    ego, partners, roads = observe_features(**kw)
+    n, P, K = kw["rows"].shape[0], kw["P"], kw["grid2"].shape[1]
+    lay = obs_layout(P, K)
+    kp = partners[0].shape[1]
+    blk = torch.empty(n, lay.obs_dim, device=kw["pos"].device, dtype=torch.float32)
+    _write_columns(blk[:, lay.ego], ego)
+    part = rearrange(blk[:, lay.partners], "n (p f) -> n p f", p=P)  # a view: writes land in blk
+    _write_columns(part[:, :kp], partners)
+    if kp < P:
+        part[:, kp:] = 0.0
+    _write_columns(rearrange(blk[:, lay.roads], "n (k f) -> n k f", k=K), roads)
     return blk
+
+
+def observe_block_functional(**kw) -> torch.Tensor:
+    """Functional layout of :func:`observe_features` (same keyword arguments, same [n, D] result as
+    :func:`observe_block`) for ``torch.compile``: concatenations, which inductor fuses, instead of
+    slice writes, which it turns into whole-block copies."""
+    ego, partners, roads = observe_features(**kw)
+    n, P = kw["rows"].shape[0], kw["P"]
+    part = _cat_columns(partners)  # [n, kp, 11]
+    if part.shape[1] < P:
+        part = torch.cat([part, part.new_zeros(n, P - part.shape[1], part.shape[2])], 1)
+    return torch.cat([_cat_columns(ego), rearrange(part, "n p f -> n (p f)"),
+                      rearrange(_cat_columns(roads), "n k f -> n (k f)")], 1)
 
 
 def block_arguments(*, pos, heading, speed, length, width, agent_type, present, goal, ego_extra, scenario,
