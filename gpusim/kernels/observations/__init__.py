@@ -40,8 +40,9 @@ and are ordered by grid position in both backends, whatever the last bits of the
 
 Implementations (one file each, flash-linear-attention style):
 
-* ``naive.py``: the torch reference :func:`observations_reference` (CPU; the oracle). Its per-block
-  body ``observe_block`` (writes only into the block it allocates) also serves the compiled path.
+* ``naive.py``: the torch reference :func:`observations_reference` (CPU; the oracle) and
+  ``observe_features``, the one feature computation of both CPU paths (eager lays the columns out
+  in place, the compiled path concatenates them).
 * ``compiled.py``: :func:`observations_compiled` (opt-in, ``EnvConfig.compile``), the same body
   through ``torch.compile`` over fixed-size row blocks.
 * ``kernel.py``: the Triton kernel ``_observations_kernel``; ``launcher.py``:
