@@ -25,7 +25,8 @@ from gpusim.kernels import dynamics
 from gpusim.kernels.observations import obs_layout
 from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, trial_metric_names
 from gpusim.sim.actions import ActionCheck
-from gpusim.sim.context import SimContext, StepVars, normalize_device
+from gpusim.backend import normalize_device
+from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.episode import begin_episode, draw_scenarios
 from gpusim.sim.motion import expert_actions, model_for
 from gpusim.sim.observe import observe_state

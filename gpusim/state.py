@@ -54,8 +54,10 @@ class EnvState:
 
     # ---- world tensors [W]
     scenario: torch.Tensor = _field("W", torch.int64, "scenario index into the pack", "keep")
-    step: torch.Tensor = _field("W", torch.int32, "steps taken in the current episode (0 right after a reset)", "keep")
-    trial_count: torch.Tensor = _field("W", torch.int32, "trials completed in this episode (trial mode; else 0)", "keep")
+    step: torch.Tensor = _field("W", torch.int32, "steps taken in the current episode (0 right after a reset)",
+                                "keep")
+    trial_count: torch.Tensor = _field("W", torch.int32, "trials completed in this episode (trial mode; else 0)",
+                                       "keep")
     trial_start: torch.Tensor = _field("W", torch.int32, "`step` at which the current trial started (else 0)", "keep")
     world_done: torch.Tensor = _field(
         "W", torch.bool, "episode over early (STOP truncation; trial mode: all trials done); idles until reset")

@@ -3,7 +3,8 @@ training iteration too.
 
 Open the file in https://ui.perfetto.dev or ``chrome://tracing``. Each env step is a
 ``gpusim.step`` range and every stage of the step (``motion``, ``contacts``, ``observe``, ...;
-``gpusim.sim.pipeline.PIPELINE``) is a named range inside it (``torch.profiler.record_function``), with the aten ops below.
+``gpusim.sim.pipeline.PIPELINE``) is a named range inside it (``torch.profiler.record_function``),
+with the aten ops below.
 
 Usage (from the repository root)::
 

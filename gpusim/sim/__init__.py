@@ -8,9 +8,8 @@ their order is :data:`~gpusim.sim.pipeline.PIPELINE`. Action validation (sync/as
 :mod:`~gpusim.sim.actions`.
 """
 
-from gpusim.sim.context import SimContext, StepVars, normalize_device
+from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.motion import DYNAMICS, DynamicsModel
 from gpusim.sim.pipeline import PIPELINE, Stage, run_pipeline
 
-__all__ = ["DYNAMICS", "DynamicsModel", "PIPELINE", "SimContext", "Stage", "StepVars", "normalize_device",
-           "run_pipeline"]
+__all__ = ["DYNAMICS", "DynamicsModel", "PIPELINE", "SimContext", "Stage", "StepVars", "run_pipeline"]

@@ -101,7 +101,8 @@ class ActionCheck:
         first = torch.where(bad.view(-1), self._index, self._none).min()
         found = first < self._none
         value = a.view(-1) if self.discrete else self._index  # continuous: no single value to show
-        new = torch.stack([first, self._steps, value.gather(0, first.clamp(max=self._none - 1).view(1)).squeeze(0), found.to(torch.int64)])
+        shown = value.gather(0, first.clamp(max=self._none - 1).view(1)).squeeze(0)  # gather: no sync
+        new = torch.stack([first, self._steps, shown, found.to(torch.int64)])
         self._record = torch.where(found & (self._record[3] < 1), new, self._record)
         mask = bad if self.discrete else bad[..., None]
         return torch.where(mask, self._noop, a)
@@ -120,6 +121,6 @@ class ActionCheck:
         w, c = divmod(flat, C)
         what = (f"out of range [0, {dynamics.NUM_ACTIONS}) (value {value})" if self.discrete
                 else "NaN or outside [-1, 1]")
-        raise ValueError(f"bad action at env step {step}, world {w}, slot {c}: {what}; that slot's action was applied "
-                         "as a no-op (zero acceleration and steering). Set EnvConfig(check_actions='sync') to "
-                         "raise at the step itself")
+        raise ValueError(f"bad action at env step {step}, world {w}, slot {c}: {what}; that slot's action "
+                         "was applied as a no-op (zero acceleration and steering). Set "
+                         "EnvConfig(check_actions='sync') to raise at the step itself")

@@ -17,21 +17,6 @@ from gpusim.config import EnvConfig
 from gpusim.data.pack import ScenarioPack
 
 
-def normalize_device(device) -> torch.device:
-    """The one canonical form of ``device``: ``cpu`` (no index) or ``cuda:<index>`` (index filled in).
-
-    ``torch.device("cuda") != torch.device("cuda:0")`` and ``torch.device("cpu:0") !=
-    torch.device("cpu")``, while tensors report ``cuda:0`` and ``cpu``; comparing normalised
-    devices is what a user means.
-    """
-    d = torch.device(device)
-    if d.type == "cpu":
-        return torch.device("cpu")
-    if d.type == "cuda" and d.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return d
-
-
 def slots(t: torch.Tensor, num_slots: int) -> torch.Tensor:
     """The policy-slot columns ``t[:, :C]`` of a ``[W, A, ...]`` tensor, contiguous."""
     return t[:, :num_slots].contiguous()

@@ -2,7 +2,8 @@
 
 ::
 
-    actions ─▶ motion ─▶ replay ─▶ contacts ─▶ rewards ─▶ goals ─▶ trial ─▶ accounting ─▶ restart ─▶ observe ─▶ StepResult
+    actions ─▶ motion ─▶ replay ─▶ contacts ─▶ rewards ─▶ goals ─▶ trial
+            ─▶ accounting ─▶ restart ─▶ observe ─▶ StepResult
 
 Each stage is ``fn(ctx, state, step) -> changes`` (see :mod:`gpusim.sim.context`); the pipeline
 applies ``state = state.replace(**changes)`` after each one. A stage hook (``DriveEnv.stage_hook``)
