@@ -20,6 +20,8 @@ __all__ = [
     "ContactBehavior",
     "ActionSpace",
     "Dynamics",
+    "SignalState",
+    "RED_SIGNAL_STATES",
 ]
 
 
@@ -108,3 +110,32 @@ class Dynamics(NamedEnum):
     """Vehicle dynamics model. ``CLASSIC`` is the kinematic bicycle of PufferDrive's classic env."""
 
     CLASSIC = 0
+
+
+class SignalState(enum.IntEnum):
+    """State of the traffic signal controlling a lane. Codes equal Waymo's
+    ``TrafficSignalLaneState.State`` numbers (``map.proto``); names are the lower-case JSON names.
+    Stored as ``int8`` in ``ScenarioPack.signal_state``."""
+
+    UNKNOWN = 0
+    ARROW_STOP = 1
+    ARROW_CAUTION = 2
+    ARROW_GO = 3
+    STOP = 4
+    CAUTION = 5
+    GO = 6
+    FLASHING_STOP = 7
+    FLASHING_CAUTION = 8
+
+    @classmethod
+    def from_name(cls, name: str) -> "SignalState | None":
+        """``"arrow_stop"``, ``"ARROW_STOP"`` or ``"LANE_STATE_ARROW_STOP"`` -> member; None if unknown."""
+        key = name.upper()
+        key = key[len("LANE_STATE_"):] if key.startswith("LANE_STATE_") else key
+        return cls.__members__.get(key)
+
+
+#: Signal states that count as red for the ``red_light_violation`` metric: a solid red (STOP) and
+#: a red arrow (ARROW_STOP), as in WOSAC's traffic-light-violation metric. A flashing red is left
+#: out: it acts as a stop sign (stop, then go when clear), so crossing it is legal after a stop.
+RED_SIGNAL_STATES = (SignalState.ARROW_STOP, SignalState.STOP)

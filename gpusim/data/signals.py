@@ -1,4 +1,5 @@
-"""Traffic-signal states: the :class:`SignalState` codes and the per-scenario signal arrays.
+"""Traffic-signal states: the per-scenario signal arrays (:class:`SignalState`, the codes, lives in
+:mod:`gpusim.enums` and is re-exported here).
 
 A WOMD scenario logs, at each of its 91 steps, the state of the traffic signal controlling some
 lanes: the lane's map-feature id, the signal state, and the *stop point* (where a vehicle on that
@@ -13,38 +14,17 @@ positions and validity per step, with ``UNKNOWN`` where a lane has no state at a
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpusim.data.errors import ScenarioError
+from gpusim.enums import SignalState  # noqa: F401  (moved to the leaf module; re-exported here)
 
 
-class SignalState(enum.IntEnum):
-    """State of the traffic signal controlling a lane. Codes equal Waymo's
-    ``TrafficSignalLaneState.State`` numbers (``map.proto``); names are the lower-case JSON names."""
-
-    UNKNOWN = 0
-    ARROW_STOP = 1
-    ARROW_CAUTION = 2
-    ARROW_GO = 3
-    STOP = 4
-    CAUTION = 5
-    GO = 6
-    FLASHING_STOP = 7
-    FLASHING_CAUTION = 8
-
-    @classmethod
-    def from_name(cls, name: str) -> "SignalState | None":
-        """``"arrow_stop"``, ``"ARROW_STOP"`` or ``"LANE_STATE_ARROW_STOP"`` → member; None if unknown."""
-        key = name.upper()
-        key = key[len("LANE_STATE_"):] if key.startswith("LANE_STATE_") else key
-        return cls.__members__.get(key)
-
-
-#: States that mean "do not enter" for the red-light metric (a stop, red arrow or flashing red
-#: must be stopped at; a flashing red is then passable, which the simulator may refine).
+#: States at which a vehicle must stop (a stop, red arrow or flashing red). The simulator's
+#: ``red_light_violation`` metric uses the narrower :data:`gpusim.enums.RED_SIGNAL_STATES` (no
+#: flashing red, which acts as a stop sign; docs/signals.md).
 STOP_STATES = (SignalState.STOP, SignalState.ARROW_STOP, SignalState.FLASHING_STOP)
 
 
