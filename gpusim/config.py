@@ -29,6 +29,8 @@ from gpusim.enums import (  # noqa: F401  (re-exported: existing imports keep wo
 DT = 0.1
 #: Number of logged steps in a WOMD scenario (9.1 s at 10 Hz).
 WOMD_STEPS = 91
+#: Values of ``EnvConfig.ego_choice`` (gpusim/sim/roles.py).
+EGO_CHOICES = ("sdc", "random", "first")
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,16 @@ class EnvConfig:
             raised at the next ``DriveEnv.metrics()`` / ``check_errors()``, the bad slot's action
             applied as a no-op; ``gpusim/sim/actions.py``), ``"auto"`` (default: sync on the CPU,
             async on CUDA).
+        ego_slots, ego_fraction: roles of the controlled slots (population play, issue 15;
+            ``gpusim/sim/roles.py``). Ego slots per world: ``ego_slots`` if > 0, else
+            ``ceil(ego_fraction * controlled)`` (at least 1) if ``ego_fraction`` > 0, else every
+            controlled slot (0 / 0.0, the default: no co-players, today's behaviour bit for bit).
+            The other controlled slots are *co-players*, driven by frozen partner policies.
+        ego_choice: which controlled slots are egos: ``"sdc"`` (default: the self-driving car when
+            it is controllable, the rest drawn at random per episode), ``"random"`` (drawn per
+            episode with the env's seeded generator) or ``"first"`` (the lowest slots).
+        replay_experts: log-replayed (non-controlled) agents stay in the scene (default); False
+            takes them out of the scene at every reset (no contacts, not observed).
     """
 
     max_agents: int = 64
@@ -138,6 +150,10 @@ class EnvConfig:
     dt: float = DT
     compile: bool = False
     check_actions: str = "auto"
+    ego_slots: int = 0
+    ego_fraction: float = 0.0
+    ego_choice: str = "sdc"
+    replay_experts: bool = True
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -187,6 +203,18 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.compile must be True or False, got {self.compile!r}")
         if self.check_actions not in ("auto", "sync", "async"):
             raise ValueError(f"EnvConfig.check_actions must be 'auto', 'sync' or 'async', got {self.check_actions!r}")
+        if self.ego_slots < 0 or not 0.0 <= self.ego_fraction <= 1.0:
+            raise ValueError(f"EnvConfig.ego_slots must be >= 0 and ego_fraction in [0, 1], got {self.ego_slots}, "
+                             f"{self.ego_fraction}")
+        if self.ego_choice not in EGO_CHOICES:
+            raise ValueError(f"EnvConfig.ego_choice must be one of {', '.join(EGO_CHOICES)}, got {self.ego_choice!r}")
+        if not isinstance(self.replay_experts, bool):
+            raise ValueError(f"EnvConfig.replay_experts must be True or False, got {self.replay_experts!r}")
+
+    @property
+    def has_coplayers(self) -> bool:
+        """True when some controlled slots may be co-players (``ego_slots`` or ``ego_fraction`` set)."""
+        return self.ego_slots > 0 or self.ego_fraction > 0.0
 
     @property
     def trial_mode(self) -> bool:

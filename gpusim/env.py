@@ -109,6 +109,9 @@ class DriveEnv:
                                  names=names)
         self.sim = SimContext(config=config, pack=self.pack, device=self.device, generator=generator,
                               num_worlds=self.num_worlds, num_slots=self.num_slots, metrics=metrics)
+        if config.has_coplayers:  # population play: co-player episodes are logged apart (gpusim/sim/roles.py)
+            self.sim.coplayer_metrics = EpisodeMetrics(self.num_worlds, self.num_slots, alpha=config.log_ema_alpha,
+                                                       device=self.device, names=names)
         model_for(self.sim)  # fail early on an unregistered dynamics model
         self._check = ActionCheck(config.check_actions, config.action_space, self.num_worlds, self.num_slots,
                                   self.device)
@@ -235,7 +238,7 @@ class DriveEnv:
         if self._check.mode == "async":
             self._check.raise_if_error()
 
-    def metrics(self, kind: str = "ema") -> dict[str, float]:
+    def metrics(self, kind: str = "ema", role: str = "ego") -> dict[str, float]:
         """Metrics of finished agent-episodes (``episode_return``, ``episode_length``,
         ``goal_reached``, ``collided``, ``offroad``, ``score``; see ``gpusim/metrics.py``).
 
@@ -246,10 +249,19 @@ class DriveEnv:
         call plus ``n`` = their number (resets; for evaluations). The env's host read: it first
         raises any asynchronously recorded bad action (:meth:`check_errors`).
 
+        ``role``: ``"ego"`` (default) reports the ego slots' episodes (every controlled slot when
+        the env has no co-players); ``"coplayer"`` the co-player slots' (``{}`` without co-players;
+        ``EnvState.ego``, gpusim/sim/roles.py).
+
         Raises:
-            ValueError: unknown ``kind``; a recorded bad action.
+            ValueError: unknown ``kind`` or ``role``; a recorded bad action.
         """
         self.check_errors()
+        if role == "coplayer":
+            log = self.sim.coplayer_metrics
+            return {} if log is None else log.report(kind)
+        if role != "ego":
+            raise ValueError(f"DriveEnv.metrics: role must be 'ego' or 'coplayer', got {role!r}")
         return self.sim.metrics.report(kind)
 
 

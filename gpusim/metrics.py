@@ -25,10 +25,16 @@ lengths and flags only where the agent was in play (``loss_mask``).
   every report): what a one-off evaluation wants.
 
 Extensible: the metric columns are ``names`` (default :data:`METRIC_NAMES`); trial mode appends
-:func:`trial_metric_names` columns (``trial_k_score``) through ``episode_values(..., extra=...)``;
+:func:`trial_metric_names` columns (``trial_k_score`` = goal reached in trial k,
+``trial_k_clean_score`` = the same without collision/offroad) through ``episode_values(..., extra=...)``;
 a report then also derives ``ada_delta_trial_k_minus_0 = trial_k_score - trial_0_score`` (exact
 for the EMA population mean too, since the EMA and the mean are linear and every column of a slot
 is updated together).
+
+Roles (population play, ``gpusim/sim/roles.py``): the env's log holds the *ego* slots' episodes
+only (``DriveEnv.metrics()``, reported as the training metrics); with co-players the env keeps a
+second :class:`EpisodeMetrics` for the co-player slots (``DriveEnv.metrics(role="coplayer")``), so
+partner goals and collisions never enter the ego's figures.
 """
 
 from __future__ import annotations
@@ -41,14 +47,20 @@ METRIC_NAMES = ("episode_return", "episode_length", "goal_reached", "collided", 
 
 
 def trial_metric_names(k_trials: int) -> tuple[str, ...]:
-    """Names of the per-trial score columns of trial mode: ``("trial_0_score", ..., "trial_{k-1}_score")``.
+    """Names of the per-trial columns of trial mode: ``("trial_0_score", ..., "trial_{k-1}_score",
+    "trial_0_clean_score", ..., "trial_{k-1}_clean_score")``.
+
+    ``trial_k_score`` = goal reached in trial k (DESIGN.md section 5; ``ada_delta`` is computed from
+    it); ``trial_k_clean_score`` = goal reached in trial k without a collision or offroad event in
+    that trial (the stricter figure).
 
     Raises:
         ValueError: if ``k_trials < 1``.
     """
     if int(k_trials) < 1:
         raise ValueError(f"trial_metric_names: k_trials must be >= 1, got {k_trials}")
-    return tuple(f"trial_{k}_score" for k in range(int(k_trials)))
+    k = range(int(k_trials))
+    return tuple(f"trial_{i}_score" for i in k) + tuple(f"trial_{i}_clean_score" for i in k)
 
 
 def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=None) -> torch.Tensor:
@@ -155,6 +167,18 @@ class EpisodeMetrics:
         self.sums.copy_(state["sums"])
         self.count.copy_(state["count"])
 
+    def ema_totals(self) -> torch.Tensor:
+        """Sum/count form of the EMA report: ``[M + 1]`` float64 device tensor, per column the sum of
+        the EMA over the slots with data, then the number of such slots (no host read).
+
+        Summed over several logs (e.g. all-reduced over training processes, ``train/distributed.py``)
+        and passed to :func:`report_from_totals`, it gives the population mean over all their slots
+        with data, not a mean of the logs' means.
+        """
+        has = self.ema.has_data
+        sums = torch.where(has[:, None], self.ema.slots, 0.0).sum(dim=0, dtype=torch.float64)
+        return torch.cat([sums, has.sum().to(torch.float64).view(1)])
+
     def report(self, kind: str = "ema") -> dict[str, float]:
         """Read the logs to the host (one small transfer).
 
@@ -183,3 +207,28 @@ class EpisodeMetrics:
         out = {name: v / n for name, v in zip(self.names, host[:-1])}
         out["n"] = n
         return _add_derived(out)
+
+
+def report_from_totals(names, totals) -> dict[str, float]:
+    """The EMA report built from (possibly summed) :meth:`EpisodeMetrics.ema_totals` values.
+
+    Args:
+        names: the metric column names (``EpisodeMetrics.names``), M of them.
+        totals: M + 1 numbers (sequence or tensor): column sums over slots with data, then their count.
+
+    Returns:
+        ``{name: sum / count, ..., "n": count}`` plus the derived ``ada_delta_trial_k_minus_0``;
+        ``{}`` when the count is 0 (as :meth:`EpisodeMetrics.report`).
+
+    Raises:
+        ValueError: ``totals`` does not hold ``len(names) + 1`` numbers.
+    """
+    host = totals.tolist() if isinstance(totals, torch.Tensor) else [float(v) for v in totals]
+    if len(host) != len(names) + 1:
+        raise ValueError(f"report_from_totals: expected {len(names) + 1} numbers for {len(names)} names, got {len(host)}")
+    n = host[-1]
+    if n == 0:
+        return {}
+    out = {name: v / n for name, v in zip(names, host[:-1])}
+    out["n"] = n
+    return _add_derived(out)

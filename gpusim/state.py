@@ -85,12 +85,16 @@ class EnvState:
     ep_return: torch.Tensor = _field("WC", torch.float32, "sum of rewards this episode", "keep")
     ep_length: torch.Tensor = _field("WC", torch.int32, "valid (loss_mask = 1) steps this episode", "keep")
     last_reward: torch.Tensor = _field("WC", torch.float32, "reward of the last step (observation feature)")
+    ego: torch.Tensor = _field(
+        "WC", torch.bool, "role: the learning policy drives the slot (else a co-player); set per episode "
+        "(gpusim/sim/roles.py), False for empty slots", "keep")
     # ---- trial mode (gpusim/kernels/trial.py; all False outside trial mode)
     trial_goal: torch.Tensor = _field("WC", torch.bool, "reached its goal in the current trial")
     trial_collided: torch.Tensor = _field("WC", torch.bool, "collided at a valid step of the current trial")
     trial_offroad: torch.Tensor = _field("WC", torch.bool, "offroad at a valid step of the current trial")
     trial_score: torch.Tensor = _field(
-        "WCK", torch.bool, "[w, c, k]: trial k finished with goal, no collision/offroad", "keep")
+        "WCK", torch.bool, "[w, c, k]: trial k finished with goal, no collision/offroad (clean score)", "keep")
+    trial_reached: torch.Tensor = _field("WCK", torch.bool, "[w, c, k]: goal reached in trial k", "keep")
 
     # ------------------------------------------------------------------ sizes and derived flags
     @property

@@ -241,10 +241,11 @@ def test_episode_metrics_many_short_vs_one_long():
 
 def test_trial_columns_and_derived_ada_delta():
     names = METRIC_NAMES + trial_metric_names(3)
-    assert names[-3:] == ("trial_0_score", "trial_1_score", "trial_2_score")
+    assert names[-6:] == ("trial_0_score", "trial_1_score", "trial_2_score", "trial_0_clean_score",
+                          "trial_1_clean_score", "trial_2_clean_score")
     em = EpisodeMetrics(2, 1, alpha=0.5, names=names)
     z = torch.zeros(2, 1, dtype=torch.bool)
-    trials = torch.tensor([[[0.0, 1.0, 1.0]], [[1.0, 0.0, 1.0]]])
+    trials = torch.tensor([[[0.0, 1.0, 1.0, 0.0, 0.0, 0.0]], [[1.0, 0.0, 1.0, 0.0, 0.0, 0.0]]])
     em.add(episode_values(torch.zeros(2, 1), torch.ones(2, 1, dtype=torch.int32), z, z, z, extra=trials),
            torch.ones(2, 1, dtype=torch.bool))
     m = em.report()

@@ -77,6 +77,14 @@ class TrainConfig:
             default (one per core). On the idle 2-core development machine 2 threads train 1.6x
             faster than 1 (3.5K vs 2.2K agent-steps/s); on a CPU shared with other jobs use 1: under
             load, 2 threads made env and policy steps 15-20x slower (docs/training.md).
+        coplayer: partner checkpoints (population play, ``train/coplayer.py``): frozen policies
+            driving the co-player slots, one drawn per world per episode. With them the env
+            defaults to one ego per world (``--env.ego-slots 1``); without, every slot is an ego.
+        coplayer_sample: partners sample their actions (default: argmax, a stationary partner).
+        eval_interval: every this many updates (and at the end) evaluate the current policy with
+            ``train/evaluate.py``'s sweep in ``eval_mode`` and log ``eval/<mode>/*``; 0 = never.
+        eval_mode: ``self_play``, ``coplayer`` (the ``--coplayer`` partners), ``human_replay``.
+        eval_data: scenarios of the periodic evaluation (default: ``data``).
     """
 
     data: str = "data/womd_sample"
@@ -107,6 +115,11 @@ class TrainConfig:
     num_threads: int = 0
     config: str | None = None
     debug: bool = False
+    coplayer: tuple[str, ...] = ()
+    coplayer_sample: bool = False
+    eval_interval: int = 0
+    eval_mode: tuple[str, ...] = ("self_play",)
+    eval_data: str | None = None
 
     def to_dict(self) -> dict:
         """Plain-data view (enums as lower-case names), for checkpoints and logs."""
@@ -144,7 +157,7 @@ class TrainConfig:
                     v = dataclasses.replace(group, **v)
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"{source}: {k}: {e}") from e
-            elif k == "experience_arg":
+            elif k in ("experience_arg", "coplayer", "eval_mode"):
                 v = tuple(v or ())
             changes[k] = v
         return dataclasses.replace(base, **changes)

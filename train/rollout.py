@@ -16,6 +16,13 @@ Time alignment (docs/contracts.md, binding): column ``t`` holds ``obs[t]`` (the 
 The policy's memory (KV cache) is cleared for every slot at the row start and per slot after a
 terminal step; a truncation (trial boundary) keeps it.
 
+Roles (population play, issue 15; ``EnvState.ego``): the rows of co-player slots are driven by
+frozen partners (``coplayers``, a :class:`train.coplayer.CoplayerPool`) whose actions replace the
+ego policy's in the executed action tensor; those rows get ``loss_mask = 0`` and
+``slot_active = False``, so they never enter the loss, the advantage normalisation, the
+optimizer-step count or the step count. Without co-players every active slot is an ego and nothing
+changes. :class:`TrialLog` counts trial ends per world for the trial logs of a report.
+
 Nothing here reads device tensors to the host.
 """
 
@@ -109,8 +116,48 @@ class RolloutBatch:
         )
 
 
+class TrialLog:
+    """Device counters of the trials that ended during rollouts (trial mode), read at report time.
+
+    Per world: a trial clock (steps of the current trial). At each world trial end
+    (``StepResult.info["trial_end"]``) the trial counts as *ended early* when it ended before the
+    per-trial timeout (every active controlled agent removed, by goal or REMOVE, or a STOP
+    truncation) and else as *timeout*; its length is added.
+
+    Args:
+        num_worlds: W. timeout: the per-trial timeout (``EnvConfig.scenario_length``). device.
+    """
+
+    def __init__(self, num_worlds: int, timeout: int, device):
+        self.timeout = int(timeout)
+        self.clock = torch.zeros(num_worlds, dtype=torch.int64, device=device)
+        self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # trials, ended early, steps
+
+    def begin(self) -> None:
+        """A new episode: every world's trial clock restarts."""
+        self.clock.zero_()
+
+    def step(self, world_done_before: torch.Tensor, trial_end: torch.Tensor) -> None:
+        """After one env step: ``world_done_before`` [W] bool (the world idled), ``trial_end`` [W] bool."""
+        self.clock += (~world_done_before).to(torch.int64)
+        early = trial_end & (self.clock < self.timeout)
+        self.counts += torch.stack([trial_end.sum(), early.sum(), torch.where(trial_end, self.clock, 0).sum()])
+        self.clock = torch.where(trial_end, torch.zeros_like(self.clock), self.clock)
+
+    def report(self) -> dict[str, float]:
+        """``trial_log/completed``, ``/ended_early``, ``/ended_by_timeout`` (trials since the last
+        report) and ``/mean_length`` (steps); resets the counters; ``{}`` when no trial ended."""
+        n, early, steps = self.counts.tolist()
+        self.counts.zero_()
+        if n == 0:
+            return {}
+        return {"trial_log/completed": float(n), "trial_log/ended_early": float(early),
+                "trial_log/ended_by_timeout": float(n - early), "trial_log/mean_length": steps / n}
+
+
 @torch.no_grad()
-def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache, deterministic: bool = False):
+def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache, deterministic: bool = False,
+                    coplayers=None, trial_log: TrialLog | None = None):
     """Run one episode (``env.horizon`` steps) of every world and fill ``buffer``.
 
     Args:
@@ -122,6 +169,9 @@ def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache,
             in place.
         cache: the policy's KV cache for W * C slots (cleared here at the row start).
         deterministic: take argmax / mean actions instead of sampling.
+        coplayers: optional :class:`train.coplayer.CoplayerPool` driving the co-player slots
+            (``env.state.ego`` False); its rows are masked out of training (module docstring).
+        trial_log: optional :class:`TrialLog` fed with the trial ends (trial mode).
 
     Returns:
         ``(next_obs [W, C, D], buffer)``: the first observation of the next episode.
@@ -131,18 +181,28 @@ def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache,
     H = buffer.horizon
     policy.reset_cache(cache)
     state = getattr(env, "state", None)
+    ego = None  # [R] bool roles of this episode (None: every slot is an ego)
     if state is not None and getattr(state, "scenario", None) is not None:
         scen = state.scenario
         buffer.scenario.copy_(scen.repeat_interleave(C))
         pack = getattr(env, "pack", None)
         if pack is not None:
             buffer.agent_type.copy_(pack.agent_type[scen, :C].to(torch.int64).reshape(R))
-        buffer.slot_active.copy_(state.slot_active.reshape(R))
+        if getattr(state, "ego", None) is not None:
+            ego = state.ego.reshape(R).clone()
+        active = state.slot_active.reshape(R)
+        buffer.slot_active.copy_(active if ego is None else active & ego)
+    if coplayers is not None:
+        coplayers.begin(env)
+    if trial_log is not None:
+        trial_log.begin()
     removed = torch.zeros(R, dtype=torch.bool, device=obs.device)
     for t in range(H):
         o = obs.reshape(R, -1)
         logits, value, cache = policy.forward_eval(o, cache, removed)
         action = policy.sample(logits, deterministic)
+        if coplayers is not None:
+            action = coplayers.act(o, action)
         buffer.obs[:, t] = o
         buffer.removed[:, t] = removed
         buffer.values[:, t] = value
@@ -151,15 +211,21 @@ def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache,
         env_action = action.reshape(W, C, *action.shape[1:])
         if policy.continuous:  # the Gaussian is unbounded; the env takes [-1, 1]
             env_action = env_action.clamp(-1.0, 1.0)
+        done_before = env.state.world_done if trial_log is not None else None
         res = env.step(env_action)
         buffer.rewards[:, t] = res.reward.reshape(R)
         buffer.terminal[:, t] = res.terminal.reshape(R)
         buffer.truncation[:, t] = res.truncation.reshape(R)
-        buffer.loss_mask[:, t] = res.loss_mask.reshape(R)
+        loss_mask = res.loss_mask.reshape(R)
+        buffer.loss_mask[:, t] = loss_mask if ego is None else loss_mask & ego
         goal = res.info.get("goal_reached") if isinstance(getattr(res, "info", None), dict) else None
         if goal is not None:
             buffer.goal_reached[:, t] = goal.reshape(R)
         removed = res.removed.reshape(R)
         policy.reset_cache(cache, res.terminal.reshape(R))
+        if coplayers is not None:
+            coplayers.observe(res)
+        if trial_log is not None and "trial_end" in res.info:
+            trial_log.step(done_before, res.info["trial_end"])
         obs = res.obs
     return obs, buffer

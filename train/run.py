@@ -35,6 +35,7 @@ from gpusim.config import ActionSpace, EnvConfig
 from policy.actor_critic import ActorCritic
 from policy.encoders import ObsDims
 from train.checkpoint import clean_stale_temp_files, load_checkpoint, save_checkpoint
+from train.coplayer import RunExtras, coplayer_env_config
 from train.config import TrainConfig, UserError, parse_args, resolve_path
 from train.experience import make_hook
 from train.logger import Logger, truncate_jsonl
@@ -364,6 +365,7 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     if ckpt is not None:
         env_config = _env_config_from_dict(ckpt["env_config"])
         policy_config = ActorCritic.from_description(ckpt["policy"]).config
+    env_config = coplayer_env_config(env_config, cfg.coplayer, _user_set(cfg, "env"))  # issue 15: one ego/world
     problems: list[str] = []
     if env is None:
         say = (lambda line: problems.append(line) or print(line, file=sys.stderr))
@@ -407,6 +409,7 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     logger.info(f"gpusim train: {W} worlds x {C} slots, horizon {H}, obs {env.obs_dim}, "
                 f"policy {n_params:,} params, device {device}, run dir {run_dir}")
     _announce(logger, stale, ckpt_file if ckpt is not None else None, update, global_step, run_dir, dropped)
+    extras = RunExtras(cfg, env, device, say=logger.info)  # co-players, trial logs, periodic eval (issue 15)
 
     obs = env.reset(seed=cfg.seed + update)
     reports: list[dict] = []
@@ -416,7 +419,8 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     while global_step < cfg.total_timesteps:
         t0 = time.time()
         policy.eval()
-        obs, batch = collect_rollout(env, policy, obs, buffer, cache)
+        obs, batch = collect_rollout(env, policy, obs, buffer, cache, coplayers=extras.pool,
+                                     trial_log=extras.trial_log)
         t1 = time.time()
         if cfg.anneal_lr:
             frac = max(1.0 - global_step / cfg.total_timesteps, 0.0)
@@ -431,11 +435,13 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
         global_step += (active_slots_i if active_slots_i > 0 else R) * H
 
         last = global_step >= cfg.total_timesteps
+        extras.after_update(update, last, policy)
         if update % max(cfg.report_interval, 1) == 0 or last:
             now = time.time()
             record = _report_record(update, global_step, now - logger.start,
                                     (global_step - last_report_step) / max(now - last_report_t, 1e-9),
                                     rollout_time, update_time, counts, optimizer, stats, env)
+            record.update(extras.report())
             logger.log(record)
             reports.append(record)
             last_report_t, last_report_step = now, global_step

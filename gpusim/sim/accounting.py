@@ -19,7 +19,8 @@ from gpusim.state import EnvState
 
 def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``ep_return``, ``ep_length``, ``goal_reached``, ``ever_collided``, ``ever_offroad``;
-    records the finished agent-episodes (``step.terminal``) in ``ctx.metrics``."""
+    records the finished agent-episodes (``step.terminal``) in ``ctx.metrics`` (ego slots) and
+    ``ctx.coplayer_metrics`` (co-player slots, when the env has co-players)."""
     C = ctx.num_slots
     changes = {
         "ep_return": state.ep_return + step.reward,
@@ -34,7 +35,12 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         goal_reached=changes["goal_reached"][:, :C],
         collided=changes["ever_collided"][:, :C],
         offroad=changes["ever_offroad"][:, :C],
-        extra=state.trial_score.float() if ctx.config.trial_mode else None,
+        extra=(torch.cat([state.trial_reached, state.trial_score], dim=-1).float()
+               if ctx.config.trial_mode else None),
     )
-    ctx.metrics.add(values, step.terminal)
+    # roles (gpusim/sim/roles.py): egos feed the main log, co-players their own (ego = slot_active
+    # without co-players, and terminal is only set on active slots, so nothing changes then)
+    ctx.metrics.add(values, step.terminal & state.ego)
+    if ctx.coplayer_metrics is not None:
+        ctx.coplayer_metrics.add(values, step.terminal & ~state.ego)
     return changes

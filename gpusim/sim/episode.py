@@ -12,6 +12,7 @@ import torch
 
 from gpusim.kernels.reset import reset_agents
 from gpusim.sim.context import SimContext, StepVars
+from gpusim.sim.roles import assign_roles
 from gpusim.state import TRIAL_KEEP, EnvState
 
 
@@ -60,10 +61,11 @@ def initial_state(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
 
 
 def begin_episode(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
-    """Start a new episode of ``scenario`` [W]: resets the host clock, remembers the start state
-    (``ctx.start``, for trial restarts) and returns a copy of it to run."""
+    """Start a new episode of ``scenario`` [W]: resets the host clock, draws the slots' roles
+    (``gpusim.sim.roles.assign_roles``), remembers the start state (``ctx.start``, for trial
+    restarts) and returns a copy of it to run."""
     ctx.t = 0
-    ctx.start = initial_state(ctx, scenario)
+    ctx.start = assign_roles(ctx, initial_state(ctx, scenario))
     return ctx.start.clone()
 
 

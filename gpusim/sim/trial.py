@@ -19,8 +19,9 @@ from gpusim.state import EnvState
 def trial(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Sets ``step.truncation``, ``step.trial_ended`` [W, C] (and in trial mode ``step.terminal``,
     ``step.restart`` [W], ``step.info["trial_end"]`` [W]); in trial mode changes ``removed``,
-    ``present``, ``trial_count``, ``trial_start``, ``world_done``, ``slot_done`` and the
-    ``trial_*`` flags."""
+    ``present``, ``trial_count``, ``trial_start``, ``world_done``, ``slot_done``, the
+    ``trial_*`` flags, ``trial_score`` (clean: goal without collision/offroad, kernel) and
+    ``trial_reached`` (goal reached in the trial, computed here)."""
     cfg, C = ctx.config, ctx.num_slots
     if not cfg.trial_mode:
         zeros = torch.zeros(ctx.num_worlds, C, dtype=torch.bool, device=ctx.device)
@@ -48,10 +49,17 @@ def trial(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         per_trial_timeout=cfg.scenario_length,
         k_trials=cfg.k_trials,
     )
+    # goal reached in the trial that ended (DESIGN.md section 5's trial_k_score; the kernel's
+    # trial_score is the stricter clean score): a few elementwise ops, no sync
+    reached = state.trial_goal | (slots(step.goal_now, C) & state.slot_active)
+    at_k = torch.nn.functional.one_hot(state.trial_count.to(torch.int64).clamp(0, cfg.k_trials - 1),
+                                       state.trial_reached.shape[2]).to(torch.bool)
+    write = tr.trial_end[:, None, None] & at_k[:, None, :]
+    trial_reached = torch.where(write, reached[:, :, None], state.trial_reached)
     step.terminal, step.truncation, step.trial_ended = tr.terminal, tr.truncation, tr.trial_ended
     step.restart = tr.restart
     step.info["trial_end"] = tr.trial_end
     return {"removed": tr.removed, "present": tr.present, "trial_count": tr.trial_count,
             "trial_start": tr.trial_start, "world_done": tr.world_done, "slot_done": tr.slot_done,
             "trial_goal": tr.trial_goal, "trial_collided": tr.trial_collided,
-            "trial_offroad": tr.trial_offroad, "trial_score": tr.trial_score}
+            "trial_offroad": tr.trial_offroad, "trial_score": tr.trial_score, "trial_reached": trial_reached}

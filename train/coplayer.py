@@ -1,0 +1,295 @@
+"""Co-player population play (issue 15, DESIGN.md section 5): frozen partner policies drive the
+co-player slots of every world while the ego policy learns (or is evaluated).
+
+* **Roles** come from the env (``EnvState.ego`` [W, C], ``gpusim/sim/roles.py``): with
+  ``--coplayer`` the trainer defaults to one ego per world (the SDC where it is controllable,
+  :func:`coplayer_env_config`), every other controlled slot is a co-player.
+* **Population**: :class:`CoplayerPool` loads each checkpoint once (``train.checkpoint``), builds its
+  :class:`policy.ActorCritic` from the checkpoint's own description (a partner may differ in size
+  from the ego), freezes it (``requires_grad_(False)``, eval mode) and keeps it on the device. At
+  each episode start one partner is drawn per world (uniformly, the pool's own seeded generator).
+* **Batched forward**: per env step, one ``forward_eval`` per partner checkpoint over all the
+  co-player slots that use it (gathered with ``index_select``), each partner with its own KV
+  cache; its actions are written into the ego's action tensor with ``index_copy`` (fixed shapes
+  within an episode, no host sync per step). The slot lists are built once per episode (one
+  ``nonzero`` per partner: the only host sync, at the episode start, where the trainer syncs anyway).
+* **Memory**: a co-player's cache is cleared at every trial start (``truncation``) and at its
+  episode end (``terminal``), so a partner behaves as the same stationary "person" in every trial
+  and trial k differs from trial 1 only through the ego's memory (docs/trial.md).
+* Partners act by argmax by default (``deterministic=True``; ``--coplayer-sample`` samples with
+  torch's global generator instead).
+
+Training side (``train/rollout.py``): co-player steps get ``loss_mask = 0`` and do not count as
+active slots, so they never enter the PPO loss, the advantage normalisation, the optimizer-step
+count or ``global_step``. Metrics: the env logs egos and co-players apart (``DriveEnv.metrics(role=)``);
+:func:`report_metrics` adds ``ego/*`` and ``coplayer/*`` to a training report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from train.config import UserError, resolve_path
+
+
+def coplayer_env_config(env_config, coplayer_paths, user_set: set[str] = frozenset()):
+    """The env config of a run: with partner checkpoints and no role flag set by the user
+    (``ego_slots`` / ``ego_fraction`` in ``user_set`` or already > 0), one ego per world
+    (``ego_slots=1``); unchanged otherwise (no ``--coplayer``: every controlled slot is an ego)."""
+    if not coplayer_paths or env_config.has_coplayers or {"ego_slots", "ego_fraction"} & set(user_set):
+        return env_config
+    return env_config.replace(ego_slots=1)
+
+
+@dataclasses.dataclass
+class Partner:
+    """One frozen partner: ``label`` (file name and training step), ``path``, ``policy``
+    (:class:`policy.ActorCritic`, frozen, eval mode, on the device)."""
+
+    label: str
+    path: str
+    policy: torch.nn.Module
+
+
+def load_partner(path: str, obs_layout, num_actions: int, continuous: bool, device) -> Partner:
+    """Load one partner checkpoint, frozen and on ``device``.
+
+    Args:
+        path: checkpoint file of ``train/run.py`` or its run directory.
+        obs_layout: the env's observation layout (the partner must read the same observation).
+        num_actions, continuous: the env's action space.
+
+    Raises:
+        UserError: missing file, or a checkpoint whose observation/action sizes do not match the env
+            (message names the path and both sizes). CheckpointError: unreadable file.
+    """
+    from policy.actor_critic import ActorCritic
+    from policy.encoders import ObsDims
+    from train.checkpoint import load_checkpoint
+
+    p = resolve_path(path)
+    if p.is_dir() and (p / "checkpoint.pt").is_file():
+        p = p / "checkpoint.pt"
+    if not p.exists():
+        raise UserError(f"--coplayer {path}: no such checkpoint file or run directory")
+    ck = load_checkpoint(p)
+    policy = ActorCritic.from_description(ck["policy"])
+    want = dataclasses.asdict(ObsDims.from_layout(obs_layout))
+    have = dataclasses.asdict(policy.dims)
+    if have != want or policy.num_actions != num_actions or policy.continuous != bool(continuous):
+        raise UserError(f"--coplayer {path}: the partner reads observations {have} with {policy.num_actions} "
+                        f"{'continuous' if policy.continuous else 'discrete'} actions, the env gives {want} with "
+                        f"{num_actions}; train the partner with the same --env.num-partners/--env.num-roads and "
+                        "action space")
+    policy.load_state_dict(ck["model"])
+    policy.requires_grad_(False)
+    policy.eval()
+    label = f"{p.parent.name}/{p.name}@{int(ck.get('global_step', 0))}"
+    return Partner(label=label, path=str(p), policy=policy.to(device))
+
+
+class CoplayerPool:
+    """Frozen partner policies driving the co-player slots of a :class:`gpusim.env.DriveEnv`.
+
+    Args:
+        partners: list of :class:`Partner` (>= 1).
+        num_worlds, num_slots, horizon: the env's W, C and H.
+        device: the env's device.
+        seed: seed of the per-world partner draws.
+        deterministic: partners take argmax (discrete) / mean (continuous) actions.
+
+    Attributes:
+        partner_of: [W] int64 partner index of each world in the current episode.
+        last_logits: per partner, the logits of the last :meth:`act` (``None`` when unused), for tests.
+
+    Use: :meth:`begin` at every episode start, :meth:`act` before every ``env.step``,
+    :meth:`observe` after it.
+
+    Raises:
+        ValueError: an empty partner list.
+    """
+
+    def __init__(self, partners: list[Partner], num_worlds: int, num_slots: int, horizon: int, device,
+                 seed: int = 0, deterministic: bool = True):
+        if not partners:
+            raise ValueError("CoplayerPool: at least one partner checkpoint is needed")
+        self.partners = list(partners)
+        self.W, self.C, self.H = int(num_worlds), int(num_slots), int(horizon)
+        self.device = torch.device(device)
+        self.deterministic = bool(deterministic)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(int(seed))
+        self.partner_of = torch.zeros(self.W, dtype=torch.int64, device=self.device)
+        self._index: list[torch.Tensor] = []
+        self._count: list[int] = []
+        self._cache: list = []
+        self._removed: list[torch.Tensor] = []
+        self.last_logits: list = [None] * len(self.partners)
+
+    @property
+    def labels(self) -> list[str]:
+        """Partner labels in pool order."""
+        return [p.label for p in self.partners]
+
+    def begin(self, env, generator_draw: bool = True) -> None:
+        """A new episode starts: draw one partner per world (``generator_draw``; else keep
+        :attr:`partner_of`, e.g. set by a test), list each partner's co-player slots (one host
+        read) and give each partner a fresh cache of that many slots."""
+        if generator_draw:
+            self.partner_of = torch.randint(len(self.partners), (self.W,), generator=self.generator,
+                                            device=self.device)
+        state = env.state
+        cop = (state.slot_active & ~state.ego).reshape(-1)
+        owner = self.partner_of[:, None].expand(self.W, self.C).reshape(-1)
+        self._index, self._count, self._cache, self._removed = [], [], [], []
+        for p, partner in enumerate(self.partners):
+            idx = torch.nonzero(cop & (owner == p)).flatten()
+            n = int(idx.numel())
+            self._index.append(idx)
+            self._count.append(n)
+            self._cache.append(partner.policy.init_cache(n, self.H, self.device) if n else None)
+            self._removed.append(torch.zeros(n, dtype=torch.bool, device=self.device))
+            self.last_logits[p] = None
+
+    @torch.no_grad()
+    def act(self, obs_flat: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """Co-player actions merged into ``actions``.
+
+        Args:
+            obs_flat: [R, D] float32 observations of all R = W * C slots.
+            actions: [R] int64 or [R, 2] float32 ego actions.
+
+        Returns:
+            A new tensor like ``actions`` whose co-player rows hold the partners' actions
+            (continuous ones clamped to [-1, 1]); other rows unchanged.
+        """
+        out = actions
+        for p, partner in enumerate(self.partners):
+            if not self._count[p]:
+                continue
+            idx = self._index[p]
+            pol = partner.policy
+            logits, _, self._cache[p] = pol.forward_eval(obs_flat.index_select(0, idx), self._cache[p],
+                                                         self._removed[p])
+            a = pol.sample(logits, self.deterministic)
+            if pol.continuous:
+                a = a.clamp(-1.0, 1.0)
+            self.last_logits[p] = logits
+            out = out.index_copy(0, idx, a.to(out.dtype))
+        return out
+
+    def observe(self, result) -> None:
+        """After ``env.step``: removed flags for the next step; caches cleared where the step
+        ended a trial (``truncation``) or the episode (``terminal``)."""
+        R = self.W * self.C
+        removed = result.removed.reshape(R)
+        clear = (result.terminal | result.truncation).reshape(R)
+        for p in range(len(self.partners)):
+            if not self._count[p]:
+                continue
+            idx = self._index[p]
+            self._removed[p] = removed.index_select(0, idx)
+            self.partners[p].policy.reset_cache(self._cache[p], clear.index_select(0, idx))
+
+
+def make_pool(paths, env, device, seed: int, deterministic: bool = True) -> CoplayerPool | None:
+    """The :class:`CoplayerPool` of ``paths`` for ``env`` (None when ``paths`` is empty).
+
+    Raises:
+        UserError: as :func:`load_partner`; partner paths given to an env without co-player slots.
+    """
+    if not paths:
+        return None
+    if not env.config.has_coplayers:
+        raise UserError("--coplayer needs co-player slots: set --env.ego-slots N (or --env.ego-fraction F) "
+                        "below the number of controlled agents")
+    from gpusim.config import ActionSpace
+
+    continuous = int(env.config.action_space) == int(ActionSpace.CONTINUOUS)
+    partners = [load_partner(p, env.obs_layout, env.num_actions, continuous, device) for p in paths]
+    return CoplayerPool(partners, env.num_worlds, env.num_slots, env.horizon, device, seed=seed,
+                        deterministic=deterministic)
+
+
+def report_metrics(env, pool: CoplayerPool | None) -> dict[str, float]:
+    """``ego/*`` and ``coplayer/*`` copies of the env's per-agent EMA metrics for a training report
+    (empty without co-players: the plain keys are then the metrics of every controlled agent)."""
+    if pool is None or not getattr(env.config, "has_coplayers", False):
+        return {}
+    out = {f"ego/{k}": float(v) for k, v in env.metrics().items()}
+    out.update({f"coplayer/{k}": float(v) for k, v in env.metrics(role="coplayer").items()})
+    return out
+
+
+def describe(pool: CoplayerPool | None) -> str:
+    """One console line naming the partners (empty without a pool)."""
+    if pool is None:
+        return ""
+    return f"co-players: {len(pool.partners)} frozen partner(s): " + ", ".join(pool.labels)
+
+
+def partner_name(pool: CoplayerPool | None, world: int) -> str:
+    """Label of the partner driving ``world``'s co-players in the current episode (one host read)."""
+    if pool is None:
+        return ""
+    return pool.labels[int(pool.partner_of[world])]
+
+
+__all__ = ["CoplayerPool", "Partner", "coplayer_env_config", "describe", "load_partner", "make_pool",
+           "partner_name", "report_metrics"]
+
+
+class RunExtras:
+    """What ``train/run.py`` adds for population play, trial logs and periodic evaluation, behind
+    three calls (so the trainer's own loop stays as it is):
+
+    * construction (after the env and the logger exist): loads the partners (:func:`make_pool`),
+      a :class:`train.rollout.TrialLog` in trial mode, says which partners are used;
+    * :meth:`after_update` (every update): runs the periodic evaluation when due
+      (``--eval-interval``; :func:`train.eval.live.evaluate_live`) and keeps its ``eval/<mode>/*``
+      means for the next report;
+    * :meth:`report` (every report): ``ego/*``, ``coplayer/*``, ``trial_log/*`` and pending
+      ``eval/*`` entries for the JSONL/wandb record.
+
+    Args:
+        cfg: :class:`train.config.TrainConfig`. env: the training env. device. say: console printer.
+    """
+
+    def __init__(self, cfg, env, device, say=print):
+        from train.rollout import TrialLog
+
+        self.cfg = cfg
+        self.pool = make_pool(cfg.coplayer, env, device, seed=cfg.seed + 7919, deterministic=not cfg.coplayer_sample)
+        trial = bool(getattr(env.config, "trial_mode", False))  # (test envs may have a minimal config)
+        self.trial_log = TrialLog(env.num_worlds, env.config.scenario_length, device) if trial else None
+        self.env = env
+        self.device = device
+        self.pending: dict[str, float] = {}
+        self._live = None
+        if self.pool is not None:
+            say(describe(self.pool) + f"; {env.config.ego_slots or env.config.ego_fraction} ego slot(s) per world "
+                f"({env.config.ego_choice})")
+
+    def after_update(self, update: int, last: bool, policy) -> None:
+        """Run the periodic evaluation when ``update`` is a multiple of ``--eval-interval`` or ``last``."""
+        n = int(self.cfg.eval_interval)
+        if n <= 0 or not (update % n == 0 or last):
+            return
+        from train.eval.live import LiveEvaluator
+
+        if self._live is None:
+            self._live = LiveEvaluator(self.env.config, self.cfg.eval_data or self.cfg.data, self.cfg.eval_mode,
+                                       self.cfg.coplayer, self.device, seed=self.cfg.seed)
+        self.pending.update(self._live.run(policy))
+        policy.eval()
+
+    def report(self) -> dict[str, float]:
+        """Entries for one report record (and clears the pending evaluation)."""
+        out = report_metrics(self.env, self.pool)
+        if self.trial_log is not None:
+            out.update(self.trial_log.report())
+        out.update(self.pending)
+        self.pending = {}
+        return out
