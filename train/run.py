@@ -37,6 +37,7 @@ from policy.encoders import ObsDims
 from train.checkpoint import clean_stale_temp_files, load_checkpoint, save_checkpoint
 from train.coplayer import RunExtras, coplayer_env_config
 from train.config import TrainConfig, UserError, parse_args, resolve_path
+from train.distributed import NullLogger, setup as setup_distributed
 from train.experience import make_hook
 from train.logger import Logger, truncate_jsonl
 from train.ppo import optimizer_steps, ppo_update
@@ -215,13 +216,16 @@ def _metric_log(env):
     return None
 
 
-def update_policy(policy, optimizer, batch: RolloutBatch, hook, ppo_cfg, generator=None) -> tuple[dict, dict]:
+def update_policy(policy, optimizer, batch: RolloutBatch, hook, ppo_cfg, generator=None,
+                  dist=None) -> tuple[dict, dict]:
     """Experience hook, then the masked PPO update on one rollout.
 
     Args:
         policy, optimizer: the model and its optimizer. batch: the rollout.
         hook: an :class:`train.experience.ExperienceHook`, or ``None`` (no hook at all).
         ppo_cfg: :class:`train.ppo.PPOConfig`. generator: for the minibatch permutations.
+        dist: a :class:`train.distributed.Distributed` under torchrun (counts become global sums and
+            the step count is agreed over the ranks with one all-reduce), else ``None``.
 
     Returns:
         ``(stats, counts)``: PPO statistics (scalar device tensors) and the host integers
@@ -248,6 +252,12 @@ def update_policy(policy, optimizer, batch: RolloutBatch, hook, ppo_cfg, generat
     active_rows = torch.nonzero(batch.loss_mask.any(dim=1)).flatten()
     n_steps = optimizer_steps(effective_i, nominal_i, ppo_cfg)
     rows_per_mb = max(1, math.ceil(max(nominal_rows_i, 1) / ppo_cfg.num_minibatches))
+    if dist is not None and dist.enabled:  # torchrun: global counts, one agreed step count (train/distributed.py)
+        totals, n_steps, rows_per_mb, batch, active_rows = dist.agree_update(
+            nominal=nominal_i, effective=effective_i, active_slots=active_slots_i, kept_rows=active_rows.numel(),
+            rows=batch.rows, batch=batch, active_rows=active_rows, ppo_cfg=ppo_cfg)
+        nominal_i, effective_i, active_slots_i = (totals[k] for k in ("nominal_steps", "effective_steps",
+                                                                     "active_slots"))
     stats = ppo_update(policy, optimizer, batch, ppo_cfg, n_steps, rows_per_mb, active_rows, generator)
     counts = {"nominal_steps": nominal_i, "effective_steps": effective_i, "active_slots": active_slots_i,
               "optimizer_steps": n_steps, "rows_per_minibatch": rows_per_mb}
@@ -351,12 +361,17 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
         FileNotFoundError: missing ``--data``/``--resume``. train.checkpoint.CheckpointError
             (a ValueError): unreadable checkpoint. gpusim.data.ScenarioError: no usable scenario.
     """
-    cfg, ckpt, ckpt_file, run_dir = _prepare(cfg)
+    ranks = setup_distributed(cfg.device)  # torchrun: join the process group (train/distributed.py); else no-op
+    cfg, ckpt, ckpt_file, run_dir = ranks.from_main(_prepare, cfg)  # rank 0 checks and reads, the others receive
     if ckpt is not None and ckpt["global_step"] >= cfg.total_timesteps:
-        print(f"nothing to do: {ckpt_file} is at step {ckpt['global_step']:,} >= --total-timesteps "
-              f"{cfg.total_timesteps:,}; pass a larger --total-timesteps to train further")
+        if ranks.is_main:
+            print(f"nothing to do: {ckpt_file} is at step {ckpt['global_step']:,} >= --total-timesteps "
+                  f"{cfg.total_timesteps:,}; pass a larger --total-timesteps to train further")
+        ranks.close()
         return {"global_step": ckpt["global_step"], "update": ckpt["update"], "reports": [],
                 "checkpoint": str(ckpt_file), "run_dir": str(run_dir), "nothing_to_do": True, "data_problems": []}
+    cfg_saved, cfg = cfg, ranks.rank_config(cfg)  # under torchrun: seed + rank, cuda:LOCAL_RANK
+    ckpt = ranks.rank_checkpoint(ckpt, cfg_saved.seed) if ckpt is not None else None  # this rank's metric/RNG state
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
@@ -370,14 +385,15 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     if env is None:
         say = (lambda line: problems.append(line) or print(line, file=sys.stderr))
         # on resume the checkpoint's env settings are fixed: a pack that disagrees is named, never adopted
-        env = make_env(cfg, env_config, user_set=set(PACK_FIELDS) if ckpt is not None else None, say=say,
-                       resuming=ckpt is not None)
+        env = ranks.main_first(lambda: make_env(cfg, env_config, user_set=set(PACK_FIELDS) if ckpt is not None else None,
+                                                say=say if ranks.is_main else problems.append,
+                                                resuming=ckpt is not None))
     if isinstance(getattr(env, "config", None), EnvConfig):
         env_config = env.config
 
     ckpt_dir = resolve_out(cfg.checkpoint_dir) if cfg.checkpoint_dir else run_dir
     ckpt_path = ckpt_dir / CHECKPOINT_FILE if ckpt_file is None or cfg.checkpoint_dir else ckpt_file
-    stale = clean_stale_temp_files(ckpt_path)
+    stale = clean_stale_temp_files(ckpt_path) if ranks.is_main else []
     metric_log = _metric_log(env)
 
     dims = ObsDims.from_layout(env.obs_layout)
@@ -386,7 +402,9 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
     global_step, update, elapsed, dropped = 0, 0, 0.0, 0
     if ckpt is not None:
-        global_step, update, elapsed, dropped = _restore(ckpt, ckpt_file, policy, optimizer, metric_log, run_dir)
+        global_step, update, elapsed, dropped = _restore(ckpt, ckpt_file, policy, optimizer, metric_log, run_dir,
+                                                         main=ranks.is_main)
+    train_policy = ranks.wrap(policy)  # DDP under torchrun (the update trains it); rollouts use `policy`
 
     context = {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", []))}
     if hook is None:
@@ -399,10 +417,10 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed + update)
 
-    config_dict = cfg.to_dict()
+    config_dict = cfg_saved.to_dict()
     config_dict["env"] = TrainConfig(env=env_config).to_dict()["env"]
     config_dict["policy"] = dataclasses.asdict(policy_config)
-    logger = Logger(run_dir, config_dict, cfg.total_timesteps, quiet=cfg.quiet, wandb=cfg.wandb,
+    logger = NullLogger(elapsed) if not ranks.is_main else Logger(run_dir, config_dict, cfg.total_timesteps, quiet=cfg.quiet, wandb=cfg.wandb,
                     wandb_mode=cfg.wandb_mode, wandb_project=cfg.wandb_project, run_name=cfg.run_name,
                     append=ckpt is not None, elapsed=elapsed)
     n_params = sum(p.numel() for p in policy.parameters())
@@ -426,7 +444,7 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
             frac = max(1.0 - global_step / cfg.total_timesteps, 0.0)
             for g in optimizer.param_groups:
                 g["lr"] = cfg.learning_rate * frac
-        stats, counts = update_policy(policy, optimizer, batch, hook, cfg.ppo, gen)
+        stats, counts = update_policy(train_policy, optimizer, batch, hook, cfg.ppo, gen, dist=ranks)
         t2 = time.time()
         rollout_time += t1 - t0
         update_time += t2 - t1
@@ -441,17 +459,23 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
             record = _report_record(update, global_step, now - logger.start,
                                     (global_step - last_report_step) / max(now - last_report_t, 1e-9),
                                     rollout_time, update_time, counts, optimizer, stats, env)
+            record = ranks.reduce_report(record, stats, metric_log)  # every rank: reduced over all ranks' agents
             record.update(extras.report())
             logger.log(record)
-            reports.append(record)
+            if ranks.is_main:
+                reports.append(record)
             last_report_t, last_report_step = now, global_step
             rollout_time = update_time = 0.0
         if (cfg.checkpoint_interval > 0 and update % cfg.checkpoint_interval == 0) or last:
             extra = {"run_dir": str(run_dir.resolve()), "elapsed": logger.elapsed,
                      "env_metrics": metric_log.state_dict() if metric_log is not None else None}
-            saved = save_checkpoint(ckpt_path, policy=policy, optimizer=optimizer, global_step=global_step,
-                                    update=update, config=config_dict, env_config=config_dict["env"], extra=extra)
+            extra = ranks.checkpoint_extra(extra, metric_log)  # every rank: gathers metric and RNG states
+            if ranks.is_main:
+                saved = save_checkpoint(ckpt_path, policy=policy, optimizer=optimizer, global_step=global_step,
+                                        update=update, config=config_dict, env_config=config_dict["env"],
+                                        extra=extra)
     logger.close()
+    ranks.close()
     return {"global_step": global_step, "update": update, "reports": reports,
             "checkpoint": str(saved) if saved else None, "run_dir": str(run_dir), "nothing_to_do": False,
             "data_problems": problems}
@@ -467,9 +491,9 @@ def _announce(logger, stale, ckpt_file, update: int, global_step: int, run_dir, 
                                                       if dropped else ""))
 
 
-def _restore(ckpt: dict, ckpt_file, policy, optimizer, metric_log, run_dir: pathlib.Path):
+def _restore(ckpt: dict, ckpt_file, policy, optimizer, metric_log, run_dir: pathlib.Path, main: bool = True):
     """Load a checkpoint's weights, optimizer, RNG and metric state, and cut ``metrics.jsonl`` back
-    to its update (:func:`train.logger.truncate_jsonl`).
+    to its update (:func:`train.logger.truncate_jsonl`; only when ``main``: rank 0 of a torchrun job).
 
     Returns:
         ``(global_step, update, elapsed seconds, JSONL lines dropped)``.
@@ -486,7 +510,7 @@ def _restore(ckpt: dict, ckpt_file, policy, optimizer, metric_log, run_dir: path
             metric_log.load_state_dict(extra["env_metrics"])
         except ValueError as e:
             raise UserError(f"--resume {ckpt_file}: cannot restore the metric state: {e}") from e
-    _, dropped = truncate_jsonl(run_dir / "metrics.jsonl", ckpt["update"])
+    _, dropped = truncate_jsonl(run_dir / "metrics.jsonl", ckpt["update"]) if main else (0, 0)
     return ckpt["global_step"], ckpt["update"], float(extra.get("elapsed", 0.0)), dropped
 
 
