@@ -92,6 +92,8 @@ class EnvConfig:
         collision_behavior, offroad_behavior: ``ignore`` | ``stop`` | ``remove``.
         goal_radius: a goal is reached within this distance (m).
         reward_goal, reward_collision, reward_offroad: per-event rewards.
+        reward_red_light: reward for crossing the stop line of a red signal (metric
+            ``red_light_violation``, docs/signals.md); default 0 (no penalty), e.g. -0.5 to penalise.
         stop_truncate_fraction: when at least this fraction of a world's controlled agents are
             stopped by a contact (STOP behaviour), the world's episode ends early.
         collision_box_scale: collision boxes are the logged length/width times this factor
@@ -104,6 +106,10 @@ class EnvConfig:
         num_partners, partner_radius: partner slots in observations and their range (m).
         num_roads, road_radius: road-segment slots in observations (must equal the pack's
             ``grid_k``) and their range (m).
+        num_signals: traffic-signal slots in observations: the N nearest stop points within
+            ``road_radius`` (docs/signals.md). 16 covers a four-way intersection with four lanes per
+            approach; in the shared WOMD scenes 90% of controlled agent-steps have at most 16
+            signals within 50 m (median 9, max 19). 0 removes the block.
         compile: opt-in CPU fast path: on the torch backend the observations run through
             ``torch.compile`` (``gpusim.kernels.observations.observations_compiled``). Same
             results within float32 rounding; the first step of a new env size compiles for
@@ -138,6 +144,7 @@ class EnvConfig:
     reward_goal: float = 1.0
     reward_collision: float = -0.5
     reward_offroad: float = -0.5
+    reward_red_light: float = 0.0
     stop_truncate_fraction: float = 0.5
     collision_box_scale: float = 0.7
     offroad_box_scale: float = 1.0
@@ -147,6 +154,7 @@ class EnvConfig:
     partner_radius: float = 50.0
     num_roads: int = 128
     road_radius: float = 50.0
+    num_signals: int = 16
     dt: float = DT
     compile: bool = False
     check_actions: str = "auto"
@@ -192,6 +200,8 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.log_ema_alpha must be in [0, 1), got {self.log_ema_alpha}")
         if self.num_partners < 1 or self.num_roads < 1:
             raise ValueError("EnvConfig.num_partners and num_roads must be >= 1")
+        if self.num_signals < 0:
+            raise ValueError(f"EnvConfig.num_signals must be >= 0 (0: no signal block), got {self.num_signals}")
         if self.num_partners > self.max_agents - 1:
             raise ValueError(
                 f"EnvConfig.num_partners={self.num_partners} exceeds max_agents - 1 = {self.max_agents - 1}; "

@@ -6,7 +6,9 @@ Metrics of one agent-episode, in the column order of :data:`METRIC_NAMES`:
 * ``episode_length``: number of valid steps (``loss_mask = 1``) of the agent;
 * ``goal_reached``: 1 if the agent reached a goal at a valid step;
 * ``collided`` / ``offroad``: 1 if it was in collision / offroad at a valid step;
-* ``score``: 1 if it reached its goal and never collided nor went offroad.
+* ``score``: 1 if it reached its goal and never collided nor went offroad;
+* ``red_light_violation``: 1 if its centre crossed the stop line of a red signal (stop or red
+  arrow) at a valid step (docs/signals.md; not part of ``score``).
 
 STOP-invalid steps and steps of removed agents never contribute: the env accumulates returns,
 lengths and flags only where the agent was in play (``loss_mask``).
@@ -43,7 +45,8 @@ import torch
 
 from gpusim.kernels.ema import EmaLog
 
-METRIC_NAMES = ("episode_return", "episode_length", "goal_reached", "collided", "offroad", "score")
+METRIC_NAMES = ("episode_return", "episode_length", "goal_reached", "collided", "offroad", "score",
+                "red_light_violation")
 
 
 def trial_metric_names(k_trials: int) -> tuple[str, ...]:
@@ -63,21 +66,23 @@ def trial_metric_names(k_trials: int) -> tuple[str, ...]:
     return tuple(f"trial_{i}_score" for i in k) + tuple(f"trial_{i}_clean_score" for i in k)
 
 
-def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=None) -> torch.Tensor:
-    """Per agent-episode metric values ``[..., 6 + E]`` float32 in the order of :data:`METRIC_NAMES`,
+def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=None, red_light=None) -> torch.Tensor:
+    """Per agent-episode metric values ``[..., 7 + E]`` float32 in the order of :data:`METRIC_NAMES`,
     then the ``E`` columns of ``extra``.
 
     Args:
         ep_return: ``[W, C]`` float return. ep_length: ``[W, C]`` int number of valid steps.
         goal_reached, collided, offroad: ``[W, C]`` bool episode flags.
         extra: optional ``[W, C, E]`` further columns (e.g. trial scores), cast to float32.
+        red_light: optional ``[W, C]`` bool red-light violation flags (None: all 0).
 
     Raises:
         ValueError: if ``extra`` does not have shape ``[W, C, E]``.
     """
     g, c, o = goal_reached.float(), collided.float(), offroad.float()
     score = (goal_reached & ~collided & ~offroad).float()
-    cols = [ep_return.float(), ep_length.float(), g, c, o, score]
+    red = torch.zeros_like(g) if red_light is None else red_light.float()
+    cols = [ep_return.float(), ep_length.float(), g, c, o, score, red]
     out = torch.stack(cols, dim=-1)
     if extra is not None:
         if extra.dim() != out.dim() or tuple(extra.shape[:-1]) != tuple(out.shape[:-1]):

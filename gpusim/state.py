@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 
 #: Shape kinds of the declarations: "W" = [W], "WA" = [W, A], "WA2" = [W, A, 2], "WC" = [W, C],
-#: "WCK" = [W, C, K].
-SHAPE_KINDS = ("W", "WA", "WA2", "WC", "WCK")
+#: "WCK" = [W, C, K], "WC2" = [W, C, 2].
+SHAPE_KINDS = ("W", "WA", "WA2", "WC", "WCK", "WC2")
 
 
 def _field(kind: str, dtype: torch.dtype, doc: str, trial: str = "restore"):
@@ -85,6 +85,12 @@ class EnvState:
     ep_return: torch.Tensor = _field("WC", torch.float32, "sum of rewards this episode", "keep")
     ep_length: torch.Tensor = _field("WC", torch.int32, "valid (loss_mask = 1) steps this episode", "keep")
     last_reward: torch.Tensor = _field("WC", torch.float32, "reward of the last step (observation feature)")
+    # ---- traffic signals (gpusim/sim/signals.py)
+    pos_before: torch.Tensor = _field("WC2", torch.float32, "slot centre at the start of the current step (m; "
+                                      "stage signals_before; read by the red-light test)")
+    red_light_now: torch.Tensor = _field("WC", torch.bool, "crossed a red signal's stop line in the last step")
+    ever_red_light: torch.Tensor = _field("WC", torch.bool, "crossed a red signal's stop line at a valid step "
+                                          "this episode (metric red_light_violation)", "keep")
     ego: torch.Tensor = _field(
         "WC", torch.bool, "role: the learning policy drives the slot (else a co-player); set per episode "
         "(gpusim/sim/roles.py), False for empty slots", "keep")
@@ -234,7 +240,7 @@ def _dim(t, ndim: int, axis: int) -> int:
 
 
 def _shapes(W: int, A: int, C: int, K: int) -> dict[str, tuple[int, ...]]:
-    return {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C), "WCK": (W, C, K)}
+    return {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C), "WCK": (W, C, K), "WC2": (W, C, 2)}
 
 
 #: Field name -> (shape kind, dtype), derived from the declarations of :class:`EnvState`.

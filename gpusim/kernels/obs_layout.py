@@ -7,7 +7,7 @@ view). Pure Python: no tensors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpusim.enums import NUM_OBJECT_TYPES, NUM_ROAD_OBS_TYPES  # noqa: F401  (re-exported for the kernels)
 
@@ -60,9 +60,29 @@ ROAD_FEATURES = (
     "valid",
 )
 
+#: Traffic-signal slot feature names (``gpusim.kernels.signals``); the last one is the valid flag.
+#: The state one-hot groups the nine ``SignalState`` codes: unknown; stop = red (stop, arrow_stop,
+#: flashing_stop); caution = yellow (caution, arrow_caution, flashing_caution); go = green (go,
+#: arrow_go); ``arrow`` marks the three arrow states and ``flashing`` the two flashing ones.
+SIGNAL_FEATURES = (
+    "stop_x/road_radius",
+    "stop_y/road_radius",
+    "dir_cos",
+    "dir_sin",
+    "is_unknown",
+    "is_stop",
+    "is_caution",
+    "is_go",
+    "is_arrow",
+    "is_flashing",
+    "valid",
+)
+
+
 @dataclass(frozen=True)
 class ObsLayout:
-    """Layout of the flat observation vector ``[ego | partners | roads]``.
+    """Layout of the flat observation vector ``[ego | partners | roads | signals]`` (the signal
+    block is absent, ``num_signals = 0``, unless asked for).
 
     Attributes:
         ego_dim: features of the ego block (``len(ego_features)``).
@@ -70,11 +90,13 @@ class ObsLayout:
         partner_dim: features per partner slot (last = valid flag).
         num_roads: K road slots.
         road_dim: features per road slot (last = valid flag).
-        obs_dim: D = ego_dim + P * partner_dim + K * road_dim.
-        ego, partners, roads: slices of the flat vector; ``obs[..., layout.partners]`` reshaped to
-            ``[..., P, partner_dim]`` gives the partner slots (likewise roads).
-        ego_features, partner_features, road_features: feature names, with their divisor after
-            a ``/`` (see the module docstring).
+        obs_dim: D = ego_dim + P * partner_dim + K * road_dim + N * signal_dim.
+        ego, partners, roads, signals: slices of the flat vector; ``obs[..., layout.partners]``
+            reshaped to ``[..., P, partner_dim]`` gives the partner slots (likewise roads, signals).
+        num_signals: N traffic-signal slots (0: no signal block). signal_dim: features per signal
+            slot (last = valid flag).
+        ego_features, partner_features, road_features, signal_features: feature names, with their
+            divisor after a ``/`` (see the module docstring).
     """
 
     ego_dim: int
@@ -89,26 +111,37 @@ class ObsLayout:
     ego_features: tuple = EGO_FEATURES
     partner_features: tuple = PARTNER_FEATURES
     road_features: tuple = ROAD_FEATURES
+    num_signals: int = 0
+    signal_dim: int = len(SIGNAL_FEATURES)
+    signals: slice = field(default_factory=lambda: slice(0, 0))
+    signal_features: tuple = SIGNAL_FEATURES
 
 
-def obs_layout(num_partners: int, num_roads: int) -> ObsLayout:
-    """The :class:`ObsLayout` for ``num_partners`` partner slots and ``num_roads`` road slots.
+def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0) -> ObsLayout:
+    """The :class:`ObsLayout` for ``num_partners`` partner slots, ``num_roads`` road slots and
+    ``num_signals`` traffic-signal slots (0, the default: no signal block; the env passes
+    ``EnvConfig.num_signals``). The blocks before the signal block do not depend on it.
 
     Raises:
-        ValueError: if either count is < 1.
+        ValueError: if ``num_partners`` or ``num_roads`` is < 1 or ``num_signals`` < 0.
     """
     if int(num_partners) < 1 or int(num_roads) < 1:
         raise ValueError(f"obs_layout: num_partners and num_roads must be >= 1, got {num_partners}, {num_roads}")
-    P, K = int(num_partners), int(num_roads)
-    e, p, r = len(EGO_FEATURES), len(PARTNER_FEATURES), len(ROAD_FEATURES)
+    if int(num_signals) < 0:
+        raise ValueError(f"obs_layout: num_signals must be >= 0, got {num_signals}")
+    P, K, N = int(num_partners), int(num_roads), int(num_signals)
+    e, p, r, g = len(EGO_FEATURES), len(PARTNER_FEATURES), len(ROAD_FEATURES), len(SIGNAL_FEATURES)
+    end = e + P * p + K * r
     return ObsLayout(
         ego_dim=e,
         num_partners=P,
         partner_dim=p,
         num_roads=K,
         road_dim=r,
-        obs_dim=e + P * p + K * r,
+        obs_dim=end + N * g,
         ego=slice(0, e),
         partners=slice(e, e + P * p),
-        roads=slice(e + P * p, e + P * p + K * r),
+        roads=slice(e + P * p, end),
+        num_signals=N,
+        signals=slice(end, end + N * g),
     )

@@ -18,7 +18,8 @@ from gpusim.state import EnvState
 
 
 def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
-    """Changes ``ep_return``, ``ep_length``, ``goal_reached``, ``ever_collided``, ``ever_offroad``;
+    """Changes ``ep_return``, ``ep_length``, ``goal_reached``, ``ever_collided``, ``ever_offroad``,
+    ``ever_red_light``;
     records the finished agent-episodes (``step.terminal``) in ``ctx.metrics`` (ego slots) and
     ``ctx.coplayer_metrics`` (co-player slots, when the env has co-players)."""
     C = ctx.num_slots
@@ -28,6 +29,7 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         "goal_reached": state.goal_reached | step.goal_now,
         "ever_collided": state.ever_collided | (step.in_play & step.collided),
         "ever_offroad": state.ever_offroad | (step.in_play & step.offroad),
+        "ever_red_light": state.ever_red_light | state.red_light_now,  # in-play slots only (stage signals)
     }
     values = episode_values(
         ep_return=changes["ep_return"],
@@ -35,6 +37,7 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         goal_reached=changes["goal_reached"][:, :C],
         collided=changes["ever_collided"][:, :C],
         offroad=changes["ever_offroad"][:, :C],
+        red_light=changes["ever_red_light"],
         extra=(torch.cat([state.trial_reached, state.trial_score], dim=-1).float()
                if ctx.config.trial_mode else None),
     )

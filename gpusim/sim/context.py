@@ -38,7 +38,8 @@ class SimContext:
         start: the state of the current episode at its reset (trial restarts restore from it),
         end_flags: cached constant [W] bool tensors ``(all False, all True)`` for the kernels'
         ``episode_end`` argument (no per-step host->device copy), obs_buf / obs_written: the
-        reused observation buffer [W, C, D] and the [W*C] bool slots that may be non-zero,
+        reused observation buffer [W, C, D] and the [W*C] bool slots that may be non-zero, obs_core:
+        the partner/road kernel's own [W, C, D0] buffer when observations have a signal block,
         coplayer_metrics: the co-player slots' metrics log (None without co-players).
     """
 
@@ -54,6 +55,7 @@ class SimContext:
     end_flags: tuple = ()
     obs_buf: torch.Tensor | None = None
     obs_written: torch.Tensor | None = None
+    obs_core: torch.Tensor | None = None
     coplayer_metrics: object = None
 
     def __post_init__(self):

@@ -5,6 +5,12 @@ Ego extras, in the order of ``observations.EGO_EXTRA``: collided now, offroad no
 outside trial mode), last reward. A new ego feature = a column here plus the kernel's layout
 (docs/architecture.md).
 
+Traffic signals (``EnvConfig.num_signals`` > 0): the block of the N nearest signals
+(``kernels.signals.signal_observations``, docs/signals.md) fills the last columns of the
+observation. The partner/road kernel writes a buffer of exactly its own width, so with signals it
+writes ``ctx.obs_core`` [W, C, D0] and the stage copies that into the first D0 columns (one copy of
+the observation per step; it goes away if that kernel learns to write into a wider buffer).
+
 The result is written into the env's reused buffer ``ctx.obs_buf`` (valid until the next step).
 On the torch (CPU) backend only the in-play slots are recomputed (compaction with ``nonzero``,
 which costs no device sync on the CPU); slots that left play are zeroed once.
@@ -16,7 +22,9 @@ import torch
 
 from gpusim.backend import backend_for
 from gpusim.kernels.observations import observations, observations_compiled
+from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.sim.signals import signal_log_index
 from gpusim.state import EnvState
 
 
@@ -37,7 +45,15 @@ def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
     """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned)."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     active = (state.slot_active & state.present[:, :C]).contiguous()
-    buf, rows, obs_fn = ctx.obs_buf, None, observations
+    full = ctx.obs_buf
+    if cfg.num_signals > 0:  # the partner/road kernel writes its own [W, C, D0] buffer (docstring)
+        d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
+        if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:
+            ctx.obs_core = torch.zeros(*full.shape[:2], d0, device=full.device)
+        buf = ctx.obs_core
+    else:
+        buf = full
+    rows, obs_fn = None, observations
     if backend_for(state.pos) == "torch":
         if cfg.compile:  # opt-in torch.compile'd CPU path (EnvConfig.compile, docs/performance.md)
             obs_fn = observations_compiled
@@ -70,7 +86,25 @@ def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
         rows=rows,
     )
     ctx.obs_written = active.view(-1).clone()  # inactive slots are all zero now
-    return buf
+    if cfg.num_signals > 0:
+        full[..., :d0].copy_(buf)
+        signal_observations(
+            pos=slots(state.pos, C),
+            heading=slots(state.heading, C),
+            active=active,
+            scenario=state.scenario,
+            log_index=signal_log_index(ctx, state),
+            signal_pos=p.signal_pos,
+            signal_dir=p.signal_dir,
+            signal_state=p.signal_state,
+            signal_valid=p.signal_valid,
+            num_signals=p.num_signals,
+            num_obs=cfg.num_signals,
+            radius=cfg.road_radius,
+            out=full,
+            offset=d0,
+        )
+    return full
 
 
 def observe(ctx: SimContext, state: EnvState, step: StepVars) -> dict:

@@ -2,8 +2,8 @@
 
 ::
 
-    actions ─▶ motion ─▶ replay ─▶ contacts ─▶ rewards ─▶ goals ─▶ trial
-            ─▶ accounting ─▶ restart ─▶ observe ─▶ StepResult
+    actions ─▶ signals_before ─▶ motion ─▶ replay ─▶ signals ─▶ contacts ─▶ rewards ─▶ goals
+            ─▶ trial ─▶ accounting ─▶ restart ─▶ observe ─▶ StepResult
 
 Each stage is ``fn(ctx, state, step) -> changes`` (see :mod:`gpusim.sim.context`); the pipeline
 applies ``state = state.replace(**changes)`` after each one. A stage hook (``DriveEnv.stage_hook``)
@@ -24,6 +24,7 @@ from gpusim.sim.motion import motion
 from gpusim.sim.observe import observe
 from gpusim.sim.replay import replay
 from gpusim.sim.rewards import rewards
+from gpusim.sim.signals import signals, signals_before
 from gpusim.sim.trial import trial
 from gpusim.state import EnvState
 
@@ -35,11 +36,12 @@ class Stage(NamedTuple):
     run: Callable
 
 
-#: The step, in order (docs/architecture.md). Insert a new stage here (e.g. traffic signals
-#: between ``replay`` and ``contacts``).
+#: The step, in order (docs/architecture.md). Insert a new stage here.
 PIPELINE: tuple[Stage, ...] = (
+    Stage("signals_before", signals_before),  # slot centres before the motion (red-light test)
     Stage("motion", motion),          # who acts; actions -> controls -> dynamics (controlled agents)
     Stage("replay", replay),          # clock +1; experts follow the log
+    Stage("signals", signals),        # red-light crossings of this step (signals on the log clock)
     Stage("contacts", contacts),      # collisions, offroad, hit-by (collision REMOVE)
     Stage("rewards", rewards),        # reward, goals reached, contact behaviours, terminal
     Stage("goals", goals),            # RESPAWN / NEW_GOAL after a goal

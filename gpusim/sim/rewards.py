@@ -6,6 +6,7 @@ flags (``kernels.events``).
     reward = reward_goal      * goal reached now (within goal_radius)
            + reward_collision * collided now
            + reward_offroad   * offroad now            (0 on invalid steps)
+           + reward_red_light * crossed a red stop line now   (stage ``signals``; default 0)
 
 The same kernel applies STOP / REMOVE for collisions and offroad, STOP for the goal, early
 truncation (``stop_truncate_fraction`` of a world's agents contact-stopped) and ``terminal``.
@@ -51,9 +52,12 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         offroad_behavior=int(cfg.offroad_behavior),
         stop_truncate_fraction=cfg.stop_truncate_fraction,
     )
-    step.reward, step.goal_now, step.truncated, step.terminal = ev.reward, ev.goal_now, ev.truncated, ev.terminal
+    reward = ev.reward
+    if cfg.reward_red_light != 0.0:  # red_light_now is only set for in-play slots (gpusim/sim/signals.py)
+        reward = reward + cfg.reward_red_light * state.red_light_now.to(reward.dtype)
+    step.reward, step.goal_now, step.truncated, step.terminal = reward, ev.goal_now, ev.truncated, ev.terminal
     changes = {"speed": ev.speed, "present": ev.present, "stopped": ev.stopped,
-               "contact_stopped": ev.contact_stopped, "removed": ev.removed, "last_reward": ev.reward}
+               "contact_stopped": ev.contact_stopped, "removed": ev.removed, "last_reward": reward}
     if not cfg.trial_mode:
         changes.update(world_done=ev.world_done, slot_done=ev.slot_done)
     return changes
