@@ -1,0 +1,258 @@
+"""Population play (issue 15): roles, frozen partner policies, masking of co-player steps, ego/co-player
+metrics, trial restarts with co-players. Crafted scenarios (tests/synthetic.py) on the torch backend."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpusim.config import EnvConfig
+from gpusim.env import DriveEnv
+from gpusim.sim.roles import ego_mask, num_egos
+from policy.actor_critic import ActorCritic, PolicyConfig
+from train.checkpoint import save_checkpoint
+from train.coplayer import CoplayerPool, coplayer_env_config, load_partner, make_pool
+from train.config import UserError
+from train.ppo import PPOConfig, ppo_loss
+from train.rollout import RolloutBatch, TrialLog, collect_rollout
+from train.run import update_policy
+
+from synthetic import driver, lane, parked, small_config, synthetic_pack
+from test_trial import COAST, assert_trial_start, crafted_pack
+
+
+def four_car_pack():
+    """Two scenarios with 4 controlled cars (lanes 10 m apart) and 2 experts; scenario 1 has 3 cars."""
+    cars = [driver(0, 10.0 * i, 0.0, 4.0 + i, (60.0, 10.0 * i)) for i in range(4)]
+    return synthetic_pack([
+        {"agents": cars + [driver(-30, -10, 0.0, 3.0, (100.0, -10.0)), parked(5, 50)], "num_controlled": 4,
+         "roads": lane() + lane(y=30.0)},
+        {"agents": cars[:3] + [parked(40, 40)], "num_controlled": 3, "roads": lane()},
+    ], small_config())
+
+
+def env_cfg(**kw):
+    base = dict(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, scenario_length=12)
+    base.update(kw)
+    return EnvConfig(**base)
+
+
+def make_partner(tmp_path, env, name, d_model=16, seed=0):
+    torch.manual_seed(seed)
+    pol = ActorCritic(env.obs_layout, env.num_actions, False,
+                      PolicyConfig(d_model=d_model, n_layers=1, n_heads=2, hidden=16, max_roads=8))
+    path = tmp_path / name
+    save_checkpoint(path, policy=pol, optimizer=torch.optim.Adam(pol.parameters()), global_step=7, update=1,
+                    config={}, env_config={})
+    return str(path)
+
+
+def ego_policy(env):
+    torch.manual_seed(1)
+    return ActorCritic(env.obs_layout, env.num_actions, False, PolicyConfig(d_model=16, n_layers=1, n_heads=2,
+                                                                           hidden=16, max_roads=8))
+
+
+# ---------------------------------------------------------------------------- roles
+def test_without_coplayers_every_active_slot_is_ego_and_nothing_is_drawn():
+    """Default config: ego == slot_active at every step, through the auto-reset, and the env's
+    generator holds exactly the draws of an env without roles (the scenario draws)."""
+    env = DriveEnv(four_car_pack(), 3, env_cfg(), seed=5)
+    g = torch.Generator().manual_seed(5)
+    torch.randint(2, (3,), generator=g)  # construction draw
+    env.reset(seed=9)
+    g.manual_seed(9)
+    torch.randint(2, (3,), generator=g)
+    assert torch.equal(env.generator.get_state(), g.get_state())
+    for _ in range(env.horizon + 3):
+        assert torch.equal(env.state.ego, env.state.slot_active)
+        env.step(torch.full((3, 4), COAST, dtype=torch.int64))
+    assert env.metrics(role="coplayer") == {}
+    assert env.metrics()["n"] == pytest.approx(float(env.sim.metrics.ema.has_data.sum()))
+
+
+def test_role_rules():
+    active = torch.tensor([[True, True, True, True], [True, True, True, False], [True, False, False, False],
+                           [False] * 4])
+    sdc = torch.tensor([2, -1, 0, -1])
+    g = torch.Generator().manual_seed(0)
+    one = ego_mask(env_cfg(ego_slots=1), active, sdc, g)
+    assert one.sum(1).tolist() == [1, 1, 1, 0] and one[0, 2] and one[2, 0]
+    assert not (one & ~active).any()
+    first = ego_mask(env_cfg(ego_slots=2, ego_choice="first"), active, sdc, g)
+    assert first.tolist()[0] == [True, True, False, False] and first.sum(1).tolist() == [2, 2, 1, 0]
+    assert num_egos(env_cfg(ego_fraction=0.5), active.sum(1)).tolist() == [2, 2, 1, 0]
+    draws = {tuple(ego_mask(env_cfg(ego_slots=1, ego_choice="random"), active, sdc, g)[0].tolist())
+             for _ in range(40)}
+    assert len(draws) == 4  # every slot of world 0 is drawn sometimes
+    assert coplayer_env_config(env_cfg(), ("p.pt",)).ego_slots == 1
+    assert coplayer_env_config(env_cfg(), ()).ego_slots == 0
+    assert coplayer_env_config(env_cfg(ego_fraction=0.5), ("p.pt",)).ego_slots == 0
+    with pytest.raises(ValueError, match="ego_choice"):
+        env_cfg(ego_choice="best")
+
+
+def test_roles_change_only_at_episode_boundaries_and_experts_can_leave():
+    cfg = env_cfg(ego_slots=1, ego_choice="random", goal_behavior="trial", k_trials=2, scenario_length=6)
+    env = DriveEnv(four_car_pack(), 4, cfg, seed=3)
+    seen = []
+    for _ in range(3):
+        ego = env.state.ego.clone()
+        seen.append(ego)
+        assert (ego.sum(1) == 1).all()
+        for t in range(env.horizon):
+            assert torch.equal(env.state.ego, ego)
+            env.step(torch.full((4, 4), COAST, dtype=torch.int64))
+    assert any(not torch.equal(seen[0], s) for s in seen[1:])
+    env = DriveEnv(four_car_pack(), 2, env_cfg(replay_experts=False))
+    env.reset(scenarios=torch.tensor([0, 1]))
+    expert = ~env.state.controlled & (env.state.agent_type >= 0)
+    assert expert.any() and not (env.state.present & expert).any()
+    env.step(torch.full((2, 4), COAST, dtype=torch.int64))
+    assert not (env.state.present & expert).any()
+
+
+# ---------------------------------------------------------------------------- partners
+def test_load_partner_freezes_and_rejects_other_observations(tmp_path):
+    env = DriveEnv(four_car_pack(), 2, env_cfg(ego_slots=1))
+    p = load_partner(make_partner(tmp_path, env, "a.pt"), env.obs_layout, env.num_actions, False, "cpu")
+    assert not p.policy.training and not any(q.requires_grad for q in p.policy.parameters())
+    assert p.label.endswith("a.pt@7")
+    other = DriveEnv(four_car_pack(), 2, env_cfg(ego_slots=1, num_partners=3))
+    with pytest.raises(UserError, match="observations"):
+        load_partner(make_partner(tmp_path, other, "b.pt"), env.obs_layout, env.num_actions, False, "cpu")
+    with pytest.raises(UserError, match="no such"):
+        make_pool([str(tmp_path / "nothing.pt")], env, "cpu", 0)
+    with pytest.raises(UserError, match="ego-slots"):
+        make_pool([str(tmp_path / "a.pt")], DriveEnv(four_car_pack(), 2, env_cfg()), "cpu", 0)
+
+
+def test_batched_coplayer_actions_equal_per_world_partner_forward(tmp_path):
+    """One forward_eval per partner over all its slots = each world's slots run alone (float32)."""
+    W = 5
+    env = DriveEnv(four_car_pack(), W, env_cfg(ego_slots=1))
+    paths = [make_partner(tmp_path, env, "a.pt", 16, 0), make_partner(tmp_path, env, "b.pt", 32, 1)]
+    pool = make_pool(paths, env, "cpu", seed=2)
+    obs = env.reset(seed=4)
+    pool.begin(env)
+    assert set(pool.partner_of.tolist()) == {0, 1}
+    C, R = env.num_slots, W * env.num_slots
+    cop = (env.state.slot_active & ~env.state.ego)
+    ref_caches = {w: pool.partners[int(pool.partner_of[w])].policy.init_cache(int(cop[w].sum()), env.horizon)
+                  for w in range(W)}
+    removed = torch.zeros(W, C, dtype=torch.bool)
+    for _ in range(6):
+        ego_actions = torch.full((R,), COAST, dtype=torch.int64)
+        merged = pool.act(obs.reshape(R, -1), ego_actions)
+        for w in range(W):
+            pol = pool.partners[int(pool.partner_of[w])].policy
+            logits, _, _ = pol.forward_eval(obs[w][cop[w]], ref_caches[w], removed[w][cop[w]])
+            got = merged.view(W, C)[w][cop[w]]
+            assert torch.equal(got, logits.argmax(-1))
+            p = int(pool.partner_of[w])
+            idx = torch.nonzero(cop.reshape(-1) & (pool.partner_of[:, None].expand(W, C).reshape(-1) == p)).flatten()
+            rows = (idx // C == w)
+            torch.testing.assert_close(pool.last_logits[p][rows], logits, rtol=1e-5, atol=1e-5)
+        assert torch.equal(merged.view(W, C)[env.state.ego], torch.full_like(merged.view(W, C)[env.state.ego], COAST))
+        res = env.step(merged.view(W, C))
+        pool.observe(res)
+        removed = res.removed
+        obs = res.obs.clone()
+
+
+def _rollout(env, tmp_path, policy):
+    pool = make_pool([make_partner(tmp_path, env, "a.pt")], env, "cpu", seed=0)
+    R, H = env.num_worlds * env.num_slots, env.horizon
+    buf = RolloutBatch.empty(R, H, env.obs_dim, False, 1, "cpu")
+    cache = policy.init_cache(R, H)
+    obs = env.reset(seed=0)
+    ego = env.state.ego.reshape(R).clone()
+    collect_rollout(env, policy, obs, buf, cache, coplayers=pool)
+    return pool, buf, ego
+
+
+def test_coplayer_steps_never_train_and_partners_stay_frozen(tmp_path):
+    env = DriveEnv(four_car_pack(), 3, env_cfg(ego_slots=1))
+    policy = ego_policy(env)
+    pool, buf, ego = _rollout(env, tmp_path, policy)
+    before = {k: v.clone() for k, v in pool.partners[0].policy.state_dict().items()}
+    assert not buf.loss_mask[~ego].any() and buf.loss_mask[ego].any()
+    assert torch.equal(buf.slot_active, ego)
+    # garbage in the co-player rows changes neither the loss nor its gradient
+    mb = {k: getattr(buf, k) for k in ("obs", "actions", "logprobs", "values", "rewards", "terminal", "removed",
+                                       "loss_mask")}
+    mb["bootstrap_stop"] = buf.bootstrap_stop()
+    bad = dict(mb)
+    for k in ("obs", "values", "rewards", "logprobs"):
+        bad[k] = torch.where(ego.view(-1, *[1] * (mb[k].dim() - 1)), mb[k], torch.randn_like(mb[k]) * 100)
+    bad["actions"] = torch.where(ego[:, None], mb["actions"], torch.randint(0, 91, mb["actions"].shape))
+    grads = []
+    for batch in (mb, bad):
+        policy.zero_grad()
+        loss, _ = ppo_loss(policy, batch, PPOConfig())
+        loss.backward()
+        grads.append([p.grad.clone() for p in policy.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(*grads))
+    # a full update: the optimizer-step count only sees ego steps; partner weights bit-identical
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    _, counts = update_policy(policy, opt, buf, None, PPOConfig(update_epochs=1, num_minibatches=1))
+    assert counts["nominal_steps"] == int(buf.loss_mask.sum()) and counts["active_slots"] == int(ego.sum())
+    after = pool.partners[0].policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_ego_metrics_ignore_coplayer_goals():
+    """Crafted scenario 1: car 0 (the SDC, ego) reaches its goal, car 1 never does."""
+    def run(config):
+        env = DriveEnv(crafted_pack(), 2, config)
+        env.reset(scenarios=torch.tensor([1, 1]))
+        for _ in range(env.horizon):
+            env.step(torch.full((2, 4), COAST, dtype=torch.int64))
+        return env
+    base = dict(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, scenario_length=20)
+    mixed = run(EnvConfig(**base)).metrics("mean")
+    assert mixed["goal_reached"] == pytest.approx(0.5) and mixed["n"] == 4
+    env = run(EnvConfig(**base, ego_slots=1))
+    ego, cop = env.metrics("mean"), env.metrics("mean", role="coplayer")
+    assert ego["goal_reached"] == pytest.approx(1.0) and ego["n"] == 2
+    assert cop["goal_reached"] == pytest.approx(0.0) and cop["n"] == 2
+    with pytest.raises(ValueError, match="role"):
+        env.metrics(role="partner")
+
+
+def test_trial_restart_with_coplayers_and_stationary_partners(tmp_path):
+    """Trial 2 starts bit-for-bit like trial 1 with co-players present, and a deterministic partner
+    acts identically in both trials when the ego replays the same actions (its memory is cleared
+    at the trial start)."""
+    config = EnvConfig(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, scenario_length=20,
+                       goal_behavior="trial", k_trials=2, ego_slots=1)
+    env = DriveEnv(crafted_pack(), 2, config)
+    pool = make_pool([make_partner(tmp_path, env, "a.pt")], env, "cpu", seed=0)
+    obs = env.reset(scenarios=torch.tensor([1, 1]))
+    start = env.state.clone()
+    pool.begin(env)
+    assert pool._count[0] == 2
+    acted, log = [], TrialLog(2, 20, "cpu")
+    for t in range(env.horizon):
+        merged = pool.act(obs.reshape(8, -1), torch.full((8,), COAST, dtype=torch.int64))
+        acted.append((merged.view(2, 4) & (env.state.slot_active & ~env.state.ego)).clone())
+        before = env.state.world_done
+        res = env.step(merged.view(2, 4))
+        pool.observe(res)
+        log.step(before, res.info["trial_end"])
+        obs = res.obs.clone()
+        if t == 19:
+            assert res.truncation[:, :2].all()
+            assert_trial_start(env.state, start)
+    assert all(torch.equal(acted[t], acted[t + 20]) for t in range(20))
+    rep = log.report()
+    assert rep["trial_log/completed"] == 4 and rep["trial_log/ended_by_timeout"] == 4
+    assert rep["trial_log/mean_length"] == pytest.approx(20.0)
+    m = env.metrics("mean")
+    assert m["trial_0_score"] == pytest.approx(1.0) and m["trial_1_score"] == pytest.approx(1.0)
+    assert "trial_1_clean_score" in m and m["ada_delta_trial_1_minus_0"] == pytest.approx(0.0)
+
+
+def test_pool_needs_a_partner():
+    with pytest.raises(ValueError, match="at least one"):
+        CoplayerPool([], 1, 1, 1, "cpu")
