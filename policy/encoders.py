@@ -9,7 +9,9 @@ last feature of every partner and road slot is its valid flag (1 valid, 0 paddin
 * partner encoder: a linear layer + ReLU applied to each slot, a max-pool over the *valid* slots,
   then a second linear layer on the pooled vector,
 * road encoder: the same over the road slots (the type one-hot is part of the slot features),
-* concatenation of the three, then a linear projection to the model width ``d_model`` and a
+* signal encoder: the same over the traffic-signal slots, when the observation has them
+  (``EnvConfig.num_signals`` > 0; docs/signals.md),
+* concatenation of the three (or four), then a linear projection to the model width ``d_model`` and a
   LayerNorm (so the token has the scale of the sinusoidal position code added to it).
 
 The slot encoders pool *between* their two layers (PointNet-style: per-slot features, symmetric
@@ -35,12 +37,13 @@ from torch import nn
 
 @dataclass(frozen=True)
 class ObsDims:
-    """The five integers of the observation layout the policy needs.
+    """The integers of the observation layout the policy needs.
 
     Attributes:
         ego_dim: ego features. num_partners, partner_dim: partner slots and features per slot.
-        num_roads, road_dim: road-segment slots and features per slot. The last feature of every
-        partner and road slot is its valid flag.
+        num_roads, road_dim: road-segment slots and features per slot. num_signals, signal_dim:
+        traffic-signal slots (0: no signal block) and features per slot. The last feature of every
+        partner, road and signal slot is its valid flag.
     """
 
     ego_dim: int
@@ -48,18 +51,23 @@ class ObsDims:
     partner_dim: int
     num_roads: int
     road_dim: int
+    num_signals: int = 0
+    signal_dim: int = 0
 
     @property
     def obs_dim(self) -> int:
-        """D = ego_dim + num_partners * partner_dim + num_roads * road_dim."""
-        return self.ego_dim + self.num_partners * self.partner_dim + self.num_roads * self.road_dim
+        """D = ego_dim + num_partners * partner_dim + num_roads * road_dim + num_signals * signal_dim."""
+        return (self.ego_dim + self.num_partners * self.partner_dim + self.num_roads * self.road_dim
+                + self.num_signals * self.signal_dim)
 
     @classmethod
     def from_layout(cls, layout) -> "ObsDims":
-        """Read the five integers from any object that has them (e.g. ``env.obs_layout``)."""
+        """Read the integers from any object that has them (e.g. ``env.obs_layout``; a layout
+        without ``num_signals`` has no signal block)."""
+        n_sig = int(getattr(layout, "num_signals", 0))
         return cls(
             int(layout.ego_dim), int(layout.num_partners), int(layout.partner_dim),
-            int(layout.num_roads), int(layout.road_dim),
+            int(layout.num_roads), int(layout.road_dim), n_sig, int(layout.signal_dim) if n_sig else 0,
         )
 
 
@@ -187,9 +195,13 @@ class ObsEncoder(nn.Module):
         self.ego = _mlp(dims.ego_dim, hidden, hidden)
         self.partner_set = SlotEncoder(dims.partner_dim, hidden)
         self.road_set = SlotEncoder(dims.road_dim, hidden)
+        # traffic signals (docs/signals.md): the same set encoder over the signal slots, only when
+        # the observation has a signal block (so policies without one keep their parameters)
+        self.signal_set = SlotEncoder(dims.signal_dim, hidden) if dims.num_signals > 0 else None
+        n_sets = 4 if self.signal_set is not None else 3
         # LayerNorm on the token: keeps it on the scale of the sinusoidal position code (entries in
         # [-1, 1]) that the transformer adds, so the observation is not drowned by the position
-        self.out = nn.Sequential(nn.ReLU(), nn.Linear(3 * hidden, d_model), nn.LayerNorm(d_model))
+        self.out = nn.Sequential(nn.ReLU(), nn.Linear(n_sets * hidden, d_model), nn.LayerNorm(d_model))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         """Encode observations.
@@ -216,4 +228,8 @@ class ObsEncoder(nn.Module):
         h_ego = self.ego(ego)
         h_p = self.partner_set(partners)
         h_r = self.road_set(roads)
-        return self.out(torch.cat([h_ego, h_p, h_r], dim=-1))
+        parts = [h_ego, h_p, h_r]
+        if self.signal_set is not None:
+            s0 = r0 + d.num_roads * d.road_dim
+            parts.append(self.signal_set(obs[..., s0:].reshape(*lead, d.num_signals, d.signal_dim)))
+        return self.out(torch.cat(parts, dim=-1))
