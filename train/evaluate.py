@@ -10,13 +10,17 @@ trial mode also per-trial scores and ``ada_delta_trial_k_minus_0``) and a per-sc
 
 Env settings: those of the first checkpoint in ``--policy`` (the policy was trained for them),
 else the training defaults of ``train/run.py`` (``TrainConfig().env``); ``--k-trials K`` switches
-to trial mode with K trials; ``--mode human_replay`` controls one agent per world.
+to trial mode with K trials; ``--mode human_replay`` controls one agent per world; ``--mode coplayer``
+controls one ego per world and lets frozen partner checkpoints (``--coplayer PATH ...``) drive the
+other controlled agents (population play, issue 15). Reported figures are the egos'.
 
 Examples::
 
     python train/evaluate.py --policy steer_to_goal constant_speed expert random
     python train/evaluate.py --policy runs/<name>/checkpoint.pt steer_to_goal --json eval.json
     python train/evaluate.py --policy runs/<name>/checkpoint.pt --k-trials 2 --mode self_play human_replay
+    python train/evaluate.py --policy runs/ego/checkpoint.pt --k-trials 2 --mode self_play coplayer human_replay \
+        --coplayer runs/partner/checkpoint.pt --records records.jsonl
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from train.baselines import BASELINES, make_baseline
 from train.config import UserError, default_device, resolve_path
 from train.eval.modes import get_mode
 from train.eval.report import per_scenario, scenario_table, summarise, summary_table
-from train.eval.sweep import CallableDriver, PolicyDriver, default_num_worlds, make_sweep_env, run_sweep, sweep_plan
+from train.eval.sweep import (CallableDriver, CoplayerDriver, PolicyDriver, default_num_worlds, ego_rows,
+                              make_sweep_env, run_sweep, sweep_plan)
 
 
 @dataclass
@@ -55,7 +60,10 @@ class EvalConfig:
         data: scenarios (WOMD JSON directory or saved pack; default ``data/womd_sample``, relative
             to the cwd or the repository root).
         mode: evaluation modes, side by side: ``self_play`` (the policy drives every controlled
-            agent) and/or ``human_replay`` (one ego per world, others log-replayed).
+            agent), ``coplayer`` (one ego per world, the other controlled agents driven by the
+            ``--coplayer`` partners) and/or ``human_replay`` (one ego per world, others log-replayed).
+        coplayer: partner checkpoints of ``--mode coplayer`` (one drawn per world per episode).
+        coplayer_sample: partners sample their actions (default argmax).
         human_replay: same as ``--mode human_replay`` (kept for old scripts).
         episodes_per_scenario: how many times every scenario runs (a deterministic policy in a
             deterministic env repeats itself exactly, so > 1 matters for ``random``,
@@ -70,8 +78,8 @@ class EvalConfig:
         level: confidence level of the intervals.
         resamples: bootstrap resamples (``--interval bootstrap``).
         json: also write the results as JSON to this file.
-        records: also write one JSON line per agent-episode (policy, mode, scenario, slot, metrics,
-            per-trial scores) to this file, for offline analysis.
+        records: also write one JSON line per agent-episode (policy, mode, role, scenario, slot,
+            metrics, per-trial scores and goal steps) to this file, for offline analysis.
         per_scenario: print the per-scenario table.
         quiet: print nothing (use with ``--json``).
         debug: show tracebacks of user errors.
@@ -81,6 +89,8 @@ class EvalConfig:
     checkpoint: str | None = None
     data: str = "data/womd_sample"
     mode: tuple[str, ...] = ("self_play",)
+    coplayer: tuple[str, ...] = ()
+    coplayer_sample: bool = False
     human_replay: bool = False
     episodes_per_scenario: int = 1
     num_worlds: int = 0
@@ -206,10 +216,12 @@ def _check(cfg: EvalConfig) -> list[str]:
             raise UserError(f"{name} must be >= {low}, got {value}")
     if not 0.0 < cfg.level < 1.0:
         raise UserError(f"--level must be in (0, 1), got {cfg.level}")
+    if "coplayer" in cfg.mode and not cfg.coplayer:
+        raise UserError("--mode coplayer needs partner checkpoints: --coplayer PATH [PATH ...]")
     return specs
 
 
-def _mode_env(mode, base, data: str, device) -> tuple:
+def mode_env(mode, base, data: str, device) -> tuple:
     """``(env_config, pack, notes)`` of ``mode``: the pack of ``data`` (converted with the mode's
     settings, or loaded) and the env settings adapted to a saved pack (``train.run``'s rules)."""
     from train.run import adapt_env_config, load_pack
@@ -260,7 +272,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
            "episodes_per_scenario": cfg.episodes_per_scenario, "k_trials": base.k_trials if base.trial_mode else 0,
            "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}
     for mode in modes:
-        env_config, pack, notes = _mode_env(mode, base, cfg.data, device)
+        env_config, pack, notes = mode_env(mode, base, cfg.data, device)
         out["notes"] += [n for n in notes if n not in out["notes"]]
         stats = getattr(pack, "stats", {}) or {}
         out["files"] = stats.get("files", pack.num_scenarios)
@@ -272,8 +284,16 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         out["num_worlds"] = W
         plan = sweep_plan(S, N, W)
         env = make_sweep_env(pack, W, env_config, device, cfg.seed)
+        pool = None
+        if mode.partners:
+            from train.coplayer import make_pool
+
+            pool = make_pool(cfg.coplayer, env, device, seed=cfg.seed, deterministic=not cfg.coplayer_sample)
         for entry in policies:
             driver = _make_driver(entry, env, cfg)
+            if pool is not None:
+                pool.generator.manual_seed(cfg.seed)  # the same partner draws for every policy
+                driver = CoplayerDriver(driver, pool)
             torch.manual_seed(cfg.seed)
             env.reset(seed=cfg.seed)
             task = None
@@ -282,9 +302,12 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             on_batch = (lambda n, t=task: progress.advance(t, n)) if task is not None else None
             agents, worlds = run_sweep(env, driver, plan, egos=mode.egos, on_batch=on_batch)
             label = entry["label"] if len(modes) == 1 else f"{entry['label']} ({mode.name})"
+            egos = ego_rows(agents)
             run = {"label": label, "policy": entry["spec"], "mode": mode.name, "scenarios": list(pack.scenario_ids),
-                   "summary": summarise(agents, worlds, cfg.interval, cfg.level, cfg.resamples, cfg.seed),
-                   "per_scenario": per_scenario(agents, S), "records": agents}
+                   "summary": summarise(egos, worlds, cfg.interval, cfg.level, cfg.resamples, cfg.seed),
+                   "per_scenario": per_scenario(egos, S), "records": agents}
+            if pool is not None:
+                run["partners"] = pool.labels
             if entry["kind"] == "checkpoint":
                 run["global_step"] = int(entry["ckpt"].get("global_step", 0))
             out["runs"].append(run)
@@ -315,10 +338,11 @@ def to_json(results: dict) -> dict:
 
 def write_records(results: dict, path) -> int:
     """Write one JSON line per evaluated agent-episode to ``path``: ``policy`` (run label),
-    ``mode``, ``role`` (``ego``), ``scenario`` (id), ``scenario_index``, ``repetition``, ``world``,
-    ``slot`` and the metric columns (``goal_reached``, ``collided``, ``offroad``, ``score``,
-    ``episode_return``, ``episode_length``; in trial mode ``trial_k_score`` and
-    ``trial_k_clean_score`` per trial k, 0/1). Returns the number of lines."""
+    ``mode``, ``role`` (``ego`` or ``coplayer``), ``scenario`` (id), ``scenario_index``,
+    ``repetition``, ``world``, ``slot`` and the metric columns (``goal_reached``, ``collided``,
+    ``offroad``, ``score``, ``episode_return``, ``episode_length``; in trial mode
+    ``trial_k_score`` and ``trial_k_clean_score`` per trial k, 0/1, and ``trial_k_goal_step``,
+    the step within trial k at which the goal was reached, null if not). Returns the number of lines."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
@@ -327,9 +351,12 @@ def write_records(results: dict, path) -> int:
             cols = {k: v.tolist() for k, v in run["records"].items()}
             ids = run["scenarios"]
             for i in range(len(cols["scenario"])):
-                row = {"policy": run["label"], "mode": run["mode"], "role": "ego",
+                ego = cols["ego"][i] > 0 if "ego" in cols else True
+                row = {"policy": run["label"], "mode": run["mode"], "role": "ego" if ego else "coplayer",
                        "scenario": ids[int(cols["scenario"][i])], "scenario_index": int(cols["scenario"][i])}
-                row.update({k: v[i] for k, v in cols.items() if k != "scenario"})
+                row.update({k: v[i] for k, v in cols.items() if k not in ("scenario", "ego")})
+                for k in [k for k in row if k.endswith("_goal_step")]:
+                    row[k] = None if row[k] < 0 else row[k]
                 f.write(json.dumps(row) + "\n")
                 n += 1
     return n
@@ -345,6 +372,10 @@ def print_results(results: dict, console, per_scenario_table: bool = True) -> No
     for note in results.get("notes", []):
         console.print(note, soft_wrap=True)
     runs = results["runs"]
+    for r in runs:
+        if r.get("partners"):
+            console.print(escape(f"{r['label']}: co-players driven by {', '.join(r['partners'])} (one drawn per "
+                                 "world per episode); figures are the egos'"), soft_wrap=True)
     env = results["env"]
     level = int(round(100 * results["level"]))
     method = "normal approx." if results["interval"] == "normal" else "percentile bootstrap"

@@ -105,6 +105,29 @@ class Driver(Protocol):
         """The :class:`~gpusim.env.StepResult` of the actions just returned."""
 
 
+class CoplayerDriver:
+    """An ego :class:`Driver` plus a :class:`train.coplayer.CoplayerPool` driving the co-player slots
+    (``EnvState.ego`` False): the pool draws a partner per world at every :meth:`begin` and its
+    actions replace the ego driver's in the co-player slots."""
+
+    def __init__(self, ego, pool):
+        self.ego, self.pool = ego, pool
+
+    def begin(self, env, obs):
+        self.ego.begin(env, obs)
+        self.pool.begin(env)
+
+    def act(self, env, obs):
+        a = self.ego.act(env, obs)
+        W, C = env.num_worlds, env.num_slots
+        merged = self.pool.act(obs.reshape(W * C, -1), a.reshape(W * C, *a.shape[2:]))
+        return merged.reshape(a.shape)
+
+    def observe(self, env, result):
+        self.ego.observe(env, result)
+        self.pool.observe(result)
+
+
 class CallableDriver:
     """A stateless ``act(env) -> actions`` callable (e.g. a baseline of ``train/baselines.py``)."""
 
@@ -174,14 +197,17 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
             after the reset; default: every active slot).
 
     Returns:
-        Device tensors: ``ego`` [W, C] bool; ``episode_return`` [W, C] float32; ``episode_length``
+        Device tensors: ``ego`` [W, C] bool; ``coplayer`` [W, C] bool (active slots that are not
+        egos: co-players, recorded with their role); ``episode_return`` [W, C] float32; ``episode_length``
         [W, C] int64 (valid steps); ``goal_reached``, ``collided``, ``offroad`` [W, C] bool;
         in trial mode also ``trial_goal``, ``trial_collided``, ``trial_offroad`` [W, C, K] bool,
-        ``trials``, ``trials_ended_early``, ``trial_steps`` [W] int64.
+        ``trials``, ``trials_ended_early``, ``trial_steps`` [W] int64, ``trial_goal_step`` [W, C, K]
+        int64 (step within trial k, 1-based, at which the goal was reached; -1 = not reached).
     """
     cfg = env.config
     obs = env.reset(scenarios=scenarios.to(env.device))
     ego = egos(env).to(torch.bool)
+    coplayer = env.state.slot_active & ~ego
     driver.begin(env, obs)
     W, C, dev = env.num_worlds, env.num_slots, env.device
     ret = torch.zeros(W, C, device=dev)
@@ -194,6 +220,7 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     clock = torch.zeros(W, dtype=torch.int64, device=dev)
     t_steps = torch.zeros(W, dtype=torch.int64, device=dev)
     early = torch.zeros(W, dtype=torch.int64, device=dev)
+    gstep = torch.full((W, C, K), -1, dtype=torch.int64, device=dev)
     for _ in range(env.horizon):
         res = env.step(driver.act(env, obs))
         g, c, o = res.info["goal_reached"], res.info["collided"], res.info["offroad"]
@@ -209,17 +236,18 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
             to |= o[..., None] & cur
             ended = res.trial_ended.any(dim=1)
             clock += (tcount < K).to(torch.int64)
+            gstep = torch.where(g[..., None] & cur & (gstep < 0), clock[:, None, None], gstep)
             t_steps += torch.where(ended, clock, 0)
             early += (ended & (clock < cfg.scenario_length)).to(torch.int64)
             clock = torch.where(ended, 0, clock)
             tcount += ended.to(torch.int64)
         driver.observe(env, res)
         obs = res.obs
-    out = {"ego": ego, "episode_return": ret, "episode_length": length, "goal_reached": goal, "collided": col,
+    out = {"ego": ego, "coplayer": coplayer, "episode_return": ret, "episode_length": length, "goal_reached": goal, "collided": col,
            "offroad": off}
     if trial:
         out.update(trial_goal=tg, trial_collided=tc, trial_offroad=to, trials=tcount, trials_ended_early=early,
-                   trial_steps=t_steps)
+                   trial_steps=t_steps, trial_goal_step=gstep)
     return out
 
 
@@ -228,14 +256,16 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
     """Host records of one :func:`run_episode` result (the batch's one host read).
 
     Returns:
-        ``(agents, worlds)``: dicts of 1-D CPU tensors, one entry per recorded ego agent-episode
-        (:data:`AGENT_COLUMNS` + ``trial_k_score`` / ``trial_k_clean_score``; the score columns
-        are float 0/1) and per real world-episode (:data:`WORLD_COLUMNS`, trial mode only).
+        ``(agents, worlds)``: dicts of 1-D CPU tensors, one entry per recorded agent-episode, egos
+        and co-players (:data:`AGENT_COLUMNS` + ``ego`` (1 ego, 0 co-player) + ``trial_k_score`` /
+        ``trial_k_clean_score`` / ``trial_k_goal_step``; the score columns are float 0/1) and per
+        real world-episode (:data:`WORLD_COLUMNS`, trial mode only). Summaries use the ego rows
+        only (:func:`ego_rows`).
     """
     ego = ep["ego"]
     W, C = ego.shape
     dev = ego.device
-    keep = ego & real.to(dev)[:, None]
+    keep = (ego | ep.get("coplayer", torch.zeros_like(ego))) & real.to(dev)[:, None]
     wi = torch.arange(W, device=dev)[:, None].expand(W, C)
     ci = torch.arange(C, device=dev)[None, :].expand(W, C)
     cols = {
@@ -243,13 +273,14 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
         "repetition": repetition.to(dev)[:, None].expand(W, C),
         "episode_return": ep["episode_return"], "episode_length": ep["episode_length"],
         "goal_reached": ep["goal_reached"], "collided": ep["collided"], "offroad": ep["offroad"],
-        "score": ep["goal_reached"] & ~ep["collided"] & ~ep["offroad"],
+        "score": ep["goal_reached"] & ~ep["collided"] & ~ep["offroad"], "ego": ego,
     }
     if "trial_goal" in ep:
         clean = ep["trial_goal"] & ~ep["trial_collided"] & ~ep["trial_offroad"]
         for k in range(ep["trial_goal"].shape[-1]):
             cols[f"trial_{k}_score"] = ep["trial_goal"][..., k]
             cols[f"trial_{k}_clean_score"] = clean[..., k]
+            cols[f"trial_{k}_goal_step"] = ep["trial_goal_step"][..., k]
     agents = {k: v[keep].cpu() for k, v in cols.items()}
     for k, v in agents.items():
         if v.dtype == torch.bool:
@@ -260,6 +291,14 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
         worlds = {"scenario": scenarios.to(dev)[r].cpu(), "repetition": repetition.to(dev)[r].cpu(),
                   **{k: ep[k][r].cpu() for k in ("trials", "trials_ended_early", "trial_steps")}}
     return agents, worlds
+
+
+def ego_rows(agents: dict) -> dict:
+    """The ego agent-episodes of :func:`episode_records` / :func:`run_sweep` columns."""
+    if not agents or "ego" not in agents:
+        return agents
+    m = agents["ego"] > 0
+    return {k: v[m] for k, v in agents.items()}
 
 
 def run_sweep(env, driver: Driver, plan: SweepPlan, egos: Callable = _self_play_egos,

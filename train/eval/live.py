@@ -1,0 +1,66 @@
+"""Periodic evaluation during training (``train/run.py --eval-interval N --eval-mode ...``).
+
+:class:`LiveEvaluator` runs the evaluator's deterministic sweep (:mod:`train.eval.sweep`: every
+scenario of ``--eval-data`` once, argmax actions) on the *current* policy, in every mode asked
+(``self_play``, ``coplayer`` with the run's ``--coplayer`` partners, ``human_replay``), and returns
+the ego means as flat ``eval/<mode>/<metric>`` entries (plus ``eval/<mode>/n``, the agent-episodes)
+for the training report (JSONL / wandb). The packs and envs are built once, at the first call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from train.eval.modes import get_mode
+from train.eval.report import summarise
+from train.eval.sweep import (CoplayerDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
+                              sweep_plan)
+
+
+class LiveEvaluator:
+    """Evaluate a live :class:`policy.ActorCritic` in several modes (module docstring).
+
+    Args:
+        env_config: the training env's :class:`~gpusim.config.EnvConfig` (each mode applies its changes).
+        data: scenarios (JSON directory or saved pack). modes: mode names.
+        coplayer: partner checkpoints (needed by ``coplayer``). device. seed: env and partner draws.
+
+    Raises:
+        ValueError: unknown mode. UserError: ``coplayer`` without partners, or what
+            :func:`train.evaluate.mode_env` / :func:`train.coplayer.make_pool` raise.
+    """
+
+    def __init__(self, env_config, data: str, modes, coplayer, device, seed: int = 0):
+        from train.config import UserError
+        from train.coplayer import make_pool
+        from train.evaluate import mode_env
+
+        self.seed = int(seed)
+        self.items = []
+        for name in modes:
+            mode = get_mode(name)
+            if mode.partners and not coplayer:
+                raise UserError("--eval-mode coplayer needs partner checkpoints: --coplayer PATH [PATH ...]")
+            config, pack, _ = mode_env(mode, env_config, data, device)
+            S = pack.num_scenarios
+            W = default_num_worlds(S)
+            env = make_sweep_env(pack, W, config, device, self.seed)
+            pool = make_pool(coplayer, env, device, seed=self.seed) if mode.partners else None
+            self.items.append((mode, env, sweep_plan(S, 1, W), pool))
+
+    @torch.no_grad()
+    def run(self, policy) -> dict[str, float]:
+        """``{"eval/<mode>/<metric>": mean, "eval/<mode>/n": agent-episodes}`` of the egos."""
+        out = {}
+        for mode, env, plan, pool in self.items:
+            driver = PolicyDriver(policy, deterministic=True)
+            if pool is not None:
+                pool.generator.manual_seed(self.seed)
+                driver = CoplayerDriver(driver, pool)
+            env.reset(seed=self.seed)
+            agents, worlds = run_sweep(env, driver, plan, egos=mode.egos)
+            summary = summarise(ego_rows(agents), worlds)
+            for k, iv in summary.items():
+                out[f"eval/{mode.name}/{k}"] = float(iv.mean)
+            out[f"eval/{mode.name}/n"] = float(summary["goal_reached"].n)
+        return out
