@@ -160,7 +160,11 @@ class SlotEncoder(nn.Module):
         lead = slots.shape[:-2]
         flat = slots.reshape(-1, *slots.shape[-2:])
         valid = flat[..., -1] > 0.5
-        pooled = _SlotMaxPool.apply(flat, valid, self.slot.weight, self.slot.bias)
+        if torch.is_grad_enabled() and (flat.requires_grad or self.slot.weight.requires_grad):
+            pooled = _SlotMaxPool.apply(flat, valid, self.slot.weight, self.slot.bias)
+        else:  # rollout / evaluation: no arg-max indices needed
+            pre = torch.mm(flat.reshape(-1, flat.shape[-1]), self.slot.weight.t()).view(*valid.shape, -1)
+            pooled = (pre.masked_fill_(~valid[..., None], float("-inf")).amax(dim=1) + self.slot.bias).clamp_min_(0.0)
         return self.post(pooled.reshape(*lead, -1))
 
     def reference(self, slots: torch.Tensor) -> torch.Tensor:

@@ -15,11 +15,19 @@ trainer flags given after ``--``), and reports per iteration (one rollout + one 
 The timers wrap the calls from outside (instance attributes and the ``advantage`` name in
 ``train.ppo``); the trainer is not modified. On CUDA the wrappers synchronise the device.
 
+``--compare REF`` measures this tree against another commit side by side: it checks ``REF`` out
+with ``git worktree add`` (in ``/tmp/bt_<hash>``, reused if present) and runs the benchmark of each
+tree in a fresh subprocess, interleaved A/B/A/B for ``--rounds`` rounds, so that a load change on a
+shared machine hits both alike; it prints per-tree medians and the ratio of agent-steps/s. Each tree
+runs its *own* ``profiling/bench_train.py --json`` with the same trainer flags (so the flags must
+exist in both trees), i.e. each tree's default configuration.
+
 Usage (from the repository root)::
 
     python profiling/bench_train.py                          # default train/run.py config, table
     python profiling/bench_train.py --iters 3 --json
     python profiling/bench_train.py -- --num-worlds 64 --env.max-controlled 8
+    python profiling/bench_train.py --compare 04b2ebc --rounds 2 -- --num-threads 1
 """
 
 from __future__ import annotations
@@ -51,14 +59,73 @@ def parse_args(argv=None):
     ap.add_argument("--iters", type=int, default=2, help="timed iterations (rollout + update)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--compare", metavar="REF", default=None,
+                    help="also benchmark git commit REF (a worktree in /tmp), interleaved A/B/A/B in subprocesses")
+    ap.add_argument("--rounds", type=int, default=2, help="A/B rounds with --compare")
     args = ap.parse_args(argv)
     args.train_argv = train_argv
     return args
 
 
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _worktree(ref: str) -> pathlib.Path:
+    """A checkout of ``ref`` in ``/tmp/bt_<short hash>`` (``git worktree add --detach``; reused)."""
+    import subprocess
+
+    sha = subprocess.run(["git", "rev-parse", "--short=10", f"{ref}^{{commit}}"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout.strip()
+    path = pathlib.Path(f"/tmp/bt_{sha}")
+    if not (path / "profiling" / "bench_train.py").is_file():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), sha], cwd=ROOT, check=True,
+                       capture_output=True, text=True)
+    return path
+
+
+def _run_tree(tree: pathlib.Path, args) -> dict:
+    """One benchmark of ``tree`` in a subprocess (its own bench_train.py, JSON output)."""
+    import subprocess
+
+    cmd = [sys.executable, str(tree / "profiling" / "bench_train.py"), "--json", "--iters", str(args.iters),
+           "--warmup", str(args.warmup), "--", *args.train_argv]
+    out = subprocess.run(cmd, cwd=tree, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"bench_train --compare: {tree} failed:\n{out.stderr[-2000:]}")
+    text = out.stdout
+    return json.loads(text[text.index("{"):])
+
+
+def compare(args) -> dict:
+    """Interleaved A/B benchmark of this tree (A) and ``args.compare`` (B); prints a table."""
+    import subprocess
+
+    trees = {"this tree": ROOT, args.compare: _worktree(args.compare)}
+    head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True).stdout.strip()
+    runs: dict[str, list[dict]] = {k: [] for k in trees}
+    for r in range(max(args.rounds, 1)):
+        for name, tree in trees.items():
+            res = _run_tree(tree, args)
+            runs[name].append(res["median"])
+            print(f"round {r + 1} {name:<12} sps {res['median']['sps']:8,.0f}", file=sys.stderr, flush=True)
+    med = {name: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for name, ms in runs.items()}
+    a, b = med["this tree"], med[args.compare]
+    print(f"# bench_train --compare {args.compare}: this tree (HEAD {head} + working changes) vs {args.compare}; "
+          f"{args.rounds} interleaved round(s) x {args.iters} iteration(s); trainer flags {args.train_argv}")
+    print(f"{'':<16}{'this tree':>12}{args.compare:>14}")
+    print(f"{'agent-steps/s':<16}{a['sps']:>12,.0f}{b['sps']:>14,.0f}   ratio {a['sps'] / b['sps']:.2f}x")
+    for k in ("seconds", *PHASES):
+        print(f"{k + ' s':<16}{a[k]:>12.3f}{b[k]:>14.3f}")
+    print("per round sps: " + "; ".join(f"{n}: " + ", ".join(f"{m['sps']:.0f}" for m in ms) for n, ms in runs.items()))
+    return {"this": a, "ref": b, "ratio": a["sps"] / b["sps"], "runs": runs}
+
+
 def main(argv=None) -> dict:
     """Run the benchmark; print a table (or JSON) and return the result dict."""
     args = parse_args(argv)
+    if args.compare:
+        return compare(args)
     from policy.actor_critic import ActorCritic
     from policy.encoders import ObsDims
     import train.ppo as ppo_mod

@@ -242,6 +242,8 @@ def test_slot_encoder_fused_equals_reference_values_and_grads():
     (o1, gx1, gp1), (o2, gx2, gp2) = grads
     torch.testing.assert_close(o1, o2, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(o1[0, 0], enc.post.bias.detach())
+    with torch.no_grad():  # the rollout path (no arg-max indices) computes the same
+        torch.testing.assert_close(enc(x), o1, atol=1e-6, rtol=0)
     torch.testing.assert_close(gx1, gx2, atol=1e-5, rtol=1e-5)
     for a, b in zip(gp1, gp2):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
