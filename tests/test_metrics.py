@@ -41,7 +41,8 @@ class Oracle:
             a[..., i] = torch.maximum(a[..., i], r.info[key].double())
         for w, c in torch.nonzero(r.terminal).tolist():
             ret, length, g, col, off = a[w, c].tolist()
-            ep = [ret, length, g, col, off, float(g > 0 and col == 0 and off == 0)]
+            # red_light_violation: 0 (the sample scenes have no traffic signals; tests/test_signals_sim.py)
+            ep = [ret, length, g, col, off, float(g > 0 and col == 0 and off == 0), 0.0]
             self.episodes.append(ep)
             old = self.ema.get((w, c))
             self.ema[(w, c)] = ep if old is None else [self.alpha * o + (1 - self.alpha) * e for o, e in zip(old, ep)]
@@ -259,7 +260,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="values must be"):
         em.add(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.bool))
     with pytest.raises(ValueError, match="finished must be"):
-        em.add(torch.zeros(2, 3, 6), torch.zeros(3, 2, dtype=torch.bool))
+        em.add(torch.zeros(2, 3, len(METRIC_NAMES)), torch.zeros(3, 2, dtype=torch.bool))
     with pytest.raises(ValueError, match="kind"):
         em.report("median")
     with pytest.raises(ValueError, match="reserved"):
