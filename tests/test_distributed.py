@@ -31,7 +31,7 @@ from train.ppo import PPOConfig, ppo_loss
 from train.rollout import RolloutBatch, collect_rollout
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LAUNCH_TIMEOUT_S = 240
+LAUNCH_TIMEOUT_S = 180
 
 
 class MetricFakeEnv(FakeEnv):
@@ -77,7 +77,7 @@ def _free_port() -> int:
 
 def _entry(fn, rank, world, port, args):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), GPUSIM_DIST_TIMEOUT_S="120")
+                      MASTER_PORT=str(port), GPUSIM_DIST_TIMEOUT_S="60")
     torch.set_num_threads(1)
     fn(rank, *args)
 
@@ -137,7 +137,15 @@ def _train_worker(rank, tmp, total, drop_calls_rank1, resume):
                tmp / f"rank{rank}{'-resume' if resume else ''}.pt")
 
 
-def _grad_worker(rank, tmp):
+def _grad_then_train_worker(rank, tmp, total, drop_calls_rank1):
+    """:func:`_grad_check`, then :func:`_train_worker` in the same process group (one launch)."""
+    ranks = _grad_check(rank)
+    _train_worker(rank, tmp, total, drop_calls_rank1, None)
+    assert torch.distributed.is_initialized()  # train() reused the group and left it to its owner
+    ranks.close()
+
+
+def _grad_check(rank):
     """The DDP gradient equals sum_r share_r * grad_r of the per-rank gradients computed separately
     (share_r = effective_r / sum effective); rank 1 drops every other row, so the shares differ."""
     ranks = distributed.setup("cpu")
@@ -175,7 +183,7 @@ def _grad_worker(rank, tmp):
     expected = shares[0] * gathered[0] + shares[1] * gathered[1]
     assert g_ddp.abs().sum() > 0
     torch.testing.assert_close(g_ddp, expected, rtol=1e-5, atol=1e-7)
-    ranks.close()
+    return ranks
 
 
 # ------------------------------------------------------------------------------------------- tests
@@ -219,15 +227,13 @@ def test_ema_totals_pool_slots_not_means():
         report_from_totals(a.names, [1.0])
 
 
-def test_gradient_allreduce_is_the_share_weighted_mean_of_rank_gradients(tmp_path):
-    _launch(_grad_worker, 2, str(tmp_path))
-
-
-def test_two_ranks_lockstep_one_log_one_checkpoint_reduced_metrics(tmp_path):
-    """2 ranks, rank 1's hook drops everything on its 2nd rollout: no hang, equal parameters after
-    every update, one JSONL and one checkpoint, metrics pooled over both ranks' slots, steps
-    counted over both ranks; the checkpoint then resumes in a single process."""
-    _launch(_train_worker, 2, str(tmp_path), 600, (2,), None)
+def test_two_ranks_gradient_lockstep_one_log_one_checkpoint_reduced_metrics(tmp_path):
+    """One launch of 2 ranks (spawn costs most of the time): first the gradient all-reduce equals
+    the share-weighted mean of the per-rank gradients (:func:`_grad_check`); then training where
+    rank 1's hook drops everything on its 2nd rollout: no hang, equal parameters after every
+    update, one JSONL and one checkpoint, metrics pooled over both ranks' slots, steps counted over
+    both ranks; the checkpoint then resumes in a single process."""
+    _launch(_grad_then_train_worker, 2, str(tmp_path), 600, (2,))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     assert len(r0["params"]) == len(r1["params"]) == r0["summary"]["update"] >= 3
     for a, b in zip(r0["params"], r1["params"]):
