@@ -256,3 +256,51 @@ def test_trial_restart_with_coplayers_and_stationary_partners(tmp_path):
 def test_pool_needs_a_partner():
     with pytest.raises(ValueError, match="at least one"):
         CoplayerPool([], 1, 1, 1, "cpu")
+
+
+def test_evaluate_modes_side_by_side_with_roles(tmp_path, capsys):
+    """``evaluate --mode self_play coplayer --coplayer P`` on a saved crafted pack: the coplayer run
+    reports one ego per world-episode, records carry the role, a missing --coplayer exits 2."""
+    import json
+
+    from train.config import TrainConfig
+    from train.evaluate import EvalConfig, evaluate, main, write_records
+
+    pack_file = four_car_pack().save(tmp_path / "four.pt")
+    config = env_cfg(goal_behavior="trial", k_trials=2, scenario_length=10)
+    env = DriveEnv(four_car_pack(), 1, config)
+    pol = ego_policy(env)
+    env_dict = TrainConfig(env=config).to_dict()["env"]
+    ck = save_checkpoint(tmp_path / "ego.pt", policy=pol, optimizer=torch.optim.Adam(pol.parameters()),
+                         global_step=0, update=0, config={"env": env_dict}, env_config=env_dict)
+    partner = make_partner(tmp_path, env, "p.pt")
+    out = evaluate(EvalConfig(policy=(str(ck),), data=str(pack_file), mode=("self_play", "coplayer"),
+                              coplayer=(partner,), device="cpu", num_worlds=2, quiet=True))
+    self_play, cop = out["runs"]
+    assert self_play["summary"]["goal_reached"].n == 7  # 4 + 3 controlled cars, all egos
+    assert cop["summary"]["goal_reached"].n == 2 and cop["partners"][0].endswith("p.pt@7")
+    assert "ada_delta_trial_1_minus_0" in cop["summary"] and "trials_per_episode" in cop["summary"]
+    n = write_records(out, tmp_path / "rec.jsonl")
+    rows = [json.loads(line) for line in open(tmp_path / "rec.jsonl")]
+    assert n == len(rows) == 14
+    roles = [(r["mode"], r["role"]) for r in rows]
+    assert roles.count(("coplayer", "ego")) == 2 and roles.count(("coplayer", "coplayer")) == 5
+    assert all("trial_1_goal_step" in r for r in rows)
+    assert main(["--policy", str(ck), "--data", str(pack_file), "--mode", "coplayer", "--device", "cpu"]) == 2
+    assert "--coplayer PATH" in capsys.readouterr().err
+
+
+def test_render_colours_coplayers_and_names_the_partner():
+    pytest.importorskip("matplotlib")
+    from gpusim.render.draw import render_frame
+    from gpusim.render.frame import frame_from_env
+
+    env = DriveEnv(four_car_pack(), 1, env_cfg(ego_slots=1))
+    env.reset(scenarios=torch.tensor([0]))
+    f = frame_from_env(env, 0, partner="runs/p/checkpoint.pt@7")
+    assert f.coplayer[:4].tolist() == [False, True, True, True] and not f.coplayer[4:].any()
+    assert "co-players 3" in f.title and "runs/p/checkpoint.pt@7" in f.title
+    img = render_frame(env, 0, partner="p", figsize=2.0, dpi=40)
+    assert img.ndim == 3
+    plain = DriveEnv(four_car_pack(), 1, env_cfg())
+    assert frame_from_env(plain, 0).coplayer is None

@@ -97,6 +97,8 @@ def _agent_colors(f: FrameData) -> list:
             cols.append(COLORS["collided"])
         elif f.offroad[a]:
             cols.append(COLORS["offroad"])
+        elif f.controlled[a] and f.coplayer is not None and f.coplayer[a]:
+            cols.append(COLORS["coplayer"])
         elif f.controlled[a]:
             cols.append(COLORS["sdc"] if f.sdc[a] else COLORS["controlled"])
         elif f.agent_type[a] == int(ObjectType.PEDESTRIAN):
@@ -183,7 +185,8 @@ def _draw_legend(ax) -> None:
     from matplotlib.patches import Patch
 
     items = [Patch(color=COLORS[k], label=lab) for k, lab in (
-        ("controlled", "controlled"), ("sdc", "SDC (controlled)"), ("expert_vehicle", "expert vehicle"),
+        ("controlled", "controlled"), ("sdc", "SDC (controlled)"), ("coplayer", "co-player"),
+        ("expert_vehicle", "expert vehicle"),
         ("expert_pedestrian", "pedestrian"), ("expert_cyclist", "cyclist"), ("collided", "collided"),
         ("offroad", "offroad"))]
     items += [Patch(facecolor=COLORS["controlled"], edgecolor="#ffffff", hatch="///", label="stopped"),
@@ -246,7 +249,8 @@ def render_log_frame(pack, scenario: int = 0, t: int = 0, ax=None, trail: TrailR
 
 
 def render_frame(env, world: int = 0, ax=None, trail: TrailRecorder | None = None, extent: tuple | None = None,
-                 highlight: int = -1, figsize: float = 6.0, dpi: int = 100, legend: bool = False) -> np.ndarray:
+                 highlight: int = -1, figsize: float = 6.0, dpi: int = 100, legend: bool = False,
+                 partner: str = "") -> np.ndarray:
     """Top-down picture of one world of a running :class:`gpusim.env.DriveEnv`.
 
     Roads, agents as oriented boxes coloured by role and status (controlled / SDC / expert by type;
@@ -264,6 +268,8 @@ def render_frame(env, world: int = 0, ax=None, trail: TrailRecorder | None = Non
         highlight: agent slot to outline (e.g. the agent of an ego view), -1 for none.
         figsize, dpi: size of a new figure (inches, dots per inch).
         legend: draw a colour key.
+        partner: name of the partner policy driving the world's co-players (shown in the title;
+            co-players are coloured apart from the egos whenever the env has co-players).
 
     Returns:
         [H, W, 3] uint8 RGB image.
@@ -271,7 +277,7 @@ def render_frame(env, world: int = 0, ax=None, trail: TrailRecorder | None = Non
     Raises:
         IndexError: for a world out of range.
     """
-    f = frame_from_env(env, world, trail=trail, extent=extent)
+    f = frame_from_env(env, world, trail=trail, extent=extent, partner=partner)
     f.highlight = highlight
     return _image_of(f, ax, figsize, dpi, legend)
 

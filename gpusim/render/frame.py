@@ -25,6 +25,7 @@ COLORS = {
     "other_road": "#d9d9d9",
     "controlled": "#1f77b4",
     "sdc": "#0b3d91",
+    "coplayer": "#9467bd",
     "expert_vehicle": "#9e9e9e",
     "expert_pedestrian": "#2ca02c",
     "expert_cyclist": "#17becf",
@@ -73,6 +74,9 @@ class FrameData:
             or -1.
         ever_collided, ever_offroad: [A] bool, contact earlier in the episode (thick red / orange
             outline when not in contact now), or None.
+        coplayer: [A] bool, the controlled slot is a co-player driven by a frozen partner policy
+            (population play; drawn in :data:`COLORS` ``coplayer``), or None (every controlled
+            agent is an ego).
     """
 
     pos: np.ndarray
@@ -100,6 +104,7 @@ class FrameData:
     highlight: int = -1
     ever_collided: np.ndarray | None = None
     ever_offroad: np.ndarray | None = None
+    coplayer: np.ndarray | None = None
 
 
 class TrailRecorder:
@@ -255,7 +260,7 @@ def frame_from_log(pack, scenario: int, t: int, trail: TrailRecorder | None = No
 
 
 def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
-                   extent: tuple | None = None) -> FrameData:
+                   extent: tuple | None = None, partner: str = "") -> FrameData:
     """The current state of world ``world`` of a :class:`gpusim.env.DriveEnv` as a :class:`FrameData`.
 
     Reads (``.cpu()``) one world's rows of these :class:`gpusim.state.EnvState` fields:
@@ -263,6 +268,10 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
     stopped, removed, goal_reached, collided_now, offroad_now, ever_collided, ever_offroad``.
     Fill colour follows the *current* contact (``collided_now`` / ``offroad_now``); an agent that
     was in contact earlier in the episode keeps a thick red / orange outline (``ever_*``).
+    With co-players (``EnvConfig.ego_slots`` / ``ego_fraction``; ``EnvState.ego``) the co-player
+    agents get their own colour, the title counts egos and co-players and names ``partner`` (the
+    label of the partner policy driving this world's co-players, e.g.
+    ``train.coplayer.partner_name(pool, world)``).
 
     Raises:
         IndexError: for a world index out of range.
@@ -291,9 +300,15 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
     stopped, goal_reached = row["stopped"].astype(bool), row["goal_reached"].astype(bool)
     ever_c, ever_o = row["ever_collided"].astype(bool), row["ever_offroad"].astype(bool)
     nc = int(controlled.sum())
+    coplayer = None
     title = f"{pack.scenario_ids[s]}  world {world}  t={t}"
     if cfg.trial_mode:
         title += f"  trial {int(row['trial_count']) + 1}/{cfg.k_trials}"
+    if getattr(cfg, "has_coplayers", False) and getattr(st, "ego", None) is not None:
+        ego = _np(st.ego[world]).astype(bool)
+        coplayer = np.zeros(A, bool)
+        coplayer[: ego.shape[0]] = controlled[: ego.shape[0]] & ~ego
+        title += f"\negos {int(ego.sum())}  co-players {int(coplayer.sum())}" + (f" ({partner})" if partner else "")
     title += (f"\ngoal {int((goal_reached & controlled).sum())}/{nc}  collided {int((ever_c & controlled).sum())}"
               f"  offroad {int((ever_o & controlled).sum())}  stopped {int((stopped & controlled).sum())}"
               f"  removed {int((removed & controlled).sum())}")
@@ -309,5 +324,5 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
         title=title, trails=trail.trails() if trail is not None else None,
         ghost_pos=trail.last_pos if trail is not None else None,
         ghost_heading=trail.last_heading if trail is not None else None,
-        ever_collided=ever_c, ever_offroad=ever_o,
+        ever_collided=ever_c, ever_offroad=ever_o, coplayer=coplayer,
     )
