@@ -52,8 +52,9 @@ def trial(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     # goal reached in the trial that ended (DESIGN.md section 5's trial_k_score; the kernel's
     # trial_score is the stricter clean score): a few elementwise ops, no sync
     reached = state.trial_goal | (slots(step.goal_now, C) & state.slot_active)
-    at_k = torch.nn.functional.one_hot(state.trial_count.to(torch.int64).clamp(0, cfg.k_trials - 1),
-                                       state.trial_reached.shape[2]).to(torch.bool)
+    # one-hot of the trial index by comparison (torch's one_hot checks its input range on the host)
+    k_index = torch.arange(state.trial_reached.shape[2], device=ctx.device)
+    at_k = k_index[None, :] == state.trial_count.to(torch.int64).clamp(0, cfg.k_trials - 1)[:, None]
     write = tr.trial_end[:, None, None] & at_k[:, None, :]
     trial_reached = torch.where(write, reached[:, :, None], state.trial_reached)
     step.terminal, step.truncation, step.trial_ended = tr.terminal, tr.truncation, tr.trial_ended
