@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import inspect
 import os
 import time
 
@@ -202,7 +203,10 @@ class Distributed:
         if not self.enabled:
             return policy
         ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = _DDP(policy, device_ids=ids, broadcast_buffers=False)
+        # buffers (constants) are synced once at construction, not before every forward
+        params = inspect.signature(DistributedDataParallel.__init__).parameters
+        no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+        ddp = _DDP(policy, device_ids=ids, **no_sync)
         ddp.register_comm_hook(state=self, hook=_weighted_allreduce_hook)
         return ddp
 
