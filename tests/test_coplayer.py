@@ -304,3 +304,38 @@ def test_render_colours_coplayers_and_names_the_partner():
     assert img.ndim == 3
     plain = DriveEnv(four_car_pack(), 1, env_cfg())
     assert frame_from_env(plain, 0).coplayer is None
+
+
+def test_train_run_with_coplayers_logs_roles_and_keeps_partners(tmp_path, monkeypatch):
+    """``train.run.train`` with ``coplayer``: reports carry ego/*, coplayer/* and trial logs; the
+    in-memory partner's weights are bit-identical to its file after two updates."""
+    import train.run as run_module
+    from train.config import TrainConfig
+    from train.coplayer import RunExtras
+    from train.run import train
+
+    made = []
+
+    class Spy(RunExtras):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            made.append(self)
+
+    monkeypatch.setattr(run_module, "RunExtras", Spy)
+    config = env_cfg(ego_slots=1, goal_behavior="trial", k_trials=2, scenario_length=6)
+    env = DriveEnv(four_car_pack(), 2, config)
+    partner = make_partner(tmp_path, env, "p.pt")
+    cfg = TrainConfig(env=config, policy=PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16, max_roads=8),
+                      num_worlds=2, total_timesteps=2 * 12 * 2, report_interval=1, log_dir=str(tmp_path),
+                      run_name="r", quiet=True, device="cpu", coplayer=(partner,),
+                      ppo=PPOConfig(update_epochs=1, num_minibatches=1))
+    out = train(cfg, env=env)
+    rec = out["reports"][-1]
+    assert out["update"] == 2 and out["global_step"] == 2 * 2 * 12  # 2 egos x horizon 12 per update
+    assert "ego/goal_reached" in rec and "coplayer/n" in rec and rec["ego/n"] <= 2
+    assert rec["trial_log/completed"] >= 2
+    from train.checkpoint import load_checkpoint
+
+    saved = load_checkpoint(partner)["model"]
+    live = made[0].pool.partners[0].policy.state_dict()
+    assert all(torch.equal(saved[k], live[k]) for k in saved)
