@@ -1,4 +1,5 @@
-"""Drawing frames with matplotlib (Agg canvas, no pyplot): roads, agents, goals, trails, legend;
+"""Drawing frames with matplotlib (Agg canvas, no pyplot): roads, traffic signals (stop line and
+marker in the state's colour), agents, goals, trails, legend;
 :func:`render_log_frame`, :func:`render_frame` and the reusable :class:`SceneCanvas`.
 
 Part of :mod:`gpusim.render` (see the package docstring); split out of the former single module
@@ -180,6 +181,30 @@ def _draw_agents(ax, f: FrameData) -> None:
                                          zorder=9))
 
 
+#: Signal state code -> colour key (unknown / red / yellow / green, as the observation's groups).
+_SIGNAL_COLOR = {0: "signal_unknown", 1: "signal_stop", 2: "signal_caution", 3: "signal_go", 4: "signal_stop",
+                 5: "signal_caution", 6: "signal_go", 7: "signal_stop", 8: "signal_caution"}
+
+
+def _draw_signals(ax, f: FrameData) -> None:
+    """Traffic signals: the stop line (3.5 m across the lane) in the state's colour and a marker at
+    the stop point (circle; triangle pointing along the lane for an arrow state; hollow when
+    flashing)."""
+    if f.signal_pos is None or len(f.signal_pos) == 0:
+        return
+    from matplotlib.collections import LineCollection
+
+    cols = [COLORS[_SIGNAL_COLOR.get(int(c), "signal_unknown")] for c in f.signal_state]
+    perp = np.stack([-f.signal_dir[:, 1], f.signal_dir[:, 0]], 1) * 1.75
+    lines = np.stack([f.signal_pos - perp, f.signal_pos + perp], 1)
+    ax.add_collection(LineCollection(lines, colors=cols, linewidths=2.2, zorder=6))
+    for p, d, c, code in zip(f.signal_pos, f.signal_dir, cols, f.signal_state):
+        arrow, flashing = int(code) in (1, 2, 3), int(code) in (7, 8)
+        marker = (3, 0, float(np.degrees(np.arctan2(d[1], d[0]))) - 90.0) if arrow else "o"
+        ax.plot([p[0]], [p[1]], marker=marker, markersize=4.5, color=c, markerfacecolor="none" if flashing else c,
+                markeredgewidth=1.0, linestyle="none", zorder=7)
+
+
 def _draw_legend(ax) -> None:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -195,6 +220,9 @@ def _draw_legend(ax) -> None:
               Line2D([], [], color=COLORS["road_edge"], label="road edge"),
               Line2D([], [], color=COLORS["road_line"], linestyle=(0, (4, 3)), label="road line"),
               Line2D([], [], color=COLORS["lane"], label="lane centre")]
+    items += [Line2D([], [], color=COLORS[k], marker="o", linewidth=2.2, label=lab) for k, lab in (
+        ("signal_stop", "signal: stop"), ("signal_caution", "signal: caution"), ("signal_go", "signal: go"),
+        ("signal_unknown", "signal: unknown"))]
     ax.legend(handles=items, loc="lower left", fontsize=5, framealpha=0.85, ncol=2, handlelength=1.5)
 
 
@@ -203,6 +231,7 @@ def draw_frame(f: FrameData, ax, legend: bool = False) -> None:
     ax.clear()
     ax.set_facecolor(COLORS["background"])
     _draw_roads(ax, f.road_seg, f.road_type, f.extent)
+    _draw_signals(ax, f)
     _draw_agents(ax, f)
     xmin, xmax, ymin, ymax = f.extent
     ax.set_xlim(xmin, xmax)

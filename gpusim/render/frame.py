@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from gpusim.config import RoadType
+from gpusim.kernels.signals import signal_state_at
 
 
 #: Colours (matplotlib colour strings) by role and status.
@@ -35,6 +36,10 @@ COLORS = {
     "goal_reached": "#2ca02c",
     "trail": "#555555",
     "highlight": "#e377c2",
+    "signal_unknown": "#8c8c8c",
+    "signal_stop": "#e41a1c",
+    "signal_caution": "#ffb000",
+    "signal_go": "#1a9e3a",
 }
 
 #: How roads are drawn: RoadType code -> (colour key, line width in points, line style, z-order).
@@ -77,6 +82,9 @@ class FrameData:
         coplayer: [A] bool, the controlled slot is a co-player driven by a frozen partner policy
             (population play; drawn in :data:`COLORS` ``coplayer``), or None (every controlled
             agent is an ego).
+        signal_pos, signal_dir: [L, 2] float32 stop points (m) and lane directions of the
+            scenario's traffic signals; signal_state: [L] int ``SignalState`` codes at the frame's
+            log step (unknown past the log); all None when not drawn (docs/signals.md).
     """
 
     pos: np.ndarray
@@ -105,6 +113,9 @@ class FrameData:
     ever_collided: np.ndarray | None = None
     ever_offroad: np.ndarray | None = None
     coplayer: np.ndarray | None = None
+    signal_pos: np.ndarray | None = None
+    signal_dir: np.ndarray | None = None
+    signal_state: np.ndarray | None = None
 
 
 class TrailRecorder:
@@ -178,6 +189,17 @@ def _np(t: torch.Tensor) -> np.ndarray:
 def _road_arrays(pack, s: int) -> tuple[np.ndarray, np.ndarray]:
     n = int(pack.num_segments[s])
     return _np(pack.road_seg[s, :n]).astype(np.float32), _np(pack.road_type[s, :n]).astype(np.int64)
+
+
+def _signal_arrays(pack, s: int, log_index: int) -> dict:
+    """The ``signal_*`` fields of :class:`FrameData` for scenario ``s`` at log step ``log_index``."""
+    n = int(pack.num_signals[s]) if getattr(pack, "num_signals", None) is not None else 0
+    if n == 0:
+        return {}
+    code = signal_state_at(torch.tensor([s]), torch.tensor([int(log_index)]), pack.signal_state.cpu(),
+                           pack.signal_valid.cpu())[0, :n]
+    return {"signal_pos": _np(pack.signal_pos[s, :n]).astype(np.float32),
+            "signal_dir": _np(pack.signal_dir[s, :n]).astype(np.float32), "signal_state": _np(code).astype(np.int64)}
 
 
 def scene_extent(pack, scenario: int, margin: float = 25.0, min_size: float = 60.0) -> tuple:
@@ -255,7 +277,7 @@ def frame_from_log(pack, scenario: int, t: int, trail: TrailRecorder | None = No
         goal_radius=goal_radius, road_seg=roads, road_type=rtype,
         extent=extent if extent is not None else scene_extent(pack, scenario),
         title=f"{pack.scenario_ids[scenario]}  log t={t}  ({nc} controlled)",
-        trails=trail.trails() if trail is not None else None,
+        trails=trail.trails() if trail is not None else None, **_signal_arrays(pack, scenario, t),
     )
 
 
@@ -264,7 +286,7 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
     """The current state of world ``world`` of a :class:`gpusim.env.DriveEnv` as a :class:`FrameData`.
 
     Reads (``.cpu()``) one world's rows of these :class:`gpusim.state.EnvState` fields:
-    ``scenario, step, trial_count, pos, heading, length, width, goal, controlled, present,
+    ``scenario, step, trial_count, trial_start, pos, heading, length, width, goal, controlled, present,
     stopped, removed, goal_reached, collided_now, offroad_now, ever_collided, ever_offroad``.
     Fill colour follows the *current* contact (``collided_now`` / ``offroad_now``); an agent that
     was in contact earlier in the episode keeps a thick red / orange outline (``ever_*``).
@@ -279,7 +301,7 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
     if not 0 <= world < env.num_worlds:
         raise IndexError(f"world index {world} out of range [0, {env.num_worlds})")
     st, pack, cfg = env.state, env.pack, env.config
-    names = ("scenario", "step", "trial_count", "pos", "heading", "length", "width", "goal", "controlled",
+    names = ("scenario", "step", "trial_count", "trial_start", "pos", "heading", "length", "width", "goal", "controlled",
              "present", "stopped", "removed", "goal_reached", "collided_now", "offroad_now", "ever_collided",
              "ever_offroad")
     row = {n: _np(getattr(st, n)[world]) for n in names}  # the only device -> host reads
@@ -325,4 +347,5 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
         ghost_pos=trail.last_pos if trail is not None else None,
         ghost_heading=trail.last_heading if trail is not None else None,
         ever_collided=ever_c, ever_offroad=ever_o, coplayer=coplayer,
+        **_signal_arrays(pack, s, cfg.init_steps + t - int(row["trial_start"])),  # the replay's log clock
     )
