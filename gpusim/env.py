@@ -25,7 +25,7 @@ from gpusim.kernels import dynamics
 from gpusim.kernels.observations import obs_layout
 from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, trial_metric_names
 from gpusim.sim.actions import ActionCheck
-from gpusim.backend import normalize_device
+from gpusim.backend import backend_for, normalize_device
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.episode import begin_episode, draw_scenarios
 from gpusim.sim.motion import expert_actions, model_for
@@ -123,6 +123,7 @@ class DriveEnv:
         # reset(); obs_written [W*C] bool marks the slots that may hold non-zero values.
         self.sim.obs_buf = torch.zeros(self.num_worlds, self.num_slots, self.obs_dim, device=self.device)
         self.sim.obs_written = torch.zeros(self.num_worlds * self.num_slots, dtype=torch.bool, device=self.device)
+        self._compiled = None  # gpusim.sim.compiled.CompiledStep, built on the first compiled step
 
     @property
     def generator(self) -> torch.Generator:
@@ -192,7 +193,11 @@ class DriveEnv:
         actions = self._check(actions)
         self.sim.t += 1
         step = StepVars(actions=actions, episode_end=self.sim.t >= self.horizon)
-        self.state = state = run_pipeline(self.sim, self.state, step, hook=self.stage_hook, stages=self.pipeline)
+        compiled = self._compiled_step()
+        if compiled is not None:  # EnvConfig.compile on the torch backend (gpusim/sim/compiled.py)
+            self.state = state = compiled(self.state, step)
+        else:
+            self.state = state = run_pipeline(self.sim, self.state, step, hook=self.stage_hook, stages=self.pipeline)
         C = self.num_slots
         return StepResult(
             obs=step.obs,
@@ -211,6 +216,16 @@ class DriveEnv:
                   "episode_end": self.sim.end_flags[int(step.episode_end)][0],
                   **step.info},
         )
+
+    def _compiled_step(self):
+        """The compiled step (``EnvConfig.compile`` on the torch backend, no stage hook), else None."""
+        if not self.config.compile or self.stage_hook is not None or backend_for(self.state.pos) != "torch":
+            return None
+        if self._compiled is None or self._compiled.pipeline is not self.pipeline:
+            from gpusim.sim.compiled import CompiledStep
+
+            self._compiled = CompiledStep(self.sim, self.pipeline)
+        return self._compiled
 
     def expert_actions(self) -> torch.Tensor:
         """Actions that make every controlled agent follow its logged trajectory.

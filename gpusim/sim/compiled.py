@@ -1,0 +1,167 @@
+"""The compiled CPU step (``EnvConfig.compile=True`` on the torch backend; issue 20).
+
+The eager stages of :data:`gpusim.sim.pipeline.PIPELINE` stay the oracle; this module runs the
+SAME stage functions through ``torch.compile`` (inductor's C++/OpenMP code generation,
+``dynamic=False``: every shape of an env is static), so their elementwise ops, gathers and masks
+fuse into a few loops. A step is three compiled calls and one eager compaction:
+
+1. ``physics``: the stages from the first to ``accounting`` (actions → motion → replay →
+   signals → contacts → rewards → goals → trial → accounting, the metric log updates included),
+   plus the trial restore of stage ``restart`` when the step does not end the episode. It is
+   specialised on the host flag ``episode_end`` (two graphs per env size).
+2. On the step that ends the episode (after step H) the auto-reset (``begin_episode``: new
+   scenarios drawn with the env's generator, initial state, roles) runs eagerly: it is one step in
+   H, and the generator draw is not traceable.
+3. ``prep``: the observation inputs of the new state (active slots, ego extras) and the traffic
+   signal block, written straight into the observation buffer.
+4. The partner/road block: the active slots are compacted eagerly (``nonzero``, no device sync
+   on the CPU) and processed in fixed-size row blocks by one compiled graph (two block sizes), as
+   in :mod:`gpusim.kernels.observations.compiled`, but written straight into the full-width
+   buffer (no ``obs_core`` copy).
+
+Results equal the eager step's within float32 rounding (tests/test_compiled_step.py, real
+scenarios, every goal and contact behaviour, trial mode). With a stage hook set
+(``DriveEnv.stage_hook``, e.g. ``bench_env.py --breakdown``) the env runs the eager pipeline,
+since fused stages cannot be timed one by one.
+
+Compile cost: the first step of a new env size compiles (tens of seconds on 2 cores; printed by
+``profiling/bench_env.py`` as ``reset_s`` + ``first_step_s``); inductor's on-disk FX graph and
+code caches (``TORCHINDUCTOR_CACHE_DIR``, default ``/tmp/torchinductor_$USER``) make the next
+process with the same sizes start in a few seconds (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpusim.kernels.observations.naive import block_arguments, observe_block_functional
+from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
+from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.sim.episode import begin_episode, draw_scenarios
+from gpusim.sim.observe import ego_extra
+from gpusim.sim.signals import signal_log_index
+from gpusim.state import TRIAL_KEEP, EnvState
+
+#: Slot rows per compiled observation block (full blocks of the first size while that many rows
+#: remain, then blocks of the second; a short last block is padded with copies of its last row).
+BLOCK_ROWS = (512, 64)
+
+#: Stages run eagerly inside the compiled step: their kernels' torch references compact sparse
+#: candidates (``nonzero``, boolean indexing), whose sizes change every step.
+EAGER_STAGES = frozenset({"contacts", "goals"})
+
+#: StepVars fields returned by the physics graph (the rest of the step reads them).
+_STEP_OUT = ("in_play", "loss_mask", "collided", "offroad", "goal_now", "reward", "truncated", "terminal",
+             "truncation", "trial_ended", "restart")
+
+
+class CompiledStep:
+    """The compiled step of one env (module docstring).
+
+    Args:
+        ctx: the env's :class:`~gpusim.sim.context.SimContext` (its ``obs_buf`` must exist before
+            the first call).
+        stages: the env's pipeline; must end with stages ``restart`` and ``observe`` (the compiled
+            step replaces those two).
+
+    Raises:
+        ValueError: a pipeline that does not end with ``restart``, ``observe``.
+    """
+
+    def __init__(self, ctx: SimContext, stages: tuple):
+        names = [s.name for s in stages]
+        if names[-2:] != ["restart", "observe"]:
+            raise ValueError(f"CompiledStep: the pipeline must end with restart, observe; got {names}")
+        self.ctx = ctx
+        self.pipeline = stages
+        # stages with data-dependent shapes inside (sparse candidate compaction) run eagerly, as
+        # one opaque call each (else every new candidate count would recompile a graph)
+        self.stages = tuple(s._replace(run=torch.compiler.disable(s.run)) if s.name in EAGER_STAGES else s
+                            for s in stages[:-2])
+        self._physics = torch.compile(self._physics_eager, dynamic=False)
+        self._prep = torch.compile(self._prep_eager, dynamic=False)
+        self._block = torch.compile(_observe_rows_into, dynamic=False)
+
+    # ---------------------------------------------------------------- graph bodies (eager code)
+    def _physics_eager(self, tensors: dict, actions: torch.Tensor, episode_end: bool):
+        ctx = self.ctx
+        state = EnvState(**tensors)
+        step = StepVars(actions=actions, episode_end=episode_end)
+        for stage in self.stages:
+            changes = stage.run(ctx, state, step)
+            if changes:
+                state = state.replace(**changes)
+        if not episode_end and step.restart is not None:  # trial restore (stage restart)
+            state = state.where(step.restart, ctx.start, keep=TRIAL_KEEP)
+        out = {k: getattr(step, k) for k in _STEP_OUT if getattr(step, k) is not None}
+        return state.tensors(), out, dict(step.info)
+
+    def _prep_eager(self, tensors: dict, full: torch.Tensor):
+        ctx, cfg, p, C = self.ctx, self.ctx.config, self.ctx.pack, self.ctx.num_slots
+        state = EnvState(**tensors)
+        active = state.slot_active & state.present[:, :C]
+        extra = ego_extra(ctx, state)
+        if cfg.num_signals > 0:
+            d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
+            sig = signal_observations(
+                pos=slots(state.pos, C), heading=slots(state.heading, C), active=active, scenario=state.scenario,
+                log_index=signal_log_index(ctx, state), signal_pos=p.signal_pos, signal_dir=p.signal_dir,
+                signal_state=p.signal_state, signal_valid=p.signal_valid, num_signals=p.num_signals,
+                num_obs=cfg.num_signals, radius=cfg.road_radius)
+            full[..., d0:].copy_(sig.view(*full.shape[:2], -1))
+        return active, extra
+
+    # ---------------------------------------------------------------- the step
+    def __call__(self, state: EnvState, step: StepVars) -> EnvState:
+        """Run one step from ``state`` (``step`` holds the validated actions and the host flag
+        ``episode_end``); sets the fields of ``step`` the result needs and returns the new state."""
+        ctx = self.ctx
+        tensors, out, info = self._physics(state.tensors(), step.actions, bool(step.episode_end))
+        for k, v in out.items():
+            setattr(step, k, v)
+        step.info.update(info)
+        state = EnvState(**tensors)
+        if step.episode_end:
+            state = begin_episode(ctx, draw_scenarios(ctx))
+        step.obs = self.observe(state)
+        return state
+
+    def observe(self, state: EnvState) -> torch.Tensor:
+        """Observation [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned)."""
+        ctx, cfg, p, C = self.ctx, self.ctx.config, self.ctx.pack, self.ctx.num_slots
+        full = ctx.obs_buf
+        active, extra = self._prep(state.tensors(), full)
+        D = full.shape[-1]
+        d0 = D - cfg.num_signals * SIGNAL_DIM
+        flat = active.view(-1)
+        obs2d = full.view(-1, D)
+        stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
+        if stale.numel():
+            obs2d.index_fill_(0, stale, 0.0)  # slots that left play: all zero (signal block too)
+        ctx.obs_written = flat.clone()
+        live = flat.nonzero().squeeze(1)
+        n = live.numel()
+        if n == 0:
+            return full
+        args = block_arguments(
+            pos=state.pos, heading=state.heading, speed=state.speed, length=state.length, width=state.width,
+            agent_type=state.agent_type, present=state.present, goal=slots(state.goal, C), ego_extra=extra,
+            scenario=state.scenario, road_seg=p.road_seg, road_type=p.road_type, grid_road=p.grid_road,
+            grid_origin=p.grid_origin, grid_dims=p.grid_dims, cell_size=p.cell_size, grid_start=p.grid_start,
+            num_partners=cfg.num_partners, partner_radius=cfg.partner_radius, road_radius=cfg.road_radius)
+        big, small = BLOCK_ROWS
+        r0 = 0
+        while r0 < n:
+            B = big if n - r0 >= big else small
+            r = live[r0:r0 + B]
+            r0 += B
+            if r.numel() < B:  # pad with the last row: the same values are written twice
+                r = torch.cat([r, r[-1:].expand(B - r.numel())])
+            self._block(obs2d, d0, r, args)
+        return full
+
+
+def _observe_rows_into(obs2d: torch.Tensor, d0: int, rows: torch.Tensor, args: dict) -> None:
+    """Partner/road block (:func:`observe_block_functional`) of ``rows`` written into the first
+    ``d0`` columns of ``obs2d`` [W*C, D] (inside the compiled graph: written once, in place)."""
+    obs2d[:, :d0].index_copy_(0, rows, observe_block_functional(rows=rows, **args))
