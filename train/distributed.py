@@ -73,6 +73,8 @@ class _DDP(DistributedDataParallel):
         try:
             return super().__getattr__(name)
         except AttributeError:
+            if name == "module":  # not set yet (inside DDP's constructor): no recursion
+                raise
             return getattr(self.module, name)
 
 
