@@ -265,3 +265,27 @@ def test_real_scenario_signal_block_and_expert_rate(tfrecord_pack):
         env.step(env.expert_actions())
     m = env.metrics(kind="mean")
     assert m["n"] == int(active.sum()) and m["red_light_violation"] == 0.0
+
+
+# ----------------------------------------------------------------------------- policy
+def test_policy_encodes_valid_signal_slots_only():
+    from policy import ObsDims
+    from policy.encoders import ObsEncoder
+
+    lay = obs_layout(3, 4, 5)
+    dims = ObsDims.from_layout(lay)
+    assert dims.num_signals == 5 and dims.signal_dim == SIGNAL_DIM and dims.obs_dim == lay.obs_dim
+    assert ObsDims.from_layout(obs_layout(3, 4)).num_signals == 0  # no block: no signal encoder
+    assert ObsEncoder(ObsDims.from_layout(obs_layout(3, 4)), d_model=16, hidden=8).signal_set is None
+    torch.manual_seed(0)
+    enc = ObsEncoder(dims, d_model=16, hidden=8)
+    obs = torch.randn(2, lay.obs_dim)
+    sig = obs[:, lay.signals].view(2, 5, SIGNAL_DIM)
+    sig[..., -1] = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0])
+    base = enc(obs)
+    pad = obs.clone()
+    pad[:, lay.signals].view(2, 5, SIGNAL_DIM)[:, 3, :-1] = 7.0  # a padding slot's contents
+    torch.testing.assert_close(enc(pad), base)
+    moved = obs.clone()
+    moved[:, lay.signals].view(2, 5, SIGNAL_DIM)[:, 0, 0] += 3.0  # a valid slot's position
+    assert not torch.allclose(enc(moved), base)
