@@ -186,6 +186,23 @@ def _grad_check(rank):
     return ranks
 
 
+def _error_worker(rank, tmp):
+    """A user error found by rank 0 (missing --resume file) is raised there; rank 1 leaves with
+    exit code 2 instead of waiting for collectives that never come."""
+    from train.run import train
+
+    distributed.FOLLOWER_EXIT_DELAY_S = 0.0
+    cfg = _cfg(pathlib.Path(tmp), resume=str(pathlib.Path(tmp) / "missing.pt"))
+    if rank == 0:
+        with pytest.raises(FileNotFoundError, match="missing.pt"):
+            train(cfg, env=FakeEnv())
+        torch.distributed.destroy_process_group()
+    else:
+        with pytest.raises(SystemExit) as e:
+            train(cfg, env=FakeEnv())
+        assert e.value.code == 2
+
+
 # ------------------------------------------------------------------------------------------- tests
 def test_no_process_group_without_torchrun(monkeypatch):
     for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
@@ -331,3 +348,8 @@ def test_torchrun_command_line_on_the_sample(tmp_path):
     assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.json", "metrics.jsonl"]
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["global_step"] >= 400 and lines[-1]["world_size"] == 2 and "goal_reached" in lines[-1]
+
+
+@pytest.mark.slow
+def test_user_error_on_rank_0_ends_every_rank(tmp_path):
+    _launch(_error_worker, 2, str(tmp_path))

@@ -48,6 +48,8 @@ from torch.nn.parallel import DistributedDataParallel
 from train.config import UserError
 from train.ppo import optimizer_steps
 
+#: Seconds a rank other than 0 waits before leaving after rank 0 reported an error.
+FOLLOWER_EXIT_DELAY_S = 3.0
 #: Environment variables torchrun sets for every worker (all are needed to join a group).
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -196,6 +198,9 @@ class Distributed:
         if msg[0] == "ok":
             return msg[1]
         self.close()
+        # give rank 0 time to print the error and exit first (torchrun then stops this rank), so the
+        # user's one-line message is not lost to a launcher that tears rank 0 down on our exit
+        time.sleep(FOLLOWER_EXIT_DELAY_S)
         raise SystemExit(2 if msg[2] else 1)
 
     def wrap(self, policy):
