@@ -244,6 +244,38 @@ def test_ema_totals_pool_slots_not_means():
         report_from_totals(a.names, [1.0])
 
 
+def test_continuous_policy_under_ddp_all_reduces_the_log_std_gradient(tmp_path):
+    """The Gaussian head's log-std is used outside ``forward`` (in ``log_prob``/``entropy``, called
+    on the DDP wrapper): it still gets its gradient, equal to the plain module's (1-rank group)."""
+    from policy import ActorCritic
+
+    env = FakeEnv(num_worlds=2, num_slots=3, horizon=6)
+    torch.manual_seed(0)
+    policy = ActorCritic(env.obs_layout, 2, True, PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16))
+    B, T = 4, env.horizon
+    g = torch.Generator().manual_seed(1)
+    mb = {"obs": torch.randn(B, T, env.obs_dim, generator=g), "actions": torch.randn(B, T, 2, generator=g),
+          "logprobs": torch.randn(B, T, generator=g), "values": torch.randn(B, T, generator=g),
+          "rewards": torch.randn(B, T, generator=g), "terminal": torch.zeros(B, T, dtype=torch.bool),
+          "removed": torch.zeros(B, T, dtype=torch.bool), "loss_mask": torch.ones(B, T, dtype=torch.bool),
+          "bootstrap_stop": torch.zeros(B, T, dtype=torch.bool)}
+    mb["bootstrap_stop"][:, -1] = True
+    plain = copy.deepcopy(policy)
+    ppo_loss(plain, mb, PPOConfig())[0].backward()
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        ranks = distributed.setup("cpu")
+        assert ranks.enabled and not ranks.owns_group
+        ddp = ranks.wrap(policy)
+        ppo_loss(ddp, mb, PPOConfig())[0].backward()
+    finally:
+        torch.distributed.destroy_process_group()
+    assert policy.log_std.grad is not None and policy.log_std.grad.abs().sum() > 0
+    for a, b in zip(plain.parameters(), policy.parameters()):
+        assert torch.equal(a.grad, b.grad)
+
+
 def test_two_ranks_gradient_lockstep_one_log_one_checkpoint_reduced_metrics(tmp_path):
     """One launch of 2 ranks (spawn costs most of the time): first the gradient all-reduce equals
     the share-weighted mean of the per-rank gradients (:func:`_grad_check`); then training where
