@@ -230,7 +230,8 @@ def report_from_totals(names, totals) -> dict[str, float]:
     """
     host = totals.tolist() if isinstance(totals, torch.Tensor) else [float(v) for v in totals]
     if len(host) != len(names) + 1:
-        raise ValueError(f"report_from_totals: expected {len(names) + 1} numbers for {len(names)} names, got {len(host)}")
+        raise ValueError(f"report_from_totals: expected {len(names) + 1} numbers for {len(names)} names, "
+                         f"got {len(host)}")
     n = host[-1]
     if n == 0:
         return {}

@@ -385,9 +385,9 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     if env is None:
         say = (lambda line: problems.append(line) or print(line, file=sys.stderr))
         # on resume the checkpoint's env settings are fixed: a pack that disagrees is named, never adopted
-        env = ranks.main_first(lambda: make_env(cfg, env_config, user_set=set(PACK_FIELDS) if ckpt is not None else None,
-                                                say=say if ranks.is_main else problems.append,
-                                                resuming=ckpt is not None))
+        pack_set = set(PACK_FIELDS) if ckpt is not None else None
+        env = ranks.main_first(lambda: make_env(cfg, env_config, user_set=pack_set, resuming=ckpt is not None,
+                                                say=say if ranks.is_main else problems.append))
     if isinstance(getattr(env, "config", None), EnvConfig):
         env_config = env.config
 
@@ -420,9 +420,9 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     config_dict = cfg_saved.to_dict()
     config_dict["env"] = TrainConfig(env=env_config).to_dict()["env"]
     config_dict["policy"] = dataclasses.asdict(policy_config)
-    logger = NullLogger(elapsed) if not ranks.is_main else Logger(run_dir, config_dict, cfg.total_timesteps, quiet=cfg.quiet, wandb=cfg.wandb,
-                    wandb_mode=cfg.wandb_mode, wandb_project=cfg.wandb_project, run_name=cfg.run_name,
-                    append=ckpt is not None, elapsed=elapsed)
+    logger = NullLogger(elapsed) if not ranks.is_main else Logger(  # rank 0 alone writes (torchrun)
+        run_dir, config_dict, cfg.total_timesteps, quiet=cfg.quiet, wandb=cfg.wandb, wandb_mode=cfg.wandb_mode,
+        wandb_project=cfg.wandb_project, run_name=cfg.run_name, append=ckpt is not None, elapsed=elapsed)
     n_params = sum(p.numel() for p in policy.parameters())
     logger.info(f"gpusim train: {W} worlds x {C} slots, horizon {H}, obs {env.obs_dim}, "
                 f"policy {n_params:,} params, device {device}, run dir {run_dir}")
