@@ -354,3 +354,28 @@ def test_trial_score_is_goal_reached_and_clean_score_excludes_contacts():
     m = env.metrics("mean")
     assert collided and m["goal_reached"] == 1.0 and m["collided"] == 1.0
     assert m["trial_0_score"] == 1.0 and m["trial_0_clean_score"] == 0.0
+
+
+def test_periodic_evaluation_logs_eval_mode_keys(tmp_path):
+    """``--eval-interval 2 --eval-mode self_play coplayer``: evaluation at updates 2 and at the end,
+    ``eval/<mode>/*`` ego means in the next report, nothing in between."""
+    import types
+
+    from train.coplayer import RunExtras
+
+    pack_file = four_car_pack().save(tmp_path / "four.pt")
+    config = env_cfg(ego_slots=1, scenario_length=5)
+    env = DriveEnv(four_car_pack(), 2, config)
+    partner = make_partner(tmp_path, env, "p.pt")
+    cfg = types.SimpleNamespace(coplayer=(partner,), coplayer_sample=False, seed=0, eval_interval=2,
+                                eval_mode=("self_play", "coplayer"), eval_data=str(pack_file), data="unused")
+    extras = RunExtras(cfg, env, "cpu", say=lambda line: None)
+    policy = ego_policy(env)
+    extras.after_update(1, False, policy)
+    assert not any(k.startswith("eval/") for k in extras.report())
+    extras.after_update(2, False, policy)
+    rec = extras.report()
+    assert rec["eval/self_play/n"] == 7 and rec["eval/coplayer/n"] == 2
+    assert 0.0 <= rec["eval/coplayer/goal_reached"] <= 1.0
+    extras.after_update(3, True, policy)
+    assert "eval/coplayer/score" in extras.report()
