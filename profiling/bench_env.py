@@ -12,8 +12,16 @@ Reports, for every (worlds, max_controlled) pair of the sweep:
   ``profiling/timers.py``; synchronised on CUDA) and ``other`` (action check, result);
 * memory: ``state_bytes_per_world`` (the ``EnvState`` tensors), ``obs_bytes_per_world`` (the
   observation buffer) and ``pack_bytes`` (the scenario pack, shared by all worlds);
-* ``reset_s``: seconds of the first ``env.reset()``; with ``--backend torch-compiled`` this
-  includes compiling the observation graph for this env size (``torch.compile``).
+* ``reset_s``: seconds of the first ``env.reset()`` and ``first_step_s`` of the first step: with
+  ``--backend torch-compiled`` they include compiling the step graphs for this env size
+  (``torch.compile``; fast when inductor's on-disk cache already holds them);
+* ``episode_end_step_ms`` / ``other_step_ms`` (with ``--episode-end``): the step that ends an
+  episode (auto-reset) vs the median other step of the same episodes.
+
+``--compare REF`` runs this script twice per round, the current tree (A) and REF (B: a commit-ish,
+exported with ``git archive``, or a directory), interleaved A/B, B/A, ... and prints A/B ratios of
+agent-steps/s (``profiling/compare.py``); ``--ref-backend`` gives B another backend (e.g. compiled vs
+eager on the same tree: ``--compare HEAD --backend torch-compiled --ref-backend torch``).
 
 Timing: ``--warmup`` untimed steps, then the median over ``--repeats`` runs of ``--steps`` steps.
 
@@ -83,7 +91,7 @@ def _sync(device: torch.device):
 
 
 def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, device: str, seed: int = 0,
-          breakdown: bool = False) -> dict:
+          breakdown: bool = False, episode_end: bool = False) -> dict:
     """Measure one configuration (see the module docstring for the keys of the returned dict)."""
     from gpusim.env import DriveEnv
 
@@ -104,6 +112,10 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
             return torch.randint(0, env.num_actions, shape, generator=g, device=env.device)
         return torch.rand(shape, generator=g, device=env.device) * 2 - 1
 
+    t_first = time.perf_counter()
+    env.step(actions())  # the first step compiles the step graphs with EnvConfig(compile=True)
+    _sync(env.device)
+    t_first = time.perf_counter() - t_first
     for _ in range(warmup):
         env.step(actions())
     rates, per_step, agents = [], [], []
@@ -134,7 +146,10 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
         "obs_bytes_per_world": env.num_slots * env.obs_dim * 4,
         "pack_bytes": env.pack.nbytes(),
         "reset_s": t_reset,
+        "first_step_s": t_first,
     }
+    if episode_end:
+        row.update(_episode_end_times(env, actions, repeats))
     if breakdown:
         timer = KernelTimer(sync_cuda=env.device.type == "cuda")
         acts = [actions() for _ in range(steps)]
@@ -150,6 +165,30 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
         row["breakdown_ms"] = rep
         row["breakdown_total_ms"] = total
     return row
+
+
+def _episode_end_times(env, actions, repeats: int) -> dict:
+    """Milliseconds of the step that ends an episode (auto-reset: new scenarios drawn, initial
+    state, observation of the new episode) vs the median other step of the same episodes.
+
+    Steps the env to the end of its current episode, then through ``max(1, repeats // 2)`` whole
+    episodes, timing every step."""
+    dev = env.device
+    end_ms, other_ms = [], []
+    while env.episode_step != 0:
+        env.step(actions())
+    for _ in range(max(1, repeats // 2)):
+        for _ in range(env.horizon):
+            a = actions()
+            _sync(dev)
+            t0 = time.perf_counter()
+            env.step(a)
+            _sync(dev)
+            ms = 1000 * (time.perf_counter() - t0)
+            (end_ms if env.episode_step == 0 else other_ms).append(ms)
+    med = statistics.median(other_ms)
+    end = statistics.median(end_ms)
+    return {"episode_end_step_ms": end, "other_step_ms": med, "episode_end_ratio": end / med}
 
 
 def parse_args(argv=None):
@@ -168,13 +207,26 @@ def parse_args(argv=None):
                          "EnvConfig(compile=True); triton: the kernels (needs CUDA)")
     ap.add_argument("--action-space", default="discrete", choices=["discrete", "continuous"])
     ap.add_argument("--breakdown", action="store_true", help="also time each stage of the step (per-stage ms/step)")
+    ap.add_argument("--episode-end", action="store_true",
+                    help="also time the step that ends an episode (auto-reset) against the other steps")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ap.add_argument("--compare", metavar="REF", default=None,
+                    help="A/B: this tree vs REF (a git commit-ish of this repository, or a directory holding "
+                         "another checkout), interleaved A/B, B/A, ... in one run; prints ratios (profiling/compare.py)")
+    ap.add_argument("--ref-backend", default=None, choices=["torch", "torch-compiled", "triton"],
+                    help="with --compare: the backend of the REF side (default: --backend); e.g. --compare HEAD "
+                         "--backend torch-compiled --ref-backend torch compares compiled vs eager")
+    ap.add_argument("--rounds", type=int, default=3, help="with --compare: A/B rounds (default 3)")
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     """Run the sweep; print a table (or JSON with ``--json``) and return the result dict."""
     args = parse_args(argv)
+    if args.compare is not None:
+        from profiling.compare import compare_main
+
+        return compare_main(args, sys.argv[1:] if argv is None else list(argv))
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     from gpusim.backend import use_backend
@@ -193,7 +245,7 @@ def main(argv=None) -> dict:
             pack_bytes[mc] = pack.nbytes()
             for w in args.worlds:
                 rows.append(bench(pack, config, w, args.steps, args.repeats, args.warmup, device,
-                                  breakdown=args.breakdown))
+                                  breakdown=args.breakdown, episode_end=args.episode_end))
     meta = {"device": device, "backend": args.backend, "threads": torch.get_num_threads(),
             "scenarios": pack.num_scenarios, "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup,
             "torch": torch.__version__, "data": str(args.data or "data/womd_sample"),
@@ -205,12 +257,17 @@ def main(argv=None) -> dict:
         return result
     print(f"# env-only, observations included; {meta}")
     print(f"{'worlds':>7} {'C':>3} {'agents':>7} {'agent-steps/s':>14} {'world-steps/s':>14} {'ms/step':>9} "
-          f"{'us/agent-step':>14} {'state KB/w':>10} {'obs KB/w':>9} {'reset s':>8}")
+          f"{'us/agent-step':>14} {'state KB/w':>10} {'obs KB/w':>9} {'reset s':>8} {'1st step s':>10}")
     for r in rows:
         print(f"{r['worlds']:>7} {r['max_controlled']:>3} {r['agents_per_step']:>7.0f} {r['agent_steps_per_s']:>14,.0f} "
               f"{r['world_steps_per_s']:>14,.0f} {r['ms_per_step']:>9.2f} {r['us_per_agent_step']:>14.2f} "
               f"{r['state_bytes_per_world'] / 1024:>10.1f} {r['obs_bytes_per_world'] / 1024:>9.1f} "
-              f"{r['reset_s']:>8.2f}")
+              f"{r['reset_s']:>8.2f} {r['first_step_s']:>10.2f}")
+    if args.episode_end:
+        print("\n# episode-end step (auto-reset) vs the other steps of the same episodes, ms")
+        for r in rows:
+            print(f"worlds={r['worlds']} C={r['max_controlled']}: episode end {r['episode_end_step_ms']:.2f}, "
+                  f"other {r['other_step_ms']:.2f} (x{r['episode_end_ratio']:.2f})")
     if args.breakdown:
         print("\n# per-kernel ms/step")
         for r in rows:
