@@ -83,6 +83,7 @@ def test_grid_covers_agents_and_goals_with_margin(pack):
 
 @pytest.mark.parametrize("s", [0, 3, 7])
 def test_grid_tables_equal_brute_force(pack, s):
+    pack = pack.padded()  # the tables of scenario s as [NC, K] rows
     nc = int(pack.grid_dims[s].prod())
     R = int(pack.num_segments[s])
     centres = cell_centres(pack.grid_origin[s], pack.grid_dims[s], pack.cell_size)
@@ -120,7 +121,7 @@ def test_grid_pads_when_few_segments(tmp_path):
     roads = [{"geometry": [{"x": -20.0, "y": 0.0}, {"x": 0.0, "y": 0.0}, {"x": 0.0, "y": 20.0}], "type": "road_edge"},
              {"geometry": [{"x": -20.0, "y": 5.0}, {"x": 20.0, "y": 5.0}], "type": "lane"}]
     path = write(tmp_path / "few.json", scenario([obj(0, 0, vx=2.0)], roads=roads))
-    p = ScenarioPack.from_json(path, DataConfig(grid_k=8, grid_edge_k=4))
+    p = ScenarioPack.from_json(path, DataConfig(grid_k=8, grid_edge_k=4)).padded()
     assert int(p.num_segments[0]) == 3
     assert bool((p.grid_road[0, :, 3:] == -1).all()) and bool((p.grid_road[0, :, :3] >= 0).all())
     assert bool((p.grid_edge[0, :, 2:] == -1).all())

@@ -45,7 +45,7 @@ def log_contacts(pack, box_scale):
     col = collisions(pos, hd, L, W, val, box_scale)
     scen = torch.arange(S).repeat_interleave(T)
     off = offroad(pos, hd, L, W, val, scen, pack.road_seg, pack.grid_edge, pack.grid_origin, pack.grid_dims,
-                  pack.cell_size, EnvConfig().offroad_box_scale)
+                  pack.cell_size, EnvConfig().offroad_box_scale, grid_start=pack.grid_start)
     return col.view(S, T, A).permute(0, 2, 1), off.view(S, T, A).permute(0, 2, 1)
 
 

@@ -469,7 +469,7 @@ def test_env_compacted_observations_equal_full_reference(sample_dir):
             st.pos, st.heading, st.speed, st.length, st.width, st.agent_type, st.present,
             st.goal[:, :C].contiguous(), obs[..., 6:11].contiguous(), active, st.scenario, p.road_seg,
             p.road_type, p.grid_road, p.grid_origin, p.grid_dims, p.cell_size, config.num_partners,
-            config.partner_radius, config.road_radius)
+            config.partner_radius, config.road_radius, grid_start=p.grid_start)
         d0 = want.shape[-1]  # the env appends the signal block (none in the sample: all zero)
         assert torch.equal(obs[..., :d0], want) and not obs[..., d0:].any()
         res = env.step(torch.randint(0, 91, (6, C), generator=g))

@@ -265,7 +265,8 @@ def real_goal_inputs(p, W, seed):
     valid = p.traj_valid[s, a, t]
     return dict(mask=valid & (torch.rand(W, A, generator=g) < 0.8), rand=torch.rand(W, A, generator=g),
                 scenario=scen, pos=p.traj_pos[s, a, t].contiguous(), heading=p.traj_heading[s, a, t].contiguous(),
-                goal=p.agent_goal[scen].contiguous(), grid_road=p.grid_road, grid_origin=p.grid_origin,
+                goal=p.agent_goal[scen].contiguous(), grid_road=p.grid_road, grid_start=p.grid_start,
+                grid_origin=p.grid_origin,
                 grid_dims=p.grid_dims, cell_size=p.cell_size, road_seg=p.road_seg, road_type=p.road_type,
                 min_ahead=NEW_GOAL_MIN_AHEAD, max_dist=NEW_GOAL_MAX_DIST, fallback=NEW_GOAL_FALLBACK)
 
@@ -282,7 +283,7 @@ def brute_force_goal(inp, w, a):
     ix = min(max(math.floor((x - ox) / cs), 0), nx - 1)
     iy = min(max(math.floor((y - oy) / cs), 0), ny - 1)
     qualifying = []
-    for c in inp["grid_road"][s, iy * nx + ix].tolist():
+    for c in inp["grid_road"][int(inp["grid_start"][s]) + iy * nx + ix].tolist():  # compact layout
         if c < 0 or int(inp["road_type"][s, c]) != int(RoadType.LANE):
             continue
         x0, y0, x1, y1 = inp["road_seg"][s, c].tolist()

@@ -1,8 +1,13 @@
 """Command line: convert WOMD scenarios (GPUDrive JSON or Waymo TFRecord) into a pack, describe a pack.
 
     python -m gpusim.data convert SRC... --out DIR_OR_FILE.pt [--limit N] [--workers N] [--no-progress]
-                                  [--max-agents N] [--max-controlled N] [--init-steps N] [--cell-size M] [...]
-    python -m gpusim.data info PACK_DIR_OR_PT_OR_SOURCES...
+                                  [--shard-size N] [--max-agents N] [--max-controlled N] [--init-steps N]
+                                  [--cell-size M] [...]
+    python -m gpusim.data info PACK_DIR_OR_PT_OR_SHARDED_DIR_OR_SOURCES...
+
+``--shard-size N`` writes a sharded pack directory (``gpusim.data.shards``: shards of N scenarios
+plus ``index.json``), converting with bounded memory; ``info`` on such a directory summarises it
+from the index and each shard's file size without loading any shard.
 
 ``convert`` prints one line per bad file or record (``error: <file>: <field>: <reason>``, the
 field starting with ``record[i]`` for TFRecords) and per skipped scenario, then a summary, writes
@@ -25,6 +30,7 @@ import warnings
 from gpusim.config import DataConfig, ObjectType, RoadType
 from gpusim.data.errors import ScenarioError
 from gpusim.data.pack import META_FILE, PACK_FILE, ScenarioPack
+from gpusim.data.shards import ShardedPack, convert_sharded, is_sharded
 from gpusim.data.signals import SignalState
 
 _CONFIG_FLAGS = {
@@ -70,8 +76,10 @@ def _progress_bar(enabled: bool):
                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
 
 
-def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, progress=False) -> ScenarioPack | None:
-    """Convert, printing one line per bad / skipped file or record and a summary. None if nothing usable."""
+def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, progress=False, shard_dir=None,
+                         shard_size=None) -> ScenarioPack | ShardedPack | None:
+    """Convert, printing one line per bad / skipped file or record and a summary. None if nothing
+    usable. With ``shard_dir`` / ``shard_size``: a sharded conversion (returns the ShardedPack)."""
     out = out if out is not None else sys.stdout
 
     t0 = time.perf_counter()
@@ -84,9 +92,13 @@ def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, pr
                        info=f"{len(stats['errors']) + len(stats['skipped'])} bad/skipped")
 
         try:
-            pack = ScenarioPack.from_json(sources, config, limit=limit, workers=workers,
-                                          progress=tick if bar is not None else None)
-            stats = pack.stats
+            if shard_dir is not None:
+                pack, stats = convert_sharded(sources, shard_dir, config, shard_size=shard_size, limit=limit,
+                                              workers=workers, progress=tick if bar is not None else None)
+            else:
+                pack = ScenarioPack.from_json(sources, config, limit=limit, workers=workers,
+                                              progress=tick if bar is not None else None)
+                stats = pack.stats
         except ScenarioError as exc:
             pack, stats = None, None
             print(f"error: {exc}", file=out)
@@ -160,8 +172,9 @@ def describe(pack: ScenarioPack, out=None) -> None:
     print("  by type: " + ", ".join(f"{RoadType(t).name.lower()} {c[t]}" for t in sorted(c)), file=out)
     cells = pack.grid_dims.to(int).prod(dim=1)
     print(
-        f"grid: {int(cells.sum())} cells ({pack.cell_size:g} m; max {pack.grid_road.shape[1]} per scenario), "
-        f"k = {pack.grid_road.shape[2]}, edge k = {pack.grid_edge.shape[2]}",
+        f"grid: {int(cells.sum())} cells ({pack.cell_size:g} m; max {int(cells.max())} per scenario), "
+        f"k = {pack.grid_road.shape[-1]}, edge k = {pack.grid_edge.shape[-1]}, tables {pack.grid_road.dtype} "
+        f"({'compact' if pack.is_compact else 'padded'})",
         file=out,
     )
     nbytes = pack.nbytes()
@@ -201,6 +214,30 @@ def describe(pack: ScenarioPack, out=None) -> None:
         )
 
 
+def describe_sharded(sp: ShardedPack, out=None) -> None:
+    """Print a sharded pack's summary from its index (no shard is loaded): scenarios, shards and
+    bytes, agents, segments, cells, signals, the maxima a pool pads to, config, a per-shard table."""
+    out = out if out is not None else sys.stdout
+    sc = sp.scenarios
+    total = sum(s["bytes"] for s in sp.shards)
+    print(f"sharded pack: {sp.path}", file=out)
+    print(f"scenarios: {sp.num_scenarios} in {sp.num_shards} shard(s); {total} bytes on disk "
+          f"({total / max(1, sp.num_scenarios) / 2**20:.2f} MiB per scenario)", file=out)
+    print(f"agents: {sum(s['agents'] for s in sc)} ({sum(s['controlled'] for s in sc)} controlled)", file=out)
+    print(f"road segments: {sum(s['segments'] for s in sc)} (max {sp.max_segments} per scenario)", file=out)
+    print(f"grid cells: {sum(s['cells'] for s in sc)} (max {sp.max_cells} per scenario)", file=out)
+    print(f"signals: {sum(s['signals'] for s in sc)} in {sum(s['signals'] > 0 for s in sc)} scenario(s) "
+          f"(max {sp.max_signals})", file=out)
+    errors, skipped = sp.stats.get("errors", []), sp.stats.get("skipped", [])
+    print(f"conversion: {len(errors)} bad, {len(skipped)} skipped", file=out)
+    print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(sp.config).items()), file=out)
+    print("", file=out)
+    print(f"{'shard':<18} {'scenarios':>9} {'bytes':>12}  first scenario", file=out)
+    for i, s in enumerate(sp.shards):
+        first = next((m["id"] for m in sc if m["shard"] == i), "-")
+        print(f"{s['file']:<18} {s['scenarios']:>9} {s['bytes']:>12}  {first}", file=out)
+
+
 def main(argv=None) -> int:
     """Entry point; returns the exit code (0 ok, 1 nothing usable, 2 usage error)."""
     parser = argparse.ArgumentParser(prog="python -m gpusim.data", description=__doc__.split("\n")[0])
@@ -211,6 +248,8 @@ def main(argv=None) -> int:
     pc.add_argument("--limit", type=int, default=None, help="stop after N scenarios are converted")
     pc.add_argument("--workers", type=int, default=1, help="processes building scenarios (default 1)")
     pc.add_argument("--no-progress", action="store_true", help="no progress bar")
+    pc.add_argument("--shard-size", type=int, default=None,
+                    help="write a sharded pack directory: shards of N scenarios + index.json")
     _add_config_flags(pc)
     pi = sub.add_parser("info", help="describe a pack (directory or .pt) or JSON sources")
     pi.add_argument("sources", nargs="+", metavar="PACK_OR_SRC")
@@ -223,12 +262,21 @@ def main(argv=None) -> int:
         return 2
 
     if args.cmd == "convert":
-        for flag, v in (("--limit", args.limit), ("--workers", args.workers)):
+        for flag, v in (("--limit", args.limit), ("--workers", args.workers), ("--shard-size", args.shard_size)):
             if v is not None and v < 1:
                 print(f"error: {flag} must be >= 1, got {v}", file=sys.stderr)
                 return 2
+        if args.shard_size is not None and args.out.endswith(".pt"):
+            print(f"error: --out {args.out}: a sharded pack is a directory, not a .pt file", file=sys.stderr)
+            return 2
         pack = _convert_with_report(args.sources, config, limit=args.limit, workers=args.workers,
-                                    progress=not args.no_progress and sys.stderr.isatty())
+                                    progress=not args.no_progress and sys.stderr.isatty(),
+                                    shard_dir=args.out if args.shard_size else None, shard_size=args.shard_size)
+        if isinstance(pack, ShardedPack):
+            total = sum(s["bytes"] for s in pack.shards)
+            print(f"wrote {pack.num_shards} shard(s) of <= {args.shard_size} scenarios ({total} bytes) and "
+                  f"{pack.path / 'index.json'}")
+            return 0
         if pack is None:
             print("nothing converted; no pack written", file=sys.stderr)
             return 1
@@ -239,6 +287,13 @@ def main(argv=None) -> int:
 
     # info
     first = pathlib.Path(args.sources[0])
+    if len(args.sources) == 1 and is_sharded(first):
+        try:
+            describe_sharded(ShardedPack.open(first))
+        except ScenarioError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
     if len(args.sources) == 1 and _is_pack(first):
         try:
             pack = ScenarioPack.load(first)

@@ -1,8 +1,9 @@
 """`ScenarioPack`: padded tensors for many WOMD scenarios, ready to move to a device.
 
 Axes: S scenarios, A = ``DataConfig.max_agents`` agent slots, T = 91 logged steps,
-R = road segments (padded to the largest scenario), NC = grid cells (padded), K = ``grid_k``,
-KE = ``grid_edge_k``.
+R = road segments (padded to the largest scenario), NCT = grid cells of all scenarios (not padded:
+the rows of scenario ``s`` start at ``grid_start[s]``, see :mod:`gpusim.data.layout`), K =
+``grid_k``, KE = ``grid_edge_k``.
 
 Agent slots are ordered: the ``num_controlled[s]`` controlled agents first (self-driving car first
 when it is controllable), then the log-replayed experts, then padding (``agent_exists = False``).
@@ -42,11 +43,17 @@ from gpusim.data.build import ScenarioData
 from gpusim.data.convert import convert_sources
 from gpusim.data.errors import PackFileError, ScenarioError
 
+from gpusim.data.layout import cell_counts, flatten_grid, grid_dtype, grid_rows, padded_grid, starts_of
+
 PACK_FILE = "pack.pt"
 META_FILE = "meta.json"
 #: 2 added agent_interest/agent_predict and the signal tensors; version-1 packs still load (no signals).
-FORMAT_VERSION = 2
-_READABLE_VERSIONS = (1, 2)
+#: 3: compact grid tables (int16, cells of all scenarios concatenated, ``grid_start``); versions 1
+#: and 2 (padded int32 tables) still load and are compacted on load.
+FORMAT_VERSION = 3
+_READABLE_VERSIONS = (1, 2, 3)
+#: Allowed dtypes of the grid tables (int16 unless a scenario has more than 32768 segments).
+GRID_DTYPES = (torch.int16, torch.int32)
 
 #: Tensor fields with their dtypes, in the order they are documented.
 TENSOR_FIELDS: dict[str, torch.dtype] = {
@@ -69,8 +76,9 @@ TENSOR_FIELDS: dict[str, torch.dtype] = {
     "num_segments": torch.int32,  # [S] segments in use (prefix)
     "grid_origin": torch.float32,  # [S, 2] lower-left corner of cell (0, 0) (m)
     "grid_dims": torch.int32,  # [S, 2] cells along x, along y (nx, ny); cell id = iy * nx + ix
-    "grid_road": torch.int32,  # [S, NC, K] nearest segments to each cell centre, sorted, -1 pad
-    "grid_edge": torch.int32,  # [S, NC, KE] nearest road-edge segments to each cell centre, -1 pad
+    "grid_road": torch.int16,  # [NCT, K] nearest segments to each cell centre, sorted, -1 pad (or int32)
+    "grid_edge": torch.int16,  # [NCT, KE] nearest road-edge segments to each cell centre, -1 pad (or int32)
+    "grid_start": torch.int64,  # [S] first row of scenario s in grid_road / grid_edge
     "agent_interest": torch.bool,  # [S, A] object is in the scenario's objects_of_interest
     "agent_predict": torch.bool,  # [S, A] object is in the scenario's tracks_to_predict
     "signal_lane": torch.int32,  # [S, L] map id of the lane the signal controls, -1 padding
@@ -101,6 +109,11 @@ class ScenarioPack:
         path: the file it was loaded from ("" when built in memory); used in messages.
         All other attributes: tensors as listed in ``TENSOR_FIELDS`` (the format-2 ones may be
         omitted when constructing: they default to "no signal" / False).
+
+    Grid layouts: *compact* (the default, format 3): ``grid_road`` [NCT, K] / ``grid_edge``
+    [NCT, KE] int16 (int32 past 32768 segments) with ``grid_start`` [S] int64; *padded* (format 2,
+    what :meth:`padded` returns, kept for comparisons): [S, NC, K] int32 and ``grid_start = None``.
+    The kernels accept both (:mod:`gpusim.data.layout`).
     """
 
     scenario_ids: list[str]
@@ -136,6 +149,7 @@ class ScenarioPack:
     signal_state: torch.Tensor | None = None
     signal_valid: torch.Tensor | None = None
     num_signals: torch.Tensor | None = None
+    grid_start: torch.Tensor | None = None
     path: str = ""
 
     def __post_init__(self):
@@ -180,17 +194,78 @@ class ScenarioPack:
         return self.traj_pos.device
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """All tensor fields by name."""
-        return {name: getattr(self, name) for name in TENSOR_FIELDS}
+        """All tensor fields by name (``grid_start`` left out in the padded layout)."""
+        return {name: getattr(self, name) for name in TENSOR_FIELDS if getattr(self, name) is not None}
 
     def nbytes(self) -> int:
         """Bytes held by the tensors."""
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
-    def to(self, device) -> "ScenarioPack":
-        """A copy with every tensor on ``device``."""
-        moved = {k: v.to(device) for k, v in self.tensors().items()}
+    def nbytes_by_tensor(self) -> dict[str, int]:
+        """Bytes held by each tensor, by name."""
+        return {k: t.numel() * t.element_size() for k, t in self.tensors().items()}
+
+    def to(self, device, non_blocking: bool = False) -> "ScenarioPack":
+        """A copy with every tensor on ``device`` (``non_blocking`` as in ``Tensor.to``)."""
+        moved = {k: v.to(device, non_blocking=non_blocking) for k, v in self.tensors().items()}
         return dataclasses.replace(self, **moved)
+
+    def pin_memory(self) -> "ScenarioPack":
+        """A copy in page-locked host memory (for asynchronous copies to a CUDA device); the pack
+        itself when no CUDA is available."""
+        if not torch.cuda.is_available():
+            return self
+        return dataclasses.replace(self, **{k: v.pin_memory() for k, v in self.tensors().items()})
+
+    @property
+    def is_compact(self) -> bool:
+        """The grid tables are in the compact layout (``grid_start`` set)."""
+        return self.grid_start is not None
+
+    @property
+    def num_cells(self) -> torch.Tensor:
+        """[S] int64 grid cells per scenario."""
+        return cell_counts(self.grid_dims)
+
+    def padded(self) -> "ScenarioPack":
+        """The same pack with format-2 grid tables ([S, NC, K] int32, padded to the largest grid,
+        ``grid_start = None``): what packs held before issue 21, for comparisons."""
+        if not self.is_compact:
+            return self
+        return dataclasses.replace(
+            self, grid_road=padded_grid(self.grid_road, self.grid_start, self.grid_dims),
+            grid_edge=padded_grid(self.grid_edge, self.grid_start, self.grid_dims), grid_start=None)
+
+    def compact(self) -> "ScenarioPack":
+        """The same pack with compact grid tables (itself when already compact)."""
+        if self.is_compact:
+            return self
+        dtype = grid_dtype(self.road_seg.shape[1])
+        road, start = flatten_grid(self.grid_road, self.grid_dims, dtype)
+        edge, _ = flatten_grid(self.grid_edge, self.grid_dims, dtype)
+        return dataclasses.replace(self, grid_road=road, grid_edge=edge, grid_start=start)
+
+    def select(self, index) -> "ScenarioPack":
+        """A pack of the scenarios ``index`` (list or [n] int tensor, in that order, repeats
+        allowed), with the same padded sizes (A, R, L) and the grid rows gathered (compact layout).
+
+        Raises:
+            IndexError: an index out of range.
+        """
+        p = self.compact()
+        idx = torch.as_tensor(index, dtype=torch.int64).reshape(-1)
+        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= p.num_scenarios):
+            raise IndexError(f"select: scenario index out of range [0, {p.num_scenarios})")
+        dev = p.offset.device
+        idx_d = idx.to(dev)
+        rows, start = grid_rows(p.grid_start, p.grid_dims, idx_d)
+        out = {k: v.index_select(0, idx_d) for k, v in p.tensors().items()
+               if k not in ("grid_road", "grid_edge", "grid_start")}
+        il = idx.tolist()
+        return dataclasses.replace(
+            p, scenario_ids=[p.scenario_ids[i] for i in il], source_files=[p.source_files[i] for i in il],
+            grid_road=p.grid_road.index_select(0, rows), grid_edge=p.grid_edge.index_select(0, rows),
+            grid_start=start, **out)
 
     def validate(self) -> None:
         """Check dtypes and mutually consistent shapes.
@@ -208,20 +283,35 @@ class ScenarioPack:
             "grid_origin": (S, 2), "grid_dims": (S, 2), "agent_interest": (S, A), "agent_predict": (S, A),
             "num_signals": (S,),
         }
+        if self.is_compact:
+            expect["grid_start"] = (S,)
         for name, dtype in TENSOR_FIELDS.items():
             t = getattr(self, name)
+            if name == "grid_start" and t is None:
+                continue
             if not isinstance(t, torch.Tensor):
                 raise ValueError(f"ScenarioPack.{name} is not a tensor")
-            if t.dtype != dtype:
+            if name in ("grid_road", "grid_edge"):
+                if t.dtype not in (GRID_DTYPES if self.is_compact else (torch.int32,)):
+                    raise ValueError(f"ScenarioPack.{name} has dtype {t.dtype}")
+            elif t.dtype != dtype:
                 raise ValueError(f"ScenarioPack.{name} has dtype {t.dtype}, expected {dtype}")
             if name in expect and tuple(t.shape) != expect[name]:
                 raise ValueError(f"ScenarioPack.{name} has shape {tuple(t.shape)}, expected {expect[name]}")
         R = self.road_seg.shape[1]
         if tuple(self.road_seg.shape) != (S, R, 4) or tuple(self.road_type.shape) != (S, R):
             raise ValueError("ScenarioPack.road_seg / road_type shapes disagree")
-        NC = self.grid_road.shape[1]
-        if self.grid_road.shape[:2] != (S, NC) or self.grid_edge.shape[:2] != (S, NC):
-            raise ValueError("ScenarioPack.grid_road / grid_edge shapes disagree")
+        if self.is_compact:
+            nct = int(self.num_cells.sum())
+            if (self.grid_road.dim() != 2 or self.grid_edge.dim() != 2 or self.grid_road.shape[0] != nct
+                    or self.grid_edge.shape[0] != nct or self.grid_road.dtype != self.grid_edge.dtype):
+                raise ValueError(f"ScenarioPack.grid_road / grid_edge must be [{nct}, K] / [{nct}, KE] of one dtype")
+            if not torch.equal(self.grid_start.cpu(), starts_of(self.num_cells).cpu()):
+                raise ValueError("ScenarioPack.grid_start is not the prefix sum of the grid cells")
+        else:
+            NC = self.grid_road.shape[1]
+            if self.grid_road.dim() != 3 or self.grid_road.shape[:2] != (S, NC) or self.grid_edge.shape[:2] != (S, NC):
+                raise ValueError("ScenarioPack.grid_road / grid_edge shapes disagree")
         L = self.signal_lane.shape[1] if self.signal_lane.dim() == 2 else -1
         for name, shape in (("signal_lane", (S, L)), ("signal_pos", (S, L, 2)), ("signal_dir", (S, L, 2)),
                             ("signal_state", (S, T, L)), ("signal_valid", (S, T, L))):
@@ -291,7 +381,7 @@ class ScenarioPack:
             "config": dataclasses.asdict(self.config),
             "stats": self.stats,
         }
-        payload = {"meta": meta, "tensors": {k: v.detach().cpu() for k, v in self.tensors().items()}}
+        payload = {"meta": meta, "tensors": {k: v.detach().cpu() for k, v in self.compact().tensors().items()}}
         if path.suffix == ".pt":
             path.parent.mkdir(parents=True, exist_ok=True)
             _atomic_torch_save(payload, path)
@@ -338,6 +428,8 @@ class ScenarioPack:
         if version not in _READABLE_VERSIONS:
             raise PackFileError(file, "", f"pack format {version} is not one of {_READABLE_VERSIONS}; {again}")
         optional = set(_OPTIONAL_FIELDS) if version == 1 else set()
+        if version < 3:
+            optional.add("grid_start")
         for k in TENSOR_FIELDS:
             if k not in optional and not isinstance(tensors.get(k), torch.Tensor):
                 raise PackFileError(file, k, f"missing tensor; {again}")
@@ -351,14 +443,17 @@ class ScenarioPack:
                 **{k: tensors[k].to(device) for k in TENSOR_FIELDS if k in tensors},
             )
             pack.validate()
+            pack = pack.compact()
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
             raise PackFileError(file, "", f"inconsistent pack ({type(exc).__name__}: {exc}); {again}") from None
         return pack
 
 
-def pack_scenarios(scenarios: list[ScenarioData], config: DataConfig, stats: dict | None = None) -> ScenarioPack:
-    """Pad scenarios to common sizes (A = ``config.max_agents``; R, NC and L = maxima, at least 1)
-    and stack them.
+def pack_scenarios(scenarios: list[ScenarioData], config: DataConfig, stats: dict | None = None, *,
+                   min_segments: int = 1, min_signals: int = 1) -> ScenarioPack:
+    """Pad scenarios to common sizes (A = ``config.max_agents``; R and L = maxima, at least
+    ``min_segments`` / ``min_signals``, so that packs of one dataset can share R and L) and stack
+    them; the grid tables are concatenated without padding (compact layout).
 
     Raises:
         ScenarioError: if ``scenarios`` is empty.
@@ -367,23 +462,25 @@ def pack_scenarios(scenarios: list[ScenarioData], config: DataConfig, stats: dic
         raise ScenarioError("", "", "no usable scenario to pack")
     S, A = len(scenarios), config.max_agents
     T = scenarios[0].traj_pos.shape[1]
-    R = max(1, max(s.num_segments for s in scenarios))
-    NC = max(s.num_cells for s in scenarios)
-    L = max(1, max(s.num_signals for s in scenarios))
+    R = max(1, int(min_segments), max(s.num_segments for s in scenarios))
+    NC = sum(s.num_cells for s in scenarios)
+    L = max(1, int(min_signals), max(s.num_signals for s in scenarios))
     K, KE = config.grid_k, config.grid_edge_k
     shapes = {
         "offset": (S, 2), "traj_pos": (S, A, T, 2), "traj_heading": (S, A, T), "traj_vel": (S, A, T, 2),
         "traj_valid": (S, A, T), "agent_exists": (S, A), "agent_type": (S, A), "agent_length": (S, A),
         "agent_width": (S, A), "agent_goal": (S, A, 2), "agent_source_index": (S, A), "num_agents": (S,),
         "num_controlled": (S,), "sdc_index": (S,), "road_seg": (S, R, 4), "road_type": (S, R),
-        "num_segments": (S,), "grid_origin": (S, 2), "grid_dims": (S, 2), "grid_road": (S, NC, K),
-        "grid_edge": (S, NC, KE), "agent_interest": (S, A), "agent_predict": (S, A), "signal_lane": (S, L),
+        "num_segments": (S,), "grid_origin": (S, 2), "grid_dims": (S, 2), "grid_road": (NC, K),
+        "grid_edge": (NC, KE), "grid_start": (S,), "agent_interest": (S, A), "agent_predict": (S, A), "signal_lane": (S, L),
         "signal_pos": (S, L, 2), "signal_dir": (S, L, 2), "signal_state": (S, T, L), "signal_valid": (S, T, L),
         "num_signals": (S,),
     }
     pad = {"agent_type": -1, "agent_source_index": -1, "sdc_index": -1, "road_type": -1, "grid_road": -1,
            "grid_edge": -1, "signal_lane": -1}
-    out = {k: torch.full(shape, pad.get(k, 0), dtype=TENSOR_FIELDS[k]) for k, shape in shapes.items()}
+    dtypes = dict(TENSOR_FIELDS, grid_road=grid_dtype(R), grid_edge=grid_dtype(R))
+    out = {k: torch.full(shape, pad.get(k, 0), dtype=dtypes[k]) for k, shape in shapes.items()}
+    row = 0
     per_agent = ("traj_pos", "traj_heading", "traj_vel", "traj_valid", "agent_exists", "agent_type", "agent_length",
                  "agent_width", "agent_goal", "agent_source_index", "agent_interest", "agent_predict")
     for i, sc in enumerate(scenarios):
@@ -396,8 +493,10 @@ def pack_scenarios(scenarios: list[ScenarioData], config: DataConfig, stats: dic
             out[name][i] = v
         out["road_seg"][i, :r] = sc.road_seg
         out["road_type"][i, :r] = sc.road_type
-        out["grid_road"][i, :nc] = sc.grid_road
-        out["grid_edge"][i, :nc] = sc.grid_edge
+        out["grid_road"][row : row + nc] = sc.grid_road
+        out["grid_edge"][row : row + nc] = sc.grid_edge
+        out["grid_start"][i] = row
+        row += nc
         for name in ("signal_lane", "signal_pos", "signal_dir"):
             out[name][i, :nl] = getattr(sc, name)
         out["signal_state"][i, :, :nl] = sc.signal_state

@@ -77,3 +77,31 @@ def cell_index(pos, scenario, grid_origin, grid_dims, cell_size):
     """Public entry: see :func:`cell_index_reference` (a gather helper used inside other kernels,
     with no launch of its own; Triton kernels call :func:`cell_index_jit`)."""
     return cell_index_reference(pos, scenario, grid_origin, grid_dims, cell_size)
+
+
+def grid_table_rows(table: torch.Tensor, grid_start: torch.Tensor | None, name: str = "grid table"):
+    """Flat view of a nearest-segment table and the first row of each scenario in it.
+
+    Two layouts (``gpusim.data.layout``): padded ``[S, NC, K]`` int32 with ``grid_start=None``
+    (row of cell ``c`` of scenario ``s``: ``s * NC + c``), or compact ``[NCT, K]`` int16/int32
+    with ``grid_start`` [S] int64 (row ``grid_start[s] + c``).
+
+    Returns:
+        ``(table2d [rows, K], start [S] int64)`` on the table's device (``start`` is allocated for
+        the padded layout).
+
+    Raises:
+        ValueError: naming ``name``: wrong rank or dtype, a 2-D table without ``grid_start``.
+    """
+    if table.dtype not in (torch.int16, torch.int32):
+        raise ValueError(f"{name} must be int16 or int32, got {table.dtype}")
+    if table.dim() == 3:
+        if grid_start is not None:
+            raise ValueError(f"{name}: a padded [S, NC, K] table takes no grid_start")
+        S, NC, K = table.shape
+        return table.reshape(S * NC, K), torch.arange(S, device=table.device, dtype=torch.int64) * NC
+    if table.dim() != 2 or grid_start is None:
+        raise ValueError(f"{name} must be [S, NC, K], or [NCT, K] with grid_start [S]; got {tuple(table.shape)}")
+    if grid_start.dtype != torch.int64 or grid_start.dim() != 1 or grid_start.device != table.device:
+        raise ValueError(f"{name}: grid_start must be a 1-D int64 tensor on {table.device}")
+    return table, grid_start

@@ -34,7 +34,7 @@ import triton.language as tl
 from gpusim.backend import backend_for
 from gpusim.kernels.checks import check_tensors
 from gpusim.enums import RoadType
-from gpusim.kernels.grid import cell_index, cell_index_jit
+from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
 
 #: Road type code of a lane (``RoadType.LANE`` of the leaf module :mod:`gpusim.enums`).
 LANE_TYPE = int(RoadType.LANE)
@@ -58,13 +58,13 @@ def _f32_square(x: float) -> float:
 
 
 def _goal_rows(rand, s, p, h, grid_road, grid_origin, grid_dims, cell_size, road_seg, road_type,
-               min_ahead, max_dist, fallback, lane_type):
+               min_ahead, max_dist, fallback, lane_type, grid_start=None):
     """New goal [N, 2] of N agent rows: ``rand`` [N] f32, ``s`` [N] int64, ``p`` [N, 2], ``h`` [N]."""
-    S, NC, K = grid_road.shape
-    R = road_seg.shape[1]
+    grid2, start = grid_table_rows(grid_road, grid_start, "new_goal: grid_road")
+    S, R = road_seg.shape[:2]
     c, sn = torch.cos(h), torch.sin(h)
     cell = cell_index(p[:, None, :], s, grid_origin, grid_dims, cell_size)[:, 0]  # [N]
-    cand = grid_road.reshape(S * NC, K).index_select(0, s * NC + cell).to(torch.int64)  # [N, K]
+    cand = grid2.index_select(0, start.index_select(0, s) + cell).to(torch.int64)  # [N, K]
     real = cand >= 0
     g = s[:, None] * R + cand.clamp_min(0)  # [N, K] flat segment index
     seg = road_seg.reshape(S * R, 4)[g]  # [N, K, 4]
@@ -106,6 +106,7 @@ def new_goal_reference(
     max_dist: float,
     fallback: float,
     lane_type: int = LANE_TYPE,
+    grid_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """New goals for the agents in ``mask`` (rule in the module docstring), dense over all agents.
 
@@ -117,7 +118,8 @@ def new_goal_reference(
         pos: [W, A, 2] float32 positions (m).
         heading: [W, A] float32 headings (rad).
         goal: [W, A, 2] float32 current goals (m), kept where ``mask`` is False.
-        grid_road: [S, NC, K] int32 candidate segments per grid cell (``-1`` padding).
+        grid_road: [S, NC, K] int32 candidate segments per grid cell (``-1`` padding), or the
+            compact [NCT, K] int16/int32 table with ``grid_start`` (``gpusim.data.layout``).
         grid_origin: [S, 2] float32, grid_dims: [S, 2] int32, cell_size: float (m) -- the grid.
         road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
         road_type: [S, R] int8 road type codes (``-1`` padding).
@@ -125,6 +127,7 @@ def new_goal_reference(
         max_dist: maximum distance from pos to the midpoint (m).
         fallback: distance of the fallback goal straight ahead (m).
         lane_type: road type code of lanes (``RoadType.LANE`` = 0).
+        grid_start: [S] int64 first row of each scenario in a compact ``grid_road`` (None: padded).
 
     Returns:
         [W, A, 2] float32 new tensor of goals.
@@ -137,12 +140,12 @@ def new_goal_reference(
     W, A = mask.shape
     s = scenario.to(torch.int64)[:, None].expand(W, A).reshape(-1)
     new = _goal_rows(rand.reshape(-1), s, pos.reshape(-1, 2), heading.reshape(-1), grid_road, grid_origin,
-                     grid_dims, cell_size, road_seg, road_type, min_ahead, max_dist, fallback, lane_type)
+                     grid_dims, cell_size, road_seg, road_type, min_ahead, max_dist, fallback, lane_type, grid_start)
     return torch.where(mask[..., None], new.view(W, A, 2), goal)
 
 
 def new_goal_compact(mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, grid_dims, cell_size,
-                      road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE):
+                      road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE, grid_start=None):
     """CPU path of :func:`new_goal`: the rows of the masked agents only (``nonzero`` costs no device
     synchronisation on the CPU), same per-row arithmetic as :func:`new_goal_reference`."""
     _check_scalars(cell_size, min_ahead, max_dist, fallback)
@@ -154,7 +157,7 @@ def new_goal_compact(mask, rand, scenario, pos, heading, goal, grid_road, grid_o
     s = scenario.to(torch.int64).index_select(0, torch.div(rows, A, rounding_mode="floor"))
     new = _goal_rows(rand.reshape(-1).index_select(0, rows), s, pos.reshape(-1, 2).index_select(0, rows),
                      heading.reshape(-1).index_select(0, rows), grid_road, grid_origin, grid_dims, cell_size,
-                     road_seg, road_type, min_ahead, max_dist, fallback, lane_type)
+                     road_seg, road_type, min_ahead, max_dist, fallback, lane_type, grid_start)
     out.view(-1, 2).index_copy_(0, rows, new)
     return out
 
@@ -162,9 +165,9 @@ def new_goal_compact(mask, rand, scenario, pos, heading, goal, grid_road, grid_o
 @triton.jit
 def _new_goal_kernel(
     mask_ptr, rand_ptr, scenario_ptr, pos_ptr, heading_ptr, goal_ptr,
-    grid_ptr, origin_ptr, dims_ptr, seg_ptr, rtype_ptr,
+    grid_ptr, start_ptr, origin_ptr, dims_ptr, seg_ptr, rtype_ptr,
     out_goal_ptr,
-    N, A, NC, K, R, cell_size, min_ahead, max_d2, fallback, lane_type,
+    N, A, K, R, cell_size, min_ahead, max_d2, fallback, lane_type,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -189,7 +192,8 @@ def _new_goal_kernel(
     # the cell's K candidates: [BLOCK_N, BLOCK_K]
     ko = tl.arange(0, BLOCK_K)
     lm = sel[:, None] & (ko[None, :] < K)
-    cand = tl.load(grid_ptr + (s * NC + cell)[:, None] * K + ko[None, :], mask=lm, other=-1)
+    row = tl.load(start_ptr + s, mask=sel, other=0).to(tl.int64) + cell  # grid_start[s] + cell
+    cand = tl.load(grid_ptr + row[:, None] * K + ko[None, :], mask=lm, other=-1).to(tl.int32)
     real = lm & (cand >= 0)
     g = s[:, None] * R + tl.where(real, cand, 0).to(tl.int64)
     x0 = tl.load(seg_ptr + g * 4 + 0, mask=real, other=0.0)
@@ -226,21 +230,24 @@ def _empty(shape, dtype, device) -> torch.Tensor:
 
 
 def _new_goal_triton(mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, grid_dims, cell_size,
-                     road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE):
+                     road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE, grid_start=None):
     _check_scalars(cell_size, min_ahead, max_dist, fallback)
     if mask.dim() != 2:
         raise ValueError(f"new_goal: mask must be [W, A], got shape {tuple(mask.shape)}")
     W, A = mask.shape
-    if grid_road.dim() != 3 or road_seg.dim() != 3:
-        raise ValueError("new_goal: grid_road must be [S, NC, K] and road_seg [S, R, 4]")
-    S, NC, K = grid_road.shape
-    R = road_seg.shape[1]
+    if grid_road.dim() not in (2, 3) or road_seg.dim() != 3:
+        raise ValueError("new_goal: grid_road must be [S, NC, K] or [NCT, K] and road_seg [S, R, 4]")
+    grid2, start = grid_table_rows(grid_road, grid_start, "new_goal: grid_road")
+    S, R = road_seg.shape[:2]
+    K = grid2.shape[1]
+    if start.shape[0] != S or (grid_road.dim() == 3 and grid_road.dtype != torch.int32):
+        raise ValueError(f"new_goal: grid_road must hold {S} scenarios (int32 when padded)")
     dev = pos.device
     spec = [
         (mask, (W, A), torch.bool, "mask"), (rand, (W, A), torch.float32, "rand"),
         (scenario, (W,), torch.int64, "scenario"), (pos, (W, A, 2), torch.float32, "pos"),
         (heading, (W, A), torch.float32, "heading"), (goal, (W, A, 2), torch.float32, "goal"),
-        (grid_road, (S, NC, K), torch.int32, "grid_road"), (grid_origin, (S, 2), torch.float32, "grid_origin"),
+        (grid2, tuple(grid2.shape), grid2.dtype, "grid_road"), (grid_origin, (S, 2), torch.float32, "grid_origin"),
         (grid_dims, (S, 2), torch.int32, "grid_dims"), (road_seg, (S, R, 4), torch.float32, "road_seg"),
         (road_type, (S, R), torch.int8, "road_type"),
     ]
@@ -254,15 +261,15 @@ def _new_goal_triton(mask, rand, scenario, pos, heading, goal, grid_road, grid_o
     max_d2 = _f32_square(max_dist)  # as the reference
     _new_goal_kernel[(triton.cdiv(N, block_n),)](
         mask.view(torch.int8), rand, scenario, pos, heading, goal,
-        grid_road, grid_origin, grid_dims, road_seg, road_type, out,
-        N, A, NC, K, R, float(cell_size), float(min_ahead), max_d2, float(fallback), int(lane_type),
+        grid2, start, grid_origin, grid_dims, road_seg, road_type, out,
+        N, A, K, R, float(cell_size), float(min_ahead), max_d2, float(fallback), int(lane_type),
         BLOCK_N=block_n, BLOCK_K=block_k,
     )
     return out
 
 
 def new_goal(mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, grid_dims, cell_size,
-             road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE):
+             road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE, grid_start=None):
     """New goals for the agents in ``mask`` (rule in the module docstring).
 
     Same signature, semantics and errors as :func:`new_goal_reference`. Runs the Triton kernel
@@ -272,7 +279,7 @@ def new_goal(mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, g
     runs the dense reference (no host synchronisation).
     """
     args = (mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, grid_dims, cell_size,
-            road_seg, road_type, min_ahead, max_dist, fallback, lane_type)
+            road_seg, road_type, min_ahead, max_dist, fallback, lane_type, grid_start)
     if backend_for(pos) == "triton":
         return _new_goal_triton(*args)
     if pos.device.type == "cpu":

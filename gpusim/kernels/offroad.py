@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import backend_for
-from gpusim.kernels.grid import cell_index, cell_index_jit
+from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
 
 
 def _corners(pos, heading, length, width, box_scale):
@@ -44,7 +44,7 @@ def _corners(pos, heading, length, width, box_scale):
 
 def offroad_reference(
     pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
-    cell_size: float, box_scale: float,
+    cell_size: float, box_scale: float, grid_start=None,
 ):
     """Is each agent's box outline crossing a road-edge segment listed for its grid cell?
 
@@ -54,9 +54,11 @@ def offroad_reference(
         present: [W, A] bool; absent agents are never offroad.
         scenario: [W] int64 scenario index of each world.
         road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
-        grid_edge: [S, NC, KE] int32 road-edge segment indices per cell, -1 padding.
+        grid_edge: [S, NC, KE] int32 road-edge segment indices per cell, -1 padding, or the
+            compact [NCT, KE] int16/int32 table with ``grid_start`` (``gpusim.data.layout``).
         grid_origin: [S, 2] float32; grid_dims: [S, 2] int32 (see ``gpusim.kernels.grid``).
         cell_size: grid cell edge (m). box_scale: factor on length and width.
+        grid_start: [S] int64 first row of each scenario in a compact ``grid_edge`` (None: padded).
 
     Returns:
         [W, A] bool offroad flags.
@@ -68,7 +70,8 @@ def offroad_reference(
     """
     W, A = heading.shape
     S, R, _ = road_seg.shape
-    NC, KE = grid_edge.shape[1], grid_edge.shape[2]
+    edge2, start = grid_table_rows(grid_edge, grid_start, "offroad: grid_edge")
+    KE = edge2.shape[1]
     out = torch.zeros(W * A, dtype=torch.bool, device=heading.device)
     agents = present.reshape(-1).nonzero().squeeze(1)  # [N] flat w * A + a
     if agents.numel() == 0 or KE == 0:
@@ -77,7 +80,7 @@ def offroad_reference(
     s = scenario.index_select(0, w)
     p = pos.reshape(W * A, 2).index_select(0, agents)  # [N, 2]
     cell = cell_index(p[:, None, :], s, grid_origin, grid_dims, cell_size)[:, 0]  # [N]
-    idx = grid_edge.view(S * NC, KE).index_select(0, s * NC + cell)  # [N, KE] int32
+    idx = edge2.index_select(0, start.index_select(0, s) + cell).to(torch.int32)  # [N, KE] int32
     cx, cy = _corners(p, heading.reshape(-1).index_select(0, agents), length.reshape(-1).index_select(0, agents),
                       width.reshape(-1).index_select(0, agents), box_scale)  # [N, 4]
     seg = road_seg.view(S * R, 4).index_select(0, (idx.clamp_min(0) + (s * R)[:, None]).view(-1)).view(-1, KE, 4)
@@ -126,8 +129,8 @@ def _crosses(ax, ay, bx, by, qx1, qy1, qx2, qy2, fx, fy):
 @triton.jit
 def _offroad_kernel(
     pos_ptr, heading_ptr, length_ptr, width_ptr, present_ptr, scenario_ptr,
-    seg_ptr, grid_ptr, origin_ptr, dims_ptr, out_ptr,
-    A, R, NC, KE, n, cell_size, box_scale,
+    seg_ptr, grid_ptr, start_ptr, origin_ptr, dims_ptr, out_ptr,
+    A, R, KE, n, cell_size, box_scale,
     BLOCK: tl.constexpr,
 ):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
@@ -157,7 +160,7 @@ def _offroad_kernel(
     x3 = x + ux - vx
     y3 = y + uy - vy
     hit = tl.zeros([BLOCK], dtype=tl.int1)
-    gbase = (s * NC + cell) * KE
+    gbase = (tl.load(start_ptr + s, mask=m, other=0).to(tl.int64) + cell) * KE  # grid_start[s] + cell
     for k in range(0, KE):
         sid = tl.load(grid_ptr + gbase + k, mask=pres, other=-1).to(tl.int64)
         ok = pres & (sid >= 0)
@@ -177,23 +180,26 @@ def _offroad_kernel(
 
 def _offroad_triton(
     pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
-    cell_size: float, box_scale: float,
+    cell_size: float, box_scale: float, grid_start=None,
 ):
     if heading.dim() != 2:
         raise ValueError(f"offroad: heading must be [W, A], got {tuple(heading.shape)}")
     W, A = heading.shape
-    if road_seg.dim() != 3 or road_seg.shape[-1] != 4 or grid_edge.dim() != 3:
+    if road_seg.dim() != 3 or road_seg.shape[-1] != 4 or grid_edge.dim() not in (2, 3):
         raise ValueError(
-            f"offroad: road_seg must be [S, R, 4] and grid_edge [S, NC, KE], got {tuple(road_seg.shape)}, {tuple(grid_edge.shape)}"
+            f"offroad: road_seg must be [S, R, 4] and grid_edge [S, NC, KE] or [NCT, KE], got {tuple(road_seg.shape)}, {tuple(grid_edge.shape)}"
         )
     S, R, _ = road_seg.shape
-    _, NC, KE = grid_edge.shape
+    edge2, start = grid_table_rows(grid_edge, grid_start, "offroad: grid_edge")
+    KE = edge2.shape[1]
+    if start.shape[0] != S or (grid_edge.dim() == 3 and grid_edge.dtype != torch.int32):
+        raise ValueError(f"offroad: grid_edge must hold {S} scenarios (int32 when padded)")
     dev = heading.device
     for name, t, shape, dtype in (
         ("pos", pos, (W, A, 2), torch.float32), ("heading", heading, (W, A), torch.float32),
         ("length", length, (W, A), torch.float32), ("width", width, (W, A), torch.float32),
         ("present", present, (W, A), torch.bool), ("scenario", scenario, (W,), torch.int64),
-        ("road_seg", road_seg, (S, R, 4), torch.float32), ("grid_edge", grid_edge, (S, NC, KE), torch.int32),
+        ("road_seg", road_seg, (S, R, 4), torch.float32), ("grid_edge", edge2, tuple(edge2.shape), edge2.dtype),
         ("grid_origin", grid_origin, (S, 2), torch.float32), ("grid_dims", grid_dims, (S, 2), torch.int32),
     ):
         if tuple(t.shape) != shape or t.dtype != dtype or t.device != dev:
@@ -207,15 +213,15 @@ def _offroad_triton(
         _offroad_kernel[(triton.cdiv(n, BLOCK),)](
             pos.contiguous(), heading.contiguous(), length.contiguous(), width.contiguous(),
             present.contiguous().view(torch.uint8), scenario.contiguous(), road_seg.contiguous(),
-            grid_edge.contiguous(), grid_origin.contiguous(), grid_dims.contiguous(), out,
-            A, R, NC, KE, n, float(cell_size), float(box_scale), BLOCK=BLOCK,
+            edge2.contiguous(), start, grid_origin.contiguous(), grid_dims.contiguous(), out,
+            A, R, KE, n, float(cell_size), float(box_scale), BLOCK=BLOCK,
         )
     return out != 0
 
 
 def offroad(
     pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
-    cell_size: float, box_scale: float,
+    cell_size: float, box_scale: float, grid_start=None,
 ):
     """Is each agent's box outline crossing a road-edge segment listed for its grid cell?
 
@@ -225,9 +231,11 @@ def offroad(
         present: [W, A] bool; absent agents are never offroad.
         scenario: [W] int64 scenario index of each world.
         road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
-        grid_edge: [S, NC, KE] int32 road-edge segment indices per cell, -1 padding.
+        grid_edge: [S, NC, KE] int32 road-edge segment indices per cell, -1 padding, or the
+            compact [NCT, KE] int16/int32 table with ``grid_start`` (``gpusim.data.layout``).
         grid_origin: [S, 2] float32; grid_dims: [S, 2] int32 (see ``gpusim.kernels.grid``).
         cell_size: grid cell edge (m). box_scale: factor on length and width.
+        grid_start: [S] int64 first row of each scenario in a compact ``grid_edge`` (None: padded).
 
     Returns:
         [W, A] bool offroad flags.
@@ -237,9 +245,9 @@ def offroad(
     if backend_for(heading) == "triton":
         return _offroad_triton(
             pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
-            cell_size, box_scale,
+            cell_size, box_scale, grid_start,
         )
     return offroad_reference(
         pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
-        cell_size, box_scale,
+        cell_size, box_scale, grid_start,
     )

@@ -10,7 +10,6 @@ which reuses :func:`build_parser` and :func:`render_from_args` with its own ``ma
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import pathlib
 import sys
 from typing import Callable
@@ -37,9 +36,7 @@ def select_scenario(pack, scenario_id: str):
         i = stems.index(scenario_id)
     else:
         raise KeyError(f"scenario {scenario_id!r} is not in the data; available: {', '.join(ids)}")
-    sl = slice(i, i + 1)
-    return dataclasses.replace(pack, scenario_ids=[ids[i]], source_files=[pack.source_files[i]],
-                               **{k: v[sl] for k, v in pack.tensors().items()})
+    return pack.select([i])
 
 
 def _load_data(data: str, scenario: str | None, data_config):

@@ -42,6 +42,7 @@ def contacts(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         scenario=state.scenario,
         road_seg=p.road_seg,
         grid_edge=p.grid_edge,
+        grid_start=p.grid_start,
         grid_origin=p.grid_origin,
         grid_dims=p.grid_dims,
         cell_size=p.cell_size,

@@ -79,6 +79,7 @@ def sample_new_goals(ctx: SimContext, state: EnvState, mask: torch.Tensor) -> to
         heading=state.heading.contiguous(),
         goal=state.goal.contiguous(),
         grid_road=p.grid_road,
+        grid_start=p.grid_start,
         grid_origin=p.grid_origin,
         grid_dims=p.grid_dims,
         cell_size=p.cell_size,

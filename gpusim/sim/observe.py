@@ -76,6 +76,7 @@ def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
         road_seg=p.road_seg,
         road_type=p.road_type,
         grid_road=p.grid_road,
+        grid_start=p.grid_start,
         grid_origin=p.grid_origin,
         grid_dims=p.grid_dims,
         cell_size=p.cell_size,

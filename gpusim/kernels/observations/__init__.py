@@ -118,6 +118,7 @@ def observations(
     road_radius: float,
     out: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
+    grid_start: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Ego-centric observation of every policy slot (layout: :func:`obs_layout`, module docstring).
 
@@ -136,7 +137,9 @@ def observations(
         scenario: [W] int64 scenario index of each world.
         road_seg: [S, R, 4] float32 segments (x0, y0, x1, y1) (m).
         road_type: [S, R] int8 ``RoadType`` code (lane 0, road_line 1, road_edge 2, other >= 3).
-        grid_road: [S, NC, K] int32 candidate segment indices per cell, -1 padding.
+        grid_road: [S, NC, K] int32 candidate segment indices per cell, -1 padding (padded
+            layout), or [NCT, K] int16/int32 with ``grid_start`` (compact layout,
+            ``gpusim.data.layout``).
         grid_origin: [S, 2] float32, grid_dims: [S, 2] int32, cell_size: float (m) — the grid
             (see ``gpusim.kernels.grid``).
         num_partners: P partner slots.
@@ -149,6 +152,8 @@ def observations(
             ``out``): only these slots are written (an inactive listed slot gets zeros), every
             other element of ``out`` is left as it is. The env uses it to rewrite only the slots
             whose content can change and keep the rest of a zeroed buffer (see docs/performance.md).
+        grid_start: [S] int64 first row of each scenario in a compact ``grid_road`` (None for
+            the padded layout).
 
     Returns:
         [W, C, D] float32 observations, D = ``obs_layout(num_partners, K).obs_dim``
@@ -183,4 +188,5 @@ def observations(
         road_radius=road_radius,
         out=out,
         rows=rows,
+        grid_start=grid_start,
     )

@@ -29,7 +29,7 @@ def _observe_block_into(obs2d, rows, args):
 def observations_compiled(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None, rows=None,
+    road_radius, out=None, rows=None, grid_start=None,
 ):
     """``torch.compile`` (inductor, CPU) version of :func:`gpusim.kernels.observations.observations`:
     same arguments, result within float32 rounding (a few 1e-7) and the same slot order.
@@ -50,7 +50,7 @@ def observations_compiled(
         present=present, goal=goal, ego_extra=ego_extra, scenario=scenario, road_seg=road_seg,
         road_type=road_type, grid_road=grid_road, grid_origin=grid_origin, grid_dims=grid_dims,
         cell_size=cell_size, num_partners=num_partners, partner_radius=partner_radius,
-        road_radius=road_radius,
+        road_radius=road_radius, grid_start=grid_start,
     )
     lay = check_inputs(**inputs, ego_active=ego_active, out=out, rows=rows)
     W, C = goal.shape[:2]

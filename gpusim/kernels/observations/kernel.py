@@ -18,9 +18,9 @@ from gpusim.kernels.grid import cell_index_jit
 def _observations_kernel(
     pos_ptr, heading_ptr, speed_ptr, length_ptr, width_ptr, type_ptr, present_ptr,
     goal_ptr, extra_ptr, active_ptr, scenario_ptr,
-    seg_ptr, rtype_ptr, grid_ptr, origin_ptr, dims_ptr, out_ptr, rows_ptr,
+    seg_ptr, rtype_ptr, grid_ptr, start_ptr, origin_ptr, dims_ptr, out_ptr, rows_ptr,
     cell_size, partner_r2, inv_pr, road_r2, inv_rr, two_inv_rr,
-    A: tl.constexpr, C: tl.constexpr, K: tl.constexpr, NC: tl.constexpr, R: tl.constexpr,
+    A: tl.constexpr, C: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
     P: tl.constexpr, D: tl.constexpr, EGO_DIM: tl.constexpr, NEXTRA: tl.constexpr,
     PDIM: tl.constexpr, RDIM: tl.constexpr, ABITS: tl.constexpr, RBITS: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_F: tl.constexpr,
@@ -99,7 +99,8 @@ def _observations_kernel(
     cell = cell_index_jit(ex, ey, s, origin_ptr, dims_ptr, cell_size, s >= 0)  # (scenario ids are >= 0)
     ko = tl.arange(0, BLOCK_K)
     km = ko < K
-    cand = tl.load(grid_ptr + (s * NC + cell) * K + ko, mask=km, other=-1)
+    row = tl.load(start_ptr + s).to(tl.int64) + cell  # grid_start[s] + cell (gpusim.data.layout)
+    cand = tl.load(grid_ptr + row * K + ko, mask=km, other=-1).to(tl.int32)
     has = km & (cand >= 0)
     g = s * R + tl.where(has, cand, 0).to(tl.int64)
     x0 = tl.load(seg_ptr + g * 4 + 0, mask=has, other=0.0)

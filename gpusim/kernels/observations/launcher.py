@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.obs_layout import EGO_EXTRA, GOAL_SCALE, SIZE_SCALE, SPEED_SCALE
 from gpusim.kernels.observations.kernel import observations_kernel
 from gpusim.kernels.observations.tables import check_inputs, index_bits
@@ -16,7 +17,7 @@ BLOCK_F = 16
 def observations_triton(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None, rows=None,
+    road_radius, out=None, rows=None, grid_start=None,
 ):
     """Triton implementation of :func:`gpusim.kernels.observations.observations` (same arguments,
     result and errors; one program per slot, or per listed row with ``rows``)."""
@@ -25,11 +26,12 @@ def observations_triton(
         present=present, goal=goal, ego_extra=ego_extra, ego_active=ego_active, scenario=scenario,
         road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
         grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
-        partner_radius=partner_radius, road_radius=road_radius, out=out, rows=rows,
+        partner_radius=partner_radius, road_radius=road_radius, out=out, rows=rows, grid_start=grid_start,
     )
+    grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
     W, A = heading.shape
     C = goal.shape[1]
-    S, NC, K = grid_road.shape
+    K = grid_road.shape[-1]
     R = road_seg.shape[1]
     if max(lay.partner_dim, lay.road_dim, len(EGO_EXTRA)) > BLOCK_F:
         raise ValueError(f"observations: feature blocks wider than {BLOCK_F} need a larger BLOCK_F")
@@ -51,7 +53,8 @@ def observations_triton(
         scenario_ptr=scenario,
         seg_ptr=road_seg,
         rtype_ptr=road_type,
-        grid_ptr=grid_road,
+        grid_ptr=grid2,
+        start_ptr=start,
         origin_ptr=grid_origin,
         dims_ptr=grid_dims,
         out_ptr=obs,
@@ -65,7 +68,6 @@ def observations_triton(
         A=A,
         C=C,
         K=K,
-        NC=NC,
         R=R,
         P=lay.num_partners,
         D=lay.obs_dim,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
-from gpusim.kernels.grid import cell_index
+from gpusim.kernels.grid import cell_index, grid_table_rows
 from gpusim.kernels.obs_layout import GOAL_SCALE, obs_layout
 from gpusim.kernels.observations.tables import (
     AGENT_COLS,
@@ -33,15 +33,16 @@ BLOCK_CANDIDATES = 65536
 
 
 def observe_features(
-    *, rows, agent_tab, geo, feat, pos, present, goal2, extra2, scenario, grid2, grid_origin, grid_dims,
+    *, rows, agent_tab, geo, feat, pos, present, goal2, extra2, scenario, grid2, grid_start, grid_origin, grid_dims,
     C: int, P: int, R: int, cell_size: float, partner_radius: float, road_radius: float,
 ) -> tuple[list, list, list]:
     """The one computation of both CPU paths: the feature columns of the in-play slot rows ``rows``
     [n] int64 (flat ``w * C + c``), before they are laid out.
 
     ``agent_tab`` is :func:`agent_table`, ``(geo, feat)`` is :func:`road_table`; ``goal2`` [W*C, 2],
-    ``extra2`` [W*C, 5] and ``grid2`` [S*NC, K] are flat views of the inputs of
-    :func:`gpusim.kernels.observations.observations`; ``P`` partner slots, ``R`` segments per
+    ``extra2`` [W*C, 5] are flat views of the inputs of
+    :func:`gpusim.kernels.observations.observations`, ``grid2`` [rows, K] the grid table with
+    ``grid_start`` [S] int64 the first row of each scenario (``gpusim.kernels.grid.grid_table_rows``); ``P`` partner slots, ``R`` segments per
     scenario, radii and cell size in metres.
 
     Returns:
@@ -53,7 +54,6 @@ def observe_features(
     """
     W, A = present.shape
     K = grid2.shape[1]
-    NC = grid2.shape[0] // grid_origin.shape[0]
     n = rows.shape[0]
     w = torch.div(rows, C, rounding_mode="floor")
     c = rows - w * C
@@ -87,7 +87,7 @@ def observe_features(
     # ---------------------------------------------------------------- roads [n, K, 10]
     s = scenario.index_select(0, w)  # [n] int64
     cell = cell_index(e[:, None, 0:2], s, grid_origin, grid_dims, cell_size)[:, 0]  # [n]
-    cand = grid2.index_select(0, s * NC + cell)  # [n, K] int32
+    cand = grid2.index_select(0, grid_start.index_select(0, s) + cell).to(torch.int32)  # [n, K] int32
     far = geo.shape[0] - 2
     gidx = torch.where(cand >= 0, cand + (s * R).to(torch.int32)[:, None], far)  # [n, K] int32
     g = geo.index_select(0, gidx.view(-1)).view(n, K, GEO_COLS)
@@ -157,11 +157,11 @@ def observe_block_functional(**kw) -> torch.Tensor:
 
 def block_arguments(*, pos, heading, speed, length, width, agent_type, present, goal, ego_extra, scenario,
                     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners,
-                    partner_radius, road_radius) -> dict:
+                    partner_radius, road_radius, grid_start=None) -> dict:
     """The keyword arguments of :func:`observe_block` but ``rows``: the per-agent table, the cached
     road tables and flat views of the inputs (shared by the eager and compiled paths)."""
     W, C = goal.shape[:2]
-    S, NC, K = grid_road.shape
+    grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
     geo, feat = road_table(road_seg, road_type)
     return dict(
         agent_tab=agent_table(pos, heading, speed, length, width, agent_type),
@@ -172,7 +172,8 @@ def block_arguments(*, pos, heading, speed, length, width, agent_type, present, 
         goal2=goal.view(W * C, 2),
         extra2=ego_extra.view(W * C, -1),
         scenario=scenario,
-        grid2=grid_road.view(S * NC, K),
+        grid2=grid2,
+        grid_start=start,
         grid_origin=grid_origin,
         grid_dims=grid_dims,
         C=C,
@@ -187,7 +188,7 @@ def block_arguments(*, pos, heading, speed, length, width, agent_type, present, 
 def observations_reference(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None, rows=None,
+    road_radius, out=None, rows=None, grid_start=None,
 ):
     """Torch reference of :func:`gpusim.kernels.observations.observations` (same arguments, result
     and errors; the full docstring is there). Slot rows are computed in blocks of about
@@ -197,7 +198,7 @@ def observations_reference(
         present=present, goal=goal, ego_extra=ego_extra, scenario=scenario, road_seg=road_seg,
         road_type=road_type, grid_road=grid_road, grid_origin=grid_origin, grid_dims=grid_dims,
         cell_size=cell_size, num_partners=num_partners, partner_radius=partner_radius,
-        road_radius=road_radius,
+        road_radius=road_radius, grid_start=grid_start,
     )
     lay = check_inputs(**inputs, ego_active=ego_active, out=out, rows=rows)
     W, A = heading.shape
@@ -209,7 +210,7 @@ def observations_reference(
     if n_live == 0:
         return obs
     args = block_arguments(**inputs)
-    K = grid_road.shape[2]
+    K = grid_road.shape[-1]
     block = n_live if pos.is_cuda else max(1, BLOCK_CANDIDATES // max(K, A, 1))
     for r0 in range(0, n_live, block):
         r = live[r0 : r0 + block]

@@ -11,6 +11,7 @@ import weakref
 
 import torch
 
+from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.obs_layout import (
     EGO_EXTRA,
     NUM_OBJECT_TYPES,
@@ -171,7 +172,7 @@ def live_rows(obs2d: torch.Tensor, act: torch.Tensor, rows: torch.Tensor | None)
 def check_inputs(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out, rows=None,
+    road_radius, out, rows=None, grid_start=None,
 ) -> ObsLayout:
     """Validate the arguments of :func:`gpusim.kernels.observations.observations` (host-side
     metadata only, no device sync) and return the :class:`ObsLayout`.
@@ -187,12 +188,16 @@ def check_inputs(
     C = goal.shape[1]
     if C > A:
         raise ValueError(f"observations: C = goal.shape[1] = {C} exceeds A = {A}")
-    if grid_road.dim() != 3:
-        raise ValueError(f"observations: grid_road must be [S, NC, K], got {tuple(grid_road.shape)}")
+    if not isinstance(grid_road, torch.Tensor) or grid_road.dim() not in (2, 3):
+        raise ValueError(f"observations: grid_road must be [S, NC, K] or [NCT, K], got {tuple(grid_road.shape)}")
     if road_seg.dim() != 3 or road_seg.shape[-1] != 4:
         raise ValueError(f"observations: road_seg must be [S, R, 4], got {tuple(road_seg.shape)}")
     S, R = road_seg.shape[:2]
-    K = grid_road.shape[2]
+    K = grid_road.shape[-1]
+    _, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
+    if start.shape[0] != S or (grid_road.dim() == 3 and grid_road.dtype != torch.int32):
+        raise ValueError(f"observations: grid_road has {start.shape[0]} scenarios (road_seg {S}), or a padded "
+                         f"table that is not int32")
     expect = {
         "pos": (pos, (W, A, 2), torch.float32),
         "heading": (heading, (W, A), torch.float32),
@@ -207,7 +212,7 @@ def check_inputs(
         "scenario": (scenario, (W,), torch.int64),
         "road_seg": (road_seg, (S, R, 4), torch.float32),
         "road_type": (road_type, (S, R), torch.int8),
-        "grid_road": (grid_road, (S, grid_road.shape[1], K), torch.int32),
+        "grid_road": (grid_road, tuple(grid_road.shape), grid_road.dtype),
         "grid_origin": (grid_origin, (S, 2), torch.float32),
         "grid_dims": (grid_dims, (S, 2), torch.int32),
     }
