@@ -70,7 +70,9 @@ class DriveEnv:
     """W synchronous worlds running scenarios of ``pack`` (DESIGN.md section 4, docs/contracts.md).
 
     Args:
-        pack: scenarios (moved to ``device``); its ``config`` must match ``config.data_config()``
+        pack: scenarios (moved to ``device``), or a :class:`~gpusim.data.pool.ScenarioPool`
+            (streaming: worlds draw from its resident pool, which the env swaps every
+            ``resample_every`` episodes at an episode boundary); its ``config`` must match ``config.data_config()``
             in ``max_agents``, ``max_controlled``, ``init_steps`` and ``grid_k == num_roads``.
         num_worlds: W >= 1.
         config: :class:`~gpusim.config.EnvConfig`.
@@ -92,10 +94,16 @@ class DriveEnv:
 
     def __init__(self, pack: ScenarioPack, num_worlds: int, config: EnvConfig = EnvConfig(), device="cpu",
                  seed: int = 0):
+        pool = None
+        if not isinstance(pack, ScenarioPack) and hasattr(pack, "episode_done"):  # a ScenarioPool
+            pool, pack = pack, pack.current
         _check_pack(pack, int(num_worlds), config)
         self.config = config
         self.device = normalize_device(device)
-        self.pack = pack.to(self.device)
+        if pool is not None and normalize_device(pool.device) != self.device:
+            raise ValueError(f"DriveEnv: the scenario pool lives on {pool.device}, the env on {self.device}: "
+                             f"build ScenarioPool(..., device={str(self.device)!r})")
+        pack = pack.to(self.device)
         self.num_worlds = int(num_worlds)
         self.num_slots = config.max_controlled
         self.horizon = config.horizon
@@ -108,8 +116,8 @@ class DriveEnv:
         names = METRIC_NAMES + (trial_metric_names(config.k_trials) if config.trial_mode else ())
         metrics = EpisodeMetrics(self.num_worlds, self.num_slots, alpha=config.log_ema_alpha, device=self.device,
                                  names=names)
-        self.sim = SimContext(config=config, pack=self.pack, device=self.device, generator=generator,
-                              num_worlds=self.num_worlds, num_slots=self.num_slots, metrics=metrics)
+        self.sim = SimContext(config=config, pack=pack, device=self.device, generator=generator,
+                              num_worlds=self.num_worlds, num_slots=self.num_slots, metrics=metrics, pool=pool)
         if config.has_coplayers:  # population play: co-player episodes are logged apart (gpusim/sim/roles.py)
             self.sim.coplayer_metrics = EpisodeMetrics(self.num_worlds, self.num_slots, alpha=config.log_ema_alpha,
                                                        device=self.device, names=names)
@@ -124,6 +132,17 @@ class DriveEnv:
         self.sim.obs_buf = torch.zeros(self.num_worlds, self.num_slots, self.obs_dim, device=self.device)
         self.sim.obs_written = torch.zeros(self.num_worlds * self.num_slots, dtype=torch.bool, device=self.device)
         self._compiled = None  # gpusim.sim.compiled.CompiledStep, built on the first compiled step
+
+    @property
+    def pack(self) -> ScenarioPack:
+        """The scenarios worlds draw from: the pack, or the current pool when streaming (it changes
+        every ``resample_every`` episodes, at an episode boundary)."""
+        return self.sim.pack
+
+    @property
+    def pool(self):
+        """The :class:`~gpusim.data.pool.ScenarioPool` when streaming, else None."""
+        return self.sim.pool
 
     @property
     def generator(self) -> torch.Generator:

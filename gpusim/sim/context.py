@@ -57,6 +57,7 @@ class SimContext:
     obs_written: torch.Tensor | None = None
     obs_core: torch.Tensor | None = None
     coplayer_metrics: object = None
+    pool: object = None  # gpusim.data.pool.ScenarioPool when streaming (issue 21), else None
 
     def __post_init__(self):
         W = self.num_worlds

@@ -73,6 +73,10 @@ def restart(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """After step H every world starts a new episode (new scenarios); in trial mode, worlds whose
     trial ended (``step.restart``) go back exactly to the episode's start, except ``TRIAL_KEEP``."""
     if step.episode_end:
+        if ctx.pool is not None:  # streaming: every K episodes the next pool replaces the pack
+            new = ctx.pool.episode_done()
+            if new is not None:
+                ctx.pack = new
         return begin_episode(ctx, draw_scenarios(ctx)).tensors()
     if step.restart is not None:
         return state.where(step.restart, ctx.start, keep=TRIAL_KEEP).tensors()
