@@ -139,6 +139,16 @@ class DriveEnv:
         every ``resample_every`` episodes, at an episode boundary)."""
         return self.sim.pack
 
+    def use_pack(self, pack: ScenarioPack) -> None:
+        """Run the scenarios of ``pack`` from the next :meth:`reset` on (streaming evaluation swaps
+        packs between sweeps of a large dataset; the episode in progress must not continue).
+
+        Raises:
+            ValueError: as the constructor, for a pack that does not fit this env's config.
+        """
+        _check_pack(pack, self.num_worlds, self.config)
+        self.sim.pack = pack.to(self.device)
+
     @property
     def pool(self):
         """The :class:`~gpusim.data.pool.ScenarioPool` when streaming, else None."""

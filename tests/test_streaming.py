@@ -97,3 +97,18 @@ def test_env_draws_from_swapped_pools(sharded):
         ScenarioPool(sharded, 0)
     with pytest.raises(ValueError, match="resample_every"):
         ScenarioPool(sharded, 2, resample_every=0)
+
+
+def test_streaming_evaluation_runs_every_scenario_once(sharded):
+    from train.eval.streaming import chunks, streaming_sweep
+    from train.eval.sweep import CallableDriver
+
+    assert chunks(sharded, 3) == [[0], [1], [2]] and chunks(sharded, 4) == [[0, 1], [2]]
+    with use_backend("torch"):
+        env = DriveEnv(sharded.load_shard(0), num_worlds=3, config=EnvConfig(**ENV), seed=0)
+        agents, _, ids = streaming_sweep(env, CallableDriver(lambda e: e.expert_actions()), sharded, chunk_size=4)
+    assert ids == list(range(sharded.num_scenarios))
+    per_scenario = collections.Counter(agents["scenario"].tolist())
+    assert sorted(per_scenario) == ids  # every scenario ran
+    want = {g: m["controlled"] for g, m in enumerate(sharded.scenarios)}
+    assert per_scenario == {g: min(want[g], ENV["max_controlled"]) for g in ids}  # ... exactly once

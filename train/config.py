@@ -51,6 +51,11 @@ class TrainConfig:
             rate for the whole CPU budget (docs/training.md).
         policy: model sizes. ppo: PPO hyper-parameters (entropy 0.005 by default here).
         num_worlds: parallel worlds W (rows per rollout = W * max_controlled).
+        pool_size: P > 0 streams the data (``gpusim.data.pool``): worlds draw from a resident pool
+            of P scenarios, a quarter of which is replaced every ``resample_every`` episodes by a
+            background loader (every scenario enters once per pass over the data); 0 keeps the
+            whole dataset on the device. ``data`` may be a sharded pack directory either way.
+        resample_every: K >= 1 episodes between pool refreshes (with ``pool_size``).
         total_timesteps: stop after this many controlled-agent steps (active slots x horizon per
             rollout; idle steps of finished agents count, empty slots do not).
         learning_rate, anneal_lr: Adam learning rate, linearly annealed to 0 over the run if set.
@@ -94,6 +99,8 @@ class TrainConfig:
                                                                        max_roads=32))
     ppo: PPOConfig = field(default_factory=lambda: PPOConfig(ent_coef=0.005))
     num_worlds: int = 32
+    pool_size: int = 0
+    resample_every: int = 1
     total_timesteps: int = 1_000_000
     learning_rate: float = 1e-3
     anneal_lr: bool = True

@@ -78,10 +78,13 @@ def load_pack(data: str, env_config: EnvConfig, device="cpu"):
         gpusim.data.ScenarioError: if no scenario in it is usable.
     """
     from gpusim.data import ScenarioPack
+    from gpusim.data.shards import ShardedPack, is_sharded
 
     path = resolve_path(data)
     if not path.exists():
         raise FileNotFoundError(f"--data {data}: no such file or directory (also tried {path})")
+    if is_sharded(path):  # a sharded pack directory (python -m gpusim.data convert ... --shard-size N)
+        return ShardedPack.open(path).load_all(device)
     if path.suffix == ".pt" or (path.is_dir() and (path / "pack.pt").exists()):
         file = path if path.suffix == ".pt" else path / "pack.pt"
         if file.is_file() and file.stat().st_size == 0:
@@ -174,14 +177,28 @@ def make_env(cfg: TrainConfig, env_config: EnvConfig, user_set: set[str] | None 
     """
     from gpusim.env import DriveEnv
 
-    pack = load_pack(cfg.data, env_config, cfg.device)
+    if cfg.pool_size < 0 or cfg.resample_every < 1:
+        raise UserError(f"--pool-size {cfg.pool_size} / --resample-every {cfg.resample_every}: need a pool size "
+                        f">= 0 (0 = no streaming) and resample-every >= 1")
+    pool = None
+    if cfg.pool_size > 0:  # streaming (issue 21): a resident pool refreshed from the data
+        from gpusim.data.pool import ScenarioPool
+        from gpusim.data.shards import is_sharded
+
+        path = resolve_path(cfg.data)
+        src = path if is_sharded(path) else load_pack(cfg.data, env_config, "cpu")
+        pool = ScenarioPool(src, cfg.pool_size, cfg.device, seed=cfg.seed, resample_every=cfg.resample_every)
+        say(f"streaming: pool of {pool.pool_size} of {pool.num_scenarios} scenarios, {pool.replace} replaced "
+            f"every {cfg.resample_every} episode(s)")
+    pack = pool.current if pool is not None else load_pack(cfg.data, env_config, cfg.device)
     for line in data_problems(pack):
         say(line)
     env_config, notes = adapt_env_config(env_config, pack, _user_set(cfg, "env") if user_set is None else user_set,
                                          resuming=resuming)
     for line in notes:
         say(line)
-    return DriveEnv(pack, cfg.num_worlds, config=env_config, device=cfg.device, seed=cfg.seed)
+    return DriveEnv(pool if pool is not None else pack, cfg.num_worlds, config=env_config, device=cfg.device,
+                    seed=cfg.seed)
 
 
 def _env_config_from_dict(d: dict) -> EnvConfig:
