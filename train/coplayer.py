@@ -251,7 +251,8 @@ class RunExtras:
       (``--eval-interval``; :func:`train.eval.live.evaluate_live`) and keeps its ``eval/<mode>/*``
       means for the next report;
     * :meth:`report` (every report): ``ego/*``, ``coplayer/*``, ``trial_log/*`` and pending
-      ``eval/*`` entries for the JSONL/wandb record.
+      ``eval/*`` entries for the JSONL/wandb record. Under ``torchrun`` these are rank 0's own
+      figures (not reduced over ranks, unlike the plain metric keys).
 
     Args:
         cfg: :class:`train.config.TrainConfig`. env: the training env. device. say: console printer.
@@ -277,6 +278,8 @@ class RunExtras:
         n = int(self.cfg.eval_interval)
         if n <= 0 or not (update % n == 0 or last):
             return
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
+            return  # torchrun: rank 0 alone evaluates (and logs)
         from train.eval.live import LiveEvaluator
 
         if self._live is None:
