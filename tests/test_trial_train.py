@@ -135,7 +135,7 @@ def test_evaluate_k_trials_human_replay(tmp_path, sample_dir):
     from gpusim.kernels.observations import obs_layout
 
     torch.manual_seed(0)
-    pol = ActorCritic(obs_layout(env_config.num_partners, env_config.num_roads), 91, False,
+    pol = ActorCritic(obs_layout(env_config.num_partners, env_config.num_roads, env_config.num_signals), 91, False,
                       PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16))
     env_dict = TrainConfig(env=env_config).to_dict()["env"]
     ck = save_checkpoint(tmp_path / "ck.pt", policy=pol, optimizer=torch.optim.Adam(pol.parameters()),
