@@ -76,8 +76,9 @@ def log_geometry(pack: ScenarioPack, listing: bool = False) -> dict:
     if listing:
         for w, a in torch.nonzero(red).tolist():
             s, t = divmod(w, T - 1)
-            print(f"  red crossing: {pack.scenario_ids[s]} agent {a} ({'controlled' if a < pack.num_controlled[s] else 'expert'}) "
-                  f"at log step {t + 1}, speed {float((pos[s, t + 1, a] - pos[s, t, a]).norm()) / 0.1:.1f} m/s")
+            role = "controlled" if a < pack.num_controlled[s] else "expert"
+            speed = float((pos[s, t + 1, a] - pos[s, t, a]).norm()) / 0.1
+            print(f"  red crossing: {pack.scenario_ids[s]} agent {a} ({role}) at log step {t + 1}, speed {speed:.1f} m/s")
     agents = int(valid.any(dim=1).sum())
     return {"vehicles": agents, "crossings": int(anything.sum()), "red_crossings": int(red.sum()),
             "vehicles_with_red": int(red.view(S, T - 1, A).any(dim=1).sum())}
