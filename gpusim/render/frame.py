@@ -301,9 +301,9 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
     if not 0 <= world < env.num_worlds:
         raise IndexError(f"world index {world} out of range [0, {env.num_worlds})")
     st, pack, cfg = env.state, env.pack, env.config
-    names = ("scenario", "step", "trial_count", "trial_start", "pos", "heading", "length", "width", "goal", "controlled",
-             "present", "stopped", "removed", "goal_reached", "collided_now", "offroad_now", "ever_collided",
-             "ever_offroad")
+    names = ("scenario", "step", "trial_count", "trial_start", "pos", "heading", "length", "width", "goal",
+             "controlled", "present", "stopped", "removed", "goal_reached", "collided_now", "offroad_now",
+             "ever_collided", "ever_offroad")
     row = {n: _np(getattr(st, n)[world]) for n in names}  # the only device -> host reads
     s = int(row["scenario"])
     t = int(row["step"])
