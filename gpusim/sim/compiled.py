@@ -32,15 +32,22 @@ process with the same sizes start in a few seconds (docs/performance.md).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from gpusim.kernels.observations.naive import block_arguments, observe_block_functional
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, slots
 from gpusim.sim.episode import begin_episode, draw_scenarios
-from gpusim.sim.observe import ego_extra
+from gpusim.sim.observe import ego_extra, observe_state
 from gpusim.sim.signals import signal_log_index
 from gpusim.state import TRIAL_KEEP, EnvState
+
+#: Observations through the compiled row blocks (True) or the eager observation stage (False).
+#: Measured on the 2-core machine (1 thread, 256 worlds x 8 slots, docs/performance.md): the
+#: inductor blocks of ``observe_block_functional`` took ~2x the eager stage's time, so False.
+COMPILED_OBSERVE = False
 
 #: Slot rows per compiled observation block (full blocks of the first size while that many rows
 #: remain, then blocks of the second; a short last block is padded with copies of its last row).
@@ -51,7 +58,7 @@ BLOCK_ROWS = (512, 64)
 EAGER_STAGES = frozenset({"contacts", "goals"})
 
 #: StepVars fields returned by the physics graph (the rest of the step reads them).
-_STEP_OUT = ("in_play", "loss_mask", "collided", "offroad", "goal_now", "reward", "truncated", "terminal",
+_STEP_OUT = ("in_play", "loss_mask", "collided", "offroad", "hit", "goal_now", "reward", "truncated", "terminal",
              "truncation", "trial_ended", "restart")
 
 
@@ -74,28 +81,26 @@ class CompiledStep:
             raise ValueError(f"CompiledStep: the pipeline must end with restart, observe; got {names}")
         self.ctx = ctx
         self.pipeline = stages
-        # stages with data-dependent shapes inside (sparse candidate compaction) run eagerly, as
-        # one opaque call each (else every new candidate count would recompile a graph)
-        self.stages = tuple(s._replace(run=torch.compiler.disable(s.run)) if s.name in EAGER_STAGES else s
-                            for s in stages[:-2])
-        self._physics = torch.compile(self._physics_eager, dynamic=False)
+        # Stages with data-dependent shapes inside (sparse candidate compaction) run eagerly between
+        # compiled segments of the other stages (a graph break inside the stage loop would make
+        # dynamo fall back to eager for the rest of the loop).
+        self.segments = []  # (compiled?, callable(tensors, vars, actions, episode_end))
+        run: list = []
+        for stage in stages[:-2]:
+            if stage.name in EAGER_STAGES:
+                if run:
+                    self.segments.append(torch.compile(_Segment(ctx, tuple(run)), dynamic=False))
+                    run = []
+                self.segments.append(_Segment(ctx, (stage,)))
+            else:
+                run.append(stage)
+        self.segments.append(torch.compile(_Segment(ctx, tuple(run), restore=True), dynamic=False))
+        # the eager observation stage reads the config: a copy of the context with compile off
+        self._obs_ctx = dataclasses.replace(ctx, config=dataclasses.replace(ctx.config, compile=False))
         self._prep = torch.compile(self._prep_eager, dynamic=False)
         self._block = torch.compile(_observe_rows_into, dynamic=False)
 
     # ---------------------------------------------------------------- graph bodies (eager code)
-    def _physics_eager(self, tensors: dict, actions: torch.Tensor, episode_end: bool):
-        ctx = self.ctx
-        state = EnvState(**tensors)
-        step = StepVars(actions=actions, episode_end=episode_end)
-        for stage in self.stages:
-            changes = stage.run(ctx, state, step)
-            if changes:
-                state = state.replace(**changes)
-        if not episode_end and step.restart is not None:  # trial restore (stage restart)
-            state = state.where(step.restart, ctx.start, keep=TRIAL_KEEP)
-        out = {k: getattr(step, k) for k in _STEP_OUT if getattr(step, k) is not None}
-        return state.tensors(), out, dict(step.info)
-
     def _prep_eager(self, tensors: dict, full: torch.Tensor):
         ctx, cfg, p, C = self.ctx, self.ctx.config, self.ctx.pack, self.ctx.num_slots
         state = EnvState(**tensors)
@@ -116,8 +121,10 @@ class CompiledStep:
         """Run one step from ``state`` (``step`` holds the validated actions and the host flag
         ``episode_end``); sets the fields of ``step`` the result needs and returns the new state."""
         ctx = self.ctx
-        tensors, out, info = self._physics(state.tensors(), step.actions, bool(step.episode_end))
-        for k, v in out.items():
+        tensors, svars, info = state.tensors(), {}, {}
+        for seg in self.segments:
+            tensors, svars, info = seg(tensors, svars, info, step.actions, bool(step.episode_end))
+        for k, v in svars.items():
             setattr(step, k, v)
         step.info.update(info)
         state = EnvState(**tensors)
@@ -127,7 +134,17 @@ class CompiledStep:
         return state
 
     def observe(self, state: EnvState) -> torch.Tensor:
-        """Observation [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned)."""
+        """Observation [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned): the eager
+        observation stage (:data:`COMPILED_OBSERVE` False, measured faster) or the compiled blocks."""
+        if not COMPILED_OBSERVE:
+            octx = self._obs_ctx
+            octx.obs_buf, octx.obs_written, octx.obs_core = self.ctx.obs_buf, self.ctx.obs_written, self.ctx.obs_core
+            full = observe_state(octx, state)
+            self.ctx.obs_written, self.ctx.obs_core = octx.obs_written, octx.obs_core
+            return full
+        return self._observe_compiled(state)
+
+    def _observe_compiled(self, state: EnvState) -> torch.Tensor:
         ctx, cfg, p, C = self.ctx, self.ctx.config, self.ctx.pack, self.ctx.num_slots
         full = ctx.obs_buf
         active, extra = self._prep(state.tensors(), full)
@@ -159,6 +176,28 @@ class CompiledStep:
                 r = torch.cat([r, r[-1:].expand(B - r.numel())])
             self._block(obs2d, d0, r, args)
         return full
+
+
+class _Segment:
+    """Stages run in order on a state given as a dict of tensors; the StepVars fields set so far
+    travel between segments as a dict (:data:`_STEP_OUT`) plus ``info``. ``restore``: also apply
+    the trial restore of stage ``restart`` (last segment, steps that do not end the episode)."""
+
+    def __init__(self, ctx: SimContext, stages: tuple, restore: bool = False):
+        self.ctx, self.stages, self.restore = ctx, stages, restore
+
+    def __call__(self, tensors: dict, svars: dict, info: dict, actions: torch.Tensor, episode_end: bool):
+        ctx = self.ctx
+        state = EnvState(**tensors)
+        step = StepVars(actions=actions, episode_end=episode_end, info=dict(info), **svars)
+        for stage in self.stages:
+            changes = stage.run(ctx, state, step)
+            if changes:
+                state = state.replace(**changes)
+        if self.restore and not episode_end and step.restart is not None:  # trial restore (stage restart)
+            state = state.where(step.restart, ctx.start, keep=TRIAL_KEEP)
+        out = {k: getattr(step, k) for k in _STEP_OUT if getattr(step, k) is not None}
+        return state.tensors(), out, step.info
 
 
 def _observe_rows_into(obs2d: torch.Tensor, d0: int, rows: torch.Tensor, args: dict) -> None:
