@@ -110,10 +110,13 @@ class EnvConfig:
             ``road_radius`` (docs/signals.md). 16 covers a four-way intersection with four lanes per
             approach; in the shared WOMD scenes 90% of controlled agent-steps have at most 16
             signals within 50 m (median 9, max 19). 0 removes the block.
-        compile: opt-in CPU fast path: on the torch backend the observations run through
-            ``torch.compile`` (``gpusim.kernels.observations.observations_compiled``). Same
-            results within float32 rounding; the first step of a new env size compiles for
-            ~5-15 s. Ignored on the Triton backend. Default off (docs/performance.md).
+        compile: opt-in CPU path: on the torch backend ``DriveEnv.step`` runs the compiled step
+            (``gpusim.sim.compiled.CompiledStep``: the stage pipeline through ``torch.compile``,
+            sparse contacts/goals and the partner/road observation block eager; ``reset()`` and
+            ``observe()`` too). Same results within float32 rounding; the first
+            step of a new env size compiles (~15 s on 2 cores, a few s with inductor's disk
+            cache). Ignored on the Triton backend and while a stage hook is set. Default off:
+            no measured step gain yet (docs/performance.md, "The compiled CPU step").
         check_actions: when action values (range, NaN) are checked: ``"sync"`` (a ValueError at
             the bad step; one host sync per step), ``"async"`` (no sync: recorded on the device,
             raised at the next ``DriveEnv.metrics()`` / ``check_errors()``, the bad slot's action

@@ -201,6 +201,9 @@ class DriveEnv:
 
     def observe(self) -> torch.Tensor:
         """Recompute the observation [W, C, D] of the current state (into the reused buffer)."""
+        compiled = self._compiled_step()
+        if compiled is not None:  # the compiled step's observation (gpusim/sim/compiled.py)
+            return compiled.observe(self.state)
         return observe_state(self.sim, self.state)
 
     def step(self, actions: torch.Tensor) -> StepResult:

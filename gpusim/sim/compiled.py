@@ -57,6 +57,10 @@ BLOCK_ROWS = (512, 64)
 #: candidates (``nonzero``, boolean indexing), whose sizes change every step.
 EAGER_STAGES = frozenset({"contacts", "goals"})
 
+#: dynamo's graphs-per-code-object limit while a compiled step exists (raised, never lowered;
+#: 4 segment graphs x 2 episode_end flags per env size, plus the observation prep graph).
+RECOMPILE_LIMIT = 128
+
 #: StepVars fields returned by the physics graph (the rest of the step reads them).
 _STEP_OUT = ("in_play", "loss_mask", "collided", "offroad", "hit", "goal_now", "reward", "truncated", "terminal",
              "truncation", "trial_ended", "restart")
@@ -81,6 +85,10 @@ class CompiledStep:
             raise ValueError(f"CompiledStep: the pipeline must end with restart, observe; got {names}")
         self.ctx = ctx
         self.pipeline = stages
+        # all segments of all envs share one code object, and each (segment, env size,
+        # episode_end) is its own graph: dynamo's default limit of 8 graphs per code object would
+        # silently send the rest back to eager
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         # Stages with data-dependent shapes inside (sparse candidate compaction) run eagerly between
         # compiled segments of the other stages (a graph break inside the stage loop would make
         # dynamo fall back to eager for the rest of the loop).
