@@ -5,7 +5,11 @@ int32, padded to the largest grid) against the compact layout (issue 21; ``gpusi
     python profiling/bench_pack.py data/womd_sample          # WOMD JSON / TFRecord sources
     python profiling/bench_pack.py /tmp/pack --json out.json
 
-Also times ``ScenarioPack.select`` (the gather a streaming pool does per swap) per scenario.
+Also times ``ScenarioPack.select`` (the gather a streaming pool does per swap) per scenario, and
+with ``--pool-size P`` the refresh of a streaming pool (``gpusim.data.pool``, built synchronously:
+shard reads, gathers, concatenation and the copy to ``--device``) per scenario replaced:
+
+    python profiling/bench_pack.py /tmp/shards --pool-size 16 --swaps 20
 Numbers are bytes of the tensors (what sits on the device), not of the file.
 """
 
@@ -24,6 +28,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpusim.data import ScenarioPack  # noqa: E402
+from gpusim.data.pool import ScenarioPool  # noqa: E402
+from gpusim.data.shards import ShardedPack, is_sharded  # noqa: E402
 
 
 def load(src: str) -> ScenarioPack:
@@ -49,8 +55,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("src", help="saved pack or WOMD sources")
     ap.add_argument("--json", default=None, help="also write the numbers to this file")
+    ap.add_argument("--pool-size", type=int, default=0, help="also time streaming-pool refreshes of this size")
+    ap.add_argument("--swaps", type=int, default=20, help="refreshes timed with --pool-size")
+    ap.add_argument("--device", default="cpu", help="device of the pool (default cpu)")
     args = ap.parse_args(argv)
-    pack = load(args.src).compact()
+    if is_sharded(args.src):
+        sp = ShardedPack.open(args.src)
+        print(f"sharded: {sp.num_scenarios} scenarios in {sp.num_shards} shards, "
+              f"{sum(s['bytes'] for s in sp.shards) / sp.num_scenarios / 2**20:.2f} MiB per scenario on disk")
+        pack = sp.load_all()
+    else:
+        pack = load(args.src).compact()
     rows = table(pack)
     S = pack.num_scenarios
     print(f"{S} scenarios; grid tables {pack.grid_road.dtype}; cells per scenario: mean "
@@ -66,9 +81,23 @@ def main(argv=None) -> int:
         pack.select(idx)
     per = (time.perf_counter() - t0) / 5 / idx.numel()
     print(f"select (host gather) per scenario: {per * 1e3:.2f} ms")
+    result = {"scenarios": S, "rows": rows, "select_s_per_scenario": per}
+    if args.pool_size:
+        pool = ScenarioPool(args.src if is_sharded(args.src) else pack, args.pool_size, args.device, background=False)
+        t0 = time.perf_counter()
+        for _ in range(args.swaps):
+            pool.swap()
+        if pool.device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        per_swap = dt / args.swaps
+        result.update(pool_size=pool.pool_size, replaced_per_swap=pool.replace, swap_s=per_swap,
+                      swap_s_per_scenario=per_swap / pool.replace, pool_bytes=pool.current.nbytes())
+        print(f"pool of {pool.pool_size}: {per_swap * 1e3:.1f} ms per refresh of {pool.replace} scenarios "
+              f"({per_swap / pool.replace * 1e3:.1f} ms per scenario, synchronous); pool "
+              f"{pool.current.nbytes() / 2**20:.1f} MiB on {pool.device}")
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps({"scenarios": S, "rows": rows, "select_s_per_scenario": per},
-                                                      indent=1))
+        pathlib.Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
 
 
