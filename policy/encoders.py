@@ -127,17 +127,20 @@ class _SlotMaxPool(torch.autograd.Function):
         N, S, I = x.shape
         H = weight.shape[0]
         g = torch.where(pooled > 0, grad, 0.0)  # [N, H]
-        index = idx[..., None].expand(N, H, I)
+        # row n * S + argmax[n, f] of the flattened [N * S, I] slots (index_select of whole rows is
+        # much cheaper than a gather with an expanded [N, H, I] index)
+        rows = (idx + torch.arange(N, device=x.device)[:, None] * S).reshape(-1)  # [N * H]
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[2]:
-            picked = x.gather(1, index)  # [N, H, I]: x[n, argmax[n, f], :]
+            picked = x.reshape(N * S, I).index_select(0, rows).view(N, H, I)  # x[n, argmax[n, f], :]
             # an entry with g = 0 may point at an invalid slot holding NaN/inf: 0 * NaN would leak
             picked = torch.where((g != 0)[..., None], picked, 0.0)
             grad_w = torch.bmm(g.t()[:, None, :], picked.transpose(0, 1))[:, 0, :]  # [H, I]
         if ctx.needs_input_grad[3]:
             grad_b = g.sum(0)
         if ctx.needs_input_grad[0]:
-            grad_x = torch.zeros_like(x).scatter_add_(1, index, g[..., None] * weight[None])
+            grad_x = torch.zeros(N * S, I, dtype=x.dtype, device=x.device).index_add_(
+                0, rows, (g[..., None] * weight[None]).reshape(N * H, I)).view(N, S, I)
         return grad_x, None, grad_w, grad_b
 
 
