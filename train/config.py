@@ -58,8 +58,8 @@ class TrainConfig:
         resample_every: K >= 1 episodes between pool refreshes (with ``pool_size``).
         total_timesteps: stop after this many controlled-agent steps (active slots x horizon per
             rollout; idle steps of finished agents count, empty slots do not). Default 4M (issue 16:
-            1M left the policy far below ``steer_to_goal``; 4M is an *estimated* ~10 min on a quiet
-            2-core machine from the measured 1.87x speed-up, not yet run to the end there:
+            1M left the policy far below ``steer_to_goal``; 4M is an *estimated* ~11 min on a quiet
+            2-core machine from the measured 1.75x speed-up, not yet run to the end there:
             docs/training.md "Tuning and recipes").
         learning_rate, anneal_lr: Adam learning rate, linearly annealed to 0 over the run if set.
         adam_eps: Adam epsilon.
