@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from gpusim.config import EnvConfig
 from gpusim.data import ScenarioPack
@@ -47,6 +48,7 @@ def _same(a: torch.Tensor, b: torch.Tensor, what: str):
 
 def run_both(pack, config, steps, seed=0):
     """Step an eager and a compiled env with the same actions; compare everything each step."""
+    traced = counters["frames"]["ok"]
     eager = DriveEnv(pack, W, config, seed=seed)
     comp = DriveEnv(pack, W, dataclasses.replace(config, compile=True), seed=seed)
     _same(eager.reset(), comp.reset(), "reset obs")
@@ -65,7 +67,8 @@ def run_both(pack, config, steps, seed=0):
         for k, v in eager.state.tensors().items():
             _same(v, s1[k], f"step {i}: state.{k}")
         ends += int(eager.episode_step == 0)
-    assert isinstance(comp._compiled, CompiledStep)  # the compiled path really ran
+    assert isinstance(comp._compiled, CompiledStep)  # the compiled path really ran:
+    assert counters["frames"]["ok"] > traced  # dynamo traced its segments for this config
     assert eager.metrics("mean") == comp.metrics("mean")
     return eager, comp, ends
 
