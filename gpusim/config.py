@@ -114,7 +114,7 @@ class EnvConfig:
             (``gpusim.sim.compiled.CompiledStep``: the stage pipeline through ``torch.compile``,
             sparse contacts/goals and the partner/road observation block eager; ``reset()`` and
             ``observe()`` too). Same results within float32 rounding; the first
-            step of a new env size compiles (~15 s on 2 cores, a few s with inductor's disk
+            step of a new env size compiles (~22 s cold on 2 cores, 5-8 s with inductor's disk
             cache). Ignored on the Triton backend and while a stage hook is set. Default off:
             no measured step gain yet (docs/performance.md, "The compiled CPU step").
         check_actions: when action values (range, NaN) are checked: ``"sync"`` (a ValueError at
