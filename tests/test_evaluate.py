@@ -257,6 +257,7 @@ def test_num_threads_applied(pack_file, monkeypatch, tmp_path):
     (["--policy", "random", "--mode", "coplayer"], "coplayer"),
     (["--policy", "random", "--episodes-per-scenario", "0"], "--episodes-per-scenario"),
     (["--policy", "random", "--num-threads", "-1"], "--num-threads"),
+    (["--policy", "random", "--chunk-size", "0"], "--chunk-size"),
     (["--policy", "random", "--data", "no/such/dir"], "no such file"),
 ])
 def test_cli_user_errors_exit_2(argv, message, capsys):

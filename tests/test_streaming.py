@@ -112,3 +112,38 @@ def test_streaming_evaluation_runs_every_scenario_once(sharded):
     assert sorted(per_scenario) == ids  # every scenario ran
     want = {g: m["controlled"] for g, m in enumerate(sharded.scenarios)}
     assert per_scenario == {g: min(want[g], ENV["max_controlled"]) for g in ids}  # ... exactly once
+
+
+def test_evaluate_streams_sharded_data_like_in_memory(sample_dir, tmp_path, monkeypatch):
+    """``train/evaluate.py --data <sharded dir>`` streams chunks of <= --chunk-size scenarios, runs
+    every scenario exactly N times and reports what the in-memory evaluation of the same data does."""
+    from train.config import TrainConfig
+    from train.evaluate import EvalConfig, evaluate
+
+    N, chunk = 2, 4
+    files = sorted(sample_dir.glob("*.json*"))
+    convert_sharded(files, tmp_path / "sh", TrainConfig().env.data_config(), shard_size=3)
+    on_device = []
+    use_pack = DriveEnv.use_pack
+    monkeypatch.setattr(DriveEnv, "use_pack", lambda env, pack: (on_device.append(pack.num_scenarios),
+                                                                 use_pack(env, pack))[1])
+    common = dict(policy=("steer_to_goal",), episodes_per_scenario=N, device="cpu", num_threads=1)
+    streamed = evaluate(EvalConfig(data=str(tmp_path / "sh"), chunk_size=chunk, **common))["runs"][0]
+    assert len(on_device) > 1 and max(on_device) <= chunk  # several chunks, each at most --chunk-size
+    memory = evaluate(EvalConfig(data=str(sample_dir), **common))["runs"][0]
+    assert on_device and sum(on_device) == len(memory["scenarios"])  # in-memory path: no use_pack
+
+    assert sorted(streamed["scenarios"]) == sorted(memory["scenarios"]) and len(set(streamed["scenarios"])) == 10
+    rec = streamed["records"]
+    keys = collections.Counter(zip(rec["scenario"].tolist(), rec["repetition"].tolist(), rec["slot"].tolist()))
+    assert set(keys.values()) == {1}  # no agent-episode twice
+    reps = collections.Counter((s, r) for s, r, _ in keys)
+    assert {s for s, _ in reps} == set(range(10)) and {r for _, r in reps} == set(range(N))
+    per_memory = {memory["scenarios"][r["index"]]: r for r in memory["per_scenario"]}
+    for row in streamed["per_scenario"]:
+        sid = streamed["scenarios"][row["index"]]
+        assert row["episodes"] == N and row == {**per_memory[sid], "index": row["index"]}
+    assert streamed["summary"].keys() == memory["summary"].keys()
+    for name, iv in streamed["summary"].items():
+        want = memory["summary"][name]
+        assert iv.n == want.n and [iv.mean, iv.lo, iv.hi] == pytest.approx([want.mean, want.lo, want.hi], rel=1e-9)

@@ -8,6 +8,11 @@ offroad, score, episode return, each a mean over agent-episodes with a confidenc
 trial mode also per-trial scores and ``ada_delta_trial_k_minus_0``) and a per-scenario table.
 ``--json PATH`` writes all of it as JSON. Details and measured baselines: docs/evaluation.md.
 
+A sharded pack directory as ``--data`` (``python -m gpusim.data convert ... --shard-size N``) is
+streamed (issue 21): whole shards in chunks of at most ``--chunk-size`` scenarios are on the device
+one at a time (the next read on a background thread), each scenario still runs exactly
+``--episodes-per-scenario`` times, and the report is the same as for the data held in memory.
+
 Env settings: those of the first checkpoint in ``--policy`` (the policy was trained for them),
 else the training defaults of ``train/run.py`` (``TrainConfig().env``); ``--k-trials K`` switches
 to trial mode with K trials; ``--mode human_replay`` controls one agent per world; ``--mode coplayer``
@@ -42,10 +47,13 @@ from rich.markup import escape
 
 from train.baselines import BASELINES, make_baseline
 from train.config import UserError, default_device, resolve_path
+from gpusim.data.errors import PackFileError
+from gpusim.data.shards import ShardedPack
 from train.eval.modes import get_mode
 from train.eval.report import per_scenario, scenario_table, summarise, summary_table
 from train.eval.sweep import (CallableDriver, CoplayerDriver, PolicyDriver, default_num_worlds, ego_rows,
                               make_sweep_env, run_sweep, sweep_plan)
+from train.eval.streaming import first_pack, local_records, streaming_sweep
 
 
 @dataclass
@@ -57,8 +65,11 @@ class EvalConfig:
             run directories holding a ``checkpoint.pt``) and/or baseline names
             (``steer_to_goal``, ``constant_speed``, ``expert``, ``random``).
         checkpoint: one more checkpoint (same as adding it to ``--policy``; kept for old scripts).
-        data: scenarios (WOMD JSON directory or saved pack; default ``data/womd_sample``, relative
-            to the cwd or the repository root).
+        data: scenarios (WOMD JSON directory, saved pack or sharded pack directory; default
+            ``data/womd_sample``, relative to the cwd or the repository root). A sharded pack is
+            evaluated by streaming (module docstring).
+        chunk_size: sharded ``--data`` only: at most this many scenarios on the device at a time
+            (whole shards; a larger shard is a chunk of its own).
         mode: evaluation modes, side by side: ``self_play`` (the policy drives every controlled
             agent), ``coplayer`` (one ego per world, the other controlled agents driven by the
             ``--coplayer`` partners) and/or ``human_replay`` (one ego per world, others log-replayed).
@@ -88,6 +99,7 @@ class EvalConfig:
     policy: tuple[str, ...] = ()
     checkpoint: str | None = None
     data: str = "data/womd_sample"
+    chunk_size: int = 64
     mode: tuple[str, ...] = ("self_play",)
     coplayer: tuple[str, ...] = ()
     coplayer_sample: bool = False
@@ -211,7 +223,8 @@ def _check(cfg: EvalConfig) -> list[str]:
     if not specs:
         raise UserError(f"nothing to evaluate: pass --policy PATH and/or a baseline ({', '.join(BASELINES)})")
     for name, value, low in (("--episodes-per-scenario", cfg.episodes_per_scenario, 1), ("--k-trials", cfg.k_trials, 0),
-                             ("--num-worlds", cfg.num_worlds, 0), ("--resamples", cfg.resamples, 1)):
+                             ("--num-worlds", cfg.num_worlds, 0), ("--resamples", cfg.resamples, 1),
+                             ("--chunk-size", cfg.chunk_size, 1)):
         if value < low:
             raise UserError(f"{name} must be >= {low}, got {value}")
     if not 0.0 < cfg.level < 1.0:
@@ -221,13 +234,17 @@ def _check(cfg: EvalConfig) -> list[str]:
     return specs
 
 
-def mode_env(mode, base, data: str, device) -> tuple:
+def mode_env(mode, base, data: str, device, stream: bool = False) -> tuple:
     """``(env_config, pack, notes)`` of ``mode``: the pack of ``data`` (converted with the mode's
-    settings, or loaded) and the env settings adapted to a saved pack (``train.run``'s rules)."""
+    settings, or loaded; with ``stream`` a sharded pack directory is only opened: a
+    :class:`gpusim.data.shards.ShardedPack`, streamed later) and the env settings adapted to a saved
+    pack (``train.run``'s rules)."""
+    from gpusim.data.shards import is_sharded
     from train.run import adapt_env_config, load_pack
 
     env_config = mode.env_config(base)
-    pack = load_pack(data, env_config, device)
+    path = resolve_path(data)
+    pack = ShardedPack.open(path) if stream and is_sharded(path) else load_pack(data, env_config, device)
     changed = {k for k, _ in mode.env_changes}
     built = getattr(getattr(pack, "config", None), "max_controlled", env_config.max_controlled)
     if "max_controlled" in changed and built != env_config.max_controlled:
@@ -272,18 +289,18 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
            "episodes_per_scenario": cfg.episodes_per_scenario, "k_trials": base.k_trials if base.trial_mode else 0,
            "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}
     for mode in modes:
-        env_config, pack, notes = mode_env(mode, base, cfg.data, device)
+        env_config, pack, notes = mode_env(mode, base, cfg.data, device, stream=True)
         out["notes"] += [n for n in notes if n not in out["notes"]]
         stats = getattr(pack, "stats", {}) or {}
         out["files"] = stats.get("files", pack.num_scenarios)
         for item in list(stats.get("errors", [])) + list(stats.get("skipped", [])):
             if item not in out["skipped"]:
                 out["skipped"].append(dict(item))
+        sharded = pack if isinstance(pack, ShardedPack) else None
         S, N = pack.num_scenarios, cfg.episodes_per_scenario
-        W = cfg.num_worlds or default_num_worlds(S * N)
+        W = cfg.num_worlds or default_num_worlds(min(S, cfg.chunk_size if sharded else S) * N)
         out["num_worlds"] = W
-        plan = sweep_plan(S, N, W)
-        env = make_sweep_env(pack, W, env_config, device, cfg.seed)
+        env = make_sweep_env(first_pack(sharded) if sharded else pack, W, env_config, device, cfg.seed)
         pool = None
         if mode.partners:
             from train.coplayer import make_pool
@@ -300,18 +317,44 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             if progress is not None:
                 task = progress.add_task(escape(f"{entry['label']} ({mode.name})"), total=S * N)
             on_batch = (lambda n, t=task: progress.advance(t, n)) if task is not None else None
-            agents, worlds = run_sweep(env, driver, plan, egos=mode.egos, on_batch=on_batch)
+            if sharded is None:
+                agents, worlds = run_sweep(env, driver, sweep_plan(S, N, W), egos=mode.egos, on_batch=on_batch)
+                ids = list(pack.scenario_ids)
+            else:
+                agents, worlds, ids = _stream(env, driver, sharded, cfg, mode, on_batch, out["skipped"])
             label = entry["label"] if len(modes) == 1 else f"{entry['label']} ({mode.name})"
             egos = ego_rows(agents)
-            run = {"label": label, "policy": entry["spec"], "mode": mode.name, "scenarios": list(pack.scenario_ids),
+            run = {"label": label, "policy": entry["spec"], "mode": mode.name, "scenarios": ids,
                    "summary": summarise(egos, worlds, cfg.interval, cfg.level, cfg.resamples, cfg.seed),
-                   "per_scenario": per_scenario(egos, S), "records": agents}
+                   "per_scenario": per_scenario(egos, len(ids)), "records": agents}
             if pool is not None:
                 run["partners"] = pool.labels
             if entry["kind"] == "checkpoint":
                 run["global_step"] = int(entry["ckpt"].get("global_step", 0))
             out["runs"].append(run)
     return out
+
+
+def _stream(env, driver, sharded, cfg: EvalConfig, mode, on_batch, skipped: list) -> tuple[dict, dict, list[str]]:
+    """The streaming sweep of a sharded pack (:func:`train.eval.streaming.streaming_sweep`):
+    ``(agents, worlds, scenario ids run)`` with record ``scenario`` = index into those ids (as the
+    in-memory sweep); an unreadable shard is added to ``skipped`` (file, reason).
+
+    Raises:
+        PackFileError: no shard could be read.
+    """
+    agents, worlds, run = streaming_sweep(env, driver, sharded, episodes=cfg.episodes_per_scenario,
+                                          chunk_size=cfg.chunk_size, egos=mode.egos, on_batch=on_batch)
+    done = set(run)
+    for i in range(sharded.num_shards):
+        left = [g for g in sharded.shard_scenarios(i) if g not in done]
+        item = {"file": str(sharded.shard_file(i)), "reason": f"unreadable shard, {len(left)} scenario(s) left out"}
+        if left and item not in skipped:
+            skipped.append(item)
+    if not run:
+        raise PackFileError(sharded.path, "", "no readable shard; convert the data again")
+    agents, worlds = local_records(agents, worlds, run, sharded.num_scenarios)
+    return agents, worlds, [sharded.scenario_ids[g] for g in run]
 
 
 def _plain(x):

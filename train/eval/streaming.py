@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from gpusim.data.errors import ScenarioError
+from gpusim.data.errors import PackFileError, ScenarioError
 from gpusim.data.shards import ShardedPack, concat_packs
 from train.eval.sweep import run_sweep, sweep_plan
 
@@ -49,6 +49,36 @@ def _load_chunk(sharded: ShardedPack, shards: list[int]):
     if not packs:
         return None, []
     return concat_packs(packs, sharded.max_segments, sharded.max_signals), ids
+
+
+def first_pack(sharded: ShardedPack):
+    """The first readable shard as a pack padded like every chunk (R, L = the dataset's maxima),
+    to build the env of a streaming sweep with (its pack is replaced chunk by chunk).
+
+    Raises:
+        PackFileError: no shard of ``sharded`` can be read (naming the directory).
+    """
+    for i in range(sharded.num_shards):
+        try:
+            return concat_packs([sharded.load_shard(i)], sharded.max_segments, sharded.max_signals)
+        except ScenarioError:
+            continue
+    raise PackFileError(sharded.path, "", "no readable shard; convert the data again")
+
+
+def local_records(agents: dict, worlds: dict, run_ids: list[int], num_scenarios: int) -> tuple[dict, dict]:
+    """Records of :func:`streaming_sweep` with ``scenario`` = position in ``run_ids`` (the
+    in-memory sweep's convention: an index into the list of scenarios that were run) instead of the
+    global index in the sharded pack (``num_scenarios`` of them)."""
+    lut = torch.full((max(int(num_scenarios), 1),), -1, dtype=torch.int64)
+    lut[torch.tensor(run_ids, dtype=torch.int64)] = torch.arange(len(run_ids))
+    out = []
+    for rec in (agents, worlds):
+        rec = dict(rec)
+        if rec:
+            rec["scenario"] = lut[rec["scenario"].to(torch.int64)]
+        out.append(rec)
+    return out[0], out[1]
 
 
 def streaming_sweep(env, driver, sharded: ShardedPack, *, episodes: int = 1, chunk_size: int = 64,
