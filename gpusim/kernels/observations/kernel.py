@@ -26,6 +26,12 @@ def _observations_kernel(
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_F: tl.constexpr,
     SPEED_S: tl.constexpr, SIZE_S: tl.constexpr, GOAL_S: tl.constexpr, HAS_ROWS: tl.constexpr,
 ):
+    """One program per policy slot: ego block, nearest partners, nearest road segments.
+
+    Long (~140 lines) on purpose: the three blocks share the slot's pose and ego frame, and one
+    kernel keeps them in registers instead of three launches re-reading them (DESIGN §2, few
+    launches). Semantics: the torch reference ``naive.observations_reference``.
+    """
     if HAS_ROWS:  # program i computes the listed slot rows[i]
         pid = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
     else:

@@ -175,7 +175,8 @@ def check_inputs(
     road_radius, out, rows=None, grid_start=None,
 ) -> ObsLayout:
     """Validate the arguments of :func:`gpusim.kernels.observations.observations` (host-side
-    metadata only, no device sync) and return the :class:`ObsLayout`.
+    metadata only, no device sync) and return the :class:`ObsLayout`. One check per argument, in
+    signature order, so it is long (~85 lines) but flat.
 
     Raises:
         ValueError: as documented there, naming the argument.
