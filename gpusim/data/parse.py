@@ -240,74 +240,110 @@ def heading_units_of(pos: np.ndarray, heading: np.ndarray, valid: np.ndarray) ->
 def parse_scenario(doc: dict, file) -> RawScenario:
     """Validate a loaded JSON document and convert it to a :class:`RawScenario`.
 
+    The work is split into helpers, called in this order (so the first problem found is the one
+    reported): :func:`_check_top_level`, :func:`_scenario_id`, :func:`_parse_objects` (per object
+    :func:`_object_type`, :func:`_parse_track`, :func:`_parse_goal`, :func:`_parse_expert`),
+    :func:`_wrap_headings`, :func:`_sdc_index`, :func:`_metadata_flags`, :func:`_parse_roads`,
+    then :func:`gpusim.data.signals.parse_json_signals`.
+
     Args:
         doc: the JSON top-level object (as returned by :func:`read_json`).
         file: path used in error messages and stored in the result.
 
     Raises:
         ScenarioError: naming ``file`` and the field: missing ``objects``/``roads`` (or not lists);
-            an object without ``type``, ``width``, ``length``, ``goalPosition``, ``position``,
-            ``heading``, ``velocity`` or ``valid``; per-step arrays without exactly 91 entries;
-            non-numeric entries; non-finite numbers at valid steps; non-finite or non-positive
+            an object that is not a JSON object; an object without ``type``, ``width``, ``length``,
+            ``goalPosition``, ``position``, ``heading``, ``velocity`` or ``valid``; per-step arrays
+            without exactly 91 entries; non-numeric entries (non-boolean ``valid`` entries or
+            ``mark_as_expert``); non-finite numbers at valid steps; non-finite or non-positive
             width/length; non-finite goal; a road without a list ``geometry`` or with non-finite
-            points; ``metadata.sdc_track_index`` out of range.
+            points; ``metadata.sdc_track_index`` out of range; ``metadata.objects_of_interest`` /
+            ``tracks_to_predict`` not lists, or a ``tracks_to_predict`` entry without a valid
+            ``track_index``; malformed ``tl_states``.
     """
     file = str(file)
     T = WOMD_STEPS
+    objects, roads = _check_top_level(doc, file)
+    sid = _scenario_id(doc, file)
+    obj = _parse_objects(objects, file, T)
+    meta = doc.get("metadata")
+    sdc = _sdc_index(meta, objects, file)
+    interest, predict = _metadata_flags(meta, objects, obj["source_index"], file)
+    pts, rtypes, starts, rids, unknown_roads = _parse_roads(roads, file)
+
+    return RawScenario(
+        file=file,
+        scenario_id=sid,
+        pos=obj["pos"],
+        heading=obj["heading"],
+        vel=obj["vel"],
+        valid=obj["valid"],
+        obj_type=obj["obj_type"],
+        length=obj["length"],
+        width=obj["width"],
+        goal=obj["goal"],
+        expert=obj["expert"],
+        source_index=np.array(obj["source_index"], dtype=np.int64),
+        sdc_source_index=sdc,
+        road_xy=np.concatenate(pts) if pts else np.zeros((0, 2)),
+        road_start=np.array(starts, dtype=np.int64),
+        road_type=np.array(rtypes, dtype=np.int8),
+        road_id=np.array(rids, dtype=np.int64),
+        interest=interest,
+        predict=predict,
+        signals=parse_json_signals(doc.get("tl_states"), file, T),
+        ignored_objects=obj["ignored"],
+        unknown_road_types=dict(unknown_roads),
+    )
+
+
+def _check_top_level(doc: dict, file: str) -> tuple[list, list]:
+    """The ``objects`` and ``roads`` lists of ``doc``.
+
+    Raises:
+        ScenarioError: (field ``objects`` / ``roads``) if either is missing or not a list.
+    """
     for key in ("objects", "roads"):
         if key not in doc:
             raise ScenarioError(file, key, "missing")
         if not isinstance(doc[key], list):
             raise ScenarioError(file, key, f"expected a list, got {type(doc[key]).__name__}")
-    objects, roads = doc["objects"], doc["roads"]
+    return doc["objects"], doc["roads"]
 
+
+def _scenario_id(doc: dict, file: str) -> str:
+    """``scenario_id``, else ``name``, else the file stem; a trailing ``.json`` is removed."""
     sid = doc.get("scenario_id") or doc.get("name") or scenario_stem(file)
-    sid = scenario_stem(str(sid)) if str(sid).endswith(".json") else str(sid)
+    return scenario_stem(str(sid)) if str(sid).endswith(".json") else str(sid)
 
+
+def _parse_objects(objects: list, file: str, T: int) -> dict:
+    """Validate the ``objects`` list and keep those of known type (vehicle/pedestrian/cyclist).
+
+    Returns:
+        dict with, for the N kept objects in file order: ``pos`` [N, T, 2], ``heading`` [N, T]
+        (rad, wrapped to [-pi, pi)), ``vel`` [N, T, 2] float64 (all 0 at invalid steps), ``valid``
+        [N, T] bool, ``obj_type`` [N] int8, ``length``, ``width`` [N] float64 (m), ``goal`` [N, 2]
+        float64 (m), ``expert`` [N] bool, ``source_index`` (list of N ints, index in ``objects``)
+        and ``ignored`` (dict: count of skipped objects by type name).
+
+    Raises:
+        ScenarioError: for any invalid kept object (see :func:`parse_scenario`).
+    """
     ignored: collections.Counter = collections.Counter()
     pos_l, head_l, vel_l, valid_l = [], [], [], []
     types, lengths, widths, goals, experts, src = [], [], [], [], [], []
     for i, obj in enumerate(objects):
         f = f"objects[{i}]"
-        if not isinstance(obj, dict):
-            raise ScenarioError(file, f, f"expected an object, got {type(obj).__name__}")
-        if "type" not in obj:
-            raise ScenarioError(file, f + ".type", "missing")
-        tname = obj["type"]
-        otype = _OBJECT_TYPES.get(str(tname).lower()) if isinstance(tname, str) else None
+        otype = _object_type(obj, f, file)
         if otype is None:
-            ignored[str(tname)] += 1
+            ignored[str(obj["type"])] += 1
             continue
-        for key in ("position", "heading", "velocity", "valid"):
-            if key not in obj:
-                raise ScenarioError(file, f"{f}.{key}", "missing")
-        valid = obj["valid"]
-        if not isinstance(valid, list):
-            raise ScenarioError(file, f + ".valid", f"expected a list, got {type(valid).__name__}")
-        if len(valid) != T:
-            raise ScenarioError(file, f + ".valid", f"{len(valid)} entries, expected {T}")
-        if not all(isinstance(v, (bool, int)) for v in valid):
-            bad = next(k for k, v in enumerate(valid) if not isinstance(v, (bool, int)))
-            raise ScenarioError(file, f"{f}.valid[{bad}]", f"expected a boolean, got {valid[bad]!r}")
-        valid = np.array(valid, dtype=bool)
-        pos = _points(obj["position"], file, f + ".position", n=T)
-        heading = _numbers(obj["heading"], file, f + ".heading", T)
-        vel = _points(obj["velocity"], file, f + ".velocity", n=T)
-        _check_finite(pos, valid, file, f + ".position")
-        _check_finite(heading, valid, file, f + ".heading")
-        _check_finite(vel, valid, file, f + ".velocity")
+        pos, heading, vel, valid = _parse_track(obj, f, file, T)
         width = _scalar(obj, "width", file, f + ".width", positive=True)
         length = _scalar(obj, "length", file, f + ".length", positive=True)
-        if "goalPosition" not in obj:
-            raise ScenarioError(file, f + ".goalPosition", "missing")
-        g = obj["goalPosition"]
-        if not (isinstance(g, dict) and _num(g.get("x")) and _num(g.get("y"))):
-            raise ScenarioError(file, f + ".goalPosition", "expected an object with numeric 'x' and 'y'")
-        if not (math.isfinite(g["x"]) and math.isfinite(g["y"])):
-            raise ScenarioError(file, f + ".goalPosition", "non-finite coordinates")
-        exp = obj.get("mark_as_expert", False)
-        if not isinstance(exp, (bool, int)):
-            raise ScenarioError(file, f + ".mark_as_expert", f"expected a boolean, got {exp!r}")
+        goal = _parse_goal(obj, f, file)
+        exp = _parse_expert(obj, f, file)
 
         inv = ~valid
         pos[inv] = 0.0
@@ -320,53 +356,123 @@ def parse_scenario(doc: dict, file) -> RawScenario:
         types.append(int(otype))
         lengths.append(length)
         widths.append(width)
-        goals.append((float(g["x"]), float(g["y"])))
-        experts.append(bool(exp))
+        goals.append(goal)
+        experts.append(exp)
         src.append(i)
 
     n = len(src)
-    heading_units = "rad"
     if n:
-        heading_units = heading_units_of(np.stack(pos_l), np.stack(head_l), np.stack(valid_l))
-        scale = np.pi / 180.0 if heading_units == "deg" else 1.0
-        head_l = [np.remainder(h * scale + np.pi, 2 * np.pi) - np.pi for h in head_l]
-    sdc = -1
-    meta = doc.get("metadata")
-    if isinstance(meta, dict) and meta.get("sdc_track_index") is not None:
-        v = meta["sdc_track_index"]
-        if not (isinstance(v, int) and not isinstance(v, bool)) or not 0 <= v < len(objects):
-            raise ScenarioError(
-                file, "metadata.sdc_track_index", f"{v!r} is not an index into the {len(objects)} objects"
-            )
-        sdc = int(v)
+        head_l = _wrap_headings(pos_l, head_l, valid_l)
+    return {
+        "pos": np.stack(pos_l) if n else np.zeros((0, T, 2)),
+        "heading": np.stack(head_l) if n else np.zeros((0, T)),
+        "vel": np.stack(vel_l) if n else np.zeros((0, T, 2)),
+        "valid": np.stack(valid_l) if n else np.zeros((0, T), dtype=bool),
+        "obj_type": np.array(types, dtype=np.int8),
+        "length": np.array(lengths, dtype=np.float64),
+        "width": np.array(widths, dtype=np.float64),
+        "goal": np.array(goals, dtype=np.float64).reshape(n, 2),
+        "expert": np.array(experts, dtype=bool),
+        "source_index": src,
+        "ignored": dict(ignored),
+    }
 
-    interest, predict = _metadata_flags(meta, objects, src, file)
-    pts, rtypes, starts, rids, unknown_roads = _parse_roads(roads, file)
 
-    return RawScenario(
-        file=file,
-        scenario_id=sid,
-        pos=np.stack(pos_l) if n else np.zeros((0, T, 2)),
-        heading=np.stack(head_l) if n else np.zeros((0, T)),
-        vel=np.stack(vel_l) if n else np.zeros((0, T, 2)),
-        valid=np.stack(valid_l) if n else np.zeros((0, T), dtype=bool),
-        obj_type=np.array(types, dtype=np.int8),
-        length=np.array(lengths, dtype=np.float64),
-        width=np.array(widths, dtype=np.float64),
-        goal=np.array(goals, dtype=np.float64).reshape(n, 2),
-        expert=np.array(experts, dtype=bool),
-        source_index=np.array(src, dtype=np.int64),
-        sdc_source_index=sdc,
-        road_xy=np.concatenate(pts) if pts else np.zeros((0, 2)),
-        road_start=np.array(starts, dtype=np.int64),
-        road_type=np.array(rtypes, dtype=np.int8),
-        road_id=np.array(rids, dtype=np.int64),
-        interest=interest,
-        predict=predict,
-        signals=parse_json_signals(doc.get("tl_states"), file, T),
-        ignored_objects=dict(ignored),
-        unknown_road_types=dict(unknown_roads),
-    )
+def _object_type(obj, f: str, file: str):
+    """The :class:`ObjectType` of object ``obj`` (field prefix ``f``), or None for other types
+    (vehicle/pedestrian/cyclist names are matched case-insensitively; non-strings are ignored).
+
+    Raises:
+        ScenarioError: if ``obj`` is not a JSON object or has no ``type``.
+    """
+    if not isinstance(obj, dict):
+        raise ScenarioError(file, f, f"expected an object, got {type(obj).__name__}")
+    if "type" not in obj:
+        raise ScenarioError(file, f + ".type", "missing")
+    tname = obj["type"]
+    return _OBJECT_TYPES.get(str(tname).lower()) if isinstance(tname, str) else None
+
+
+def _parse_track(obj: dict, f: str, file: str, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The logged track of one object: ``pos`` [T, 2] (m), raw ``heading`` [T] (file units),
+    ``vel`` [T, 2] (m/s) float64, as in the file (sentinels at invalid steps), and ``valid`` [T] bool.
+
+    Raises:
+        ScenarioError: a missing ``position``/``heading``/``velocity``/``valid``; ``valid`` not a
+            list of T booleans; per-step arrays without T entries or with non-numeric entries;
+            non-finite numbers at valid steps.
+    """
+    for key in ("position", "heading", "velocity", "valid"):
+        if key not in obj:
+            raise ScenarioError(file, f"{f}.{key}", "missing")
+    valid = obj["valid"]
+    if not isinstance(valid, list):
+        raise ScenarioError(file, f + ".valid", f"expected a list, got {type(valid).__name__}")
+    if len(valid) != T:
+        raise ScenarioError(file, f + ".valid", f"{len(valid)} entries, expected {T}")
+    if not all(isinstance(v, (bool, int)) for v in valid):
+        bad = next(k for k, v in enumerate(valid) if not isinstance(v, (bool, int)))
+        raise ScenarioError(file, f"{f}.valid[{bad}]", f"expected a boolean, got {valid[bad]!r}")
+    valid = np.array(valid, dtype=bool)
+    pos = _points(obj["position"], file, f + ".position", n=T)
+    heading = _numbers(obj["heading"], file, f + ".heading", T)
+    vel = _points(obj["velocity"], file, f + ".velocity", n=T)
+    _check_finite(pos, valid, file, f + ".position")
+    _check_finite(heading, valid, file, f + ".heading")
+    _check_finite(vel, valid, file, f + ".velocity")
+    return pos, heading, vel, valid
+
+
+def _parse_goal(obj: dict, f: str, file: str) -> tuple[float, float]:
+    """``goalPosition`` (x, y) in m.
+
+    Raises:
+        ScenarioError: if missing, not an object with numeric ``x`` and ``y``, or non-finite.
+    """
+    if "goalPosition" not in obj:
+        raise ScenarioError(file, f + ".goalPosition", "missing")
+    g = obj["goalPosition"]
+    if not (isinstance(g, dict) and _num(g.get("x")) and _num(g.get("y"))):
+        raise ScenarioError(file, f + ".goalPosition", "expected an object with numeric 'x' and 'y'")
+    if not (math.isfinite(g["x"]) and math.isfinite(g["y"])):
+        raise ScenarioError(file, f + ".goalPosition", "non-finite coordinates")
+    return float(g["x"]), float(g["y"])
+
+
+def _parse_expert(obj: dict, f: str, file: str) -> bool:
+    """``mark_as_expert`` (false when absent).
+
+    Raises:
+        ScenarioError: if present and not a boolean (or int).
+    """
+    exp = obj.get("mark_as_expert", False)
+    if not isinstance(exp, (bool, int)):
+        raise ScenarioError(file, f + ".mark_as_expert", f"expected a boolean, got {exp!r}")
+    return bool(exp)
+
+
+def _wrap_headings(pos_l: list, head_l: list, valid_l: list) -> list:
+    """Headings in rad wrapped to [-pi, pi): the file's unit is decided once for all objects by
+    :func:`heading_units_of` (lists of per-object [T, 2] positions, [T] raw headings, [T] valid)."""
+    heading_units = heading_units_of(np.stack(pos_l), np.stack(head_l), np.stack(valid_l))
+    scale = np.pi / 180.0 if heading_units == "deg" else 1.0
+    return [np.remainder(h * scale + np.pi, 2 * np.pi) - np.pi for h in head_l]
+
+
+def _sdc_index(meta, objects: list, file: str) -> int:
+    """``metadata.sdc_track_index`` (index into ``objects``), -1 when absent or null.
+
+    Raises:
+        ScenarioError: if it is not an int in ``[0, len(objects))``.
+    """
+    if not (isinstance(meta, dict) and meta.get("sdc_track_index") is not None):
+        return -1
+    v = meta["sdc_track_index"]
+    if not (isinstance(v, int) and not isinstance(v, bool)) or not 0 <= v < len(objects):
+        raise ScenarioError(
+            file, "metadata.sdc_track_index", f"{v!r} is not an index into the {len(objects)} objects"
+        )
+    return int(v)
 
 
 def _parse_roads(roads: list, file) -> tuple[list, list, list, list, collections.Counter]:

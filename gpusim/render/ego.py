@@ -163,9 +163,6 @@ def render_ego_view(obs: torch.Tensor, layout, ax=None, title: str = "ego view",
     Raises:
         ValueError: for a wrongly shaped ``obs`` or a layout without the needed feature names.
     """
-    from matplotlib.collections import LineCollection, PolyCollection
-    from matplotlib.patches import Circle
-
     dec = decode_ego_observation(obs, layout, partner_radius, road_radius)
     if ax is None:
         fig = new_figure(figsize, dpi)
@@ -174,47 +171,81 @@ def render_ego_view(obs: torch.Tensor, layout, ax=None, title: str = "ego view",
     ax.set_facecolor(COLORS["background"])
     span = max(float(partner_radius), float(road_radius)) * 1.05
     ego, par, rd = dec["ego"], dec["partners"], dec["roads"]
+    _draw_roads(ax, rd)
+    _draw_partner_ring(ax, partner_radius)
+    _draw_partners(ax, par)
+    _draw_ego(ax, ego)
+    _draw_goal(ax, ego, span)
+    _finish_ego_axes(ax, span, title, ego, par, rd)
+    return figure_to_array(ax.figure)
 
-    # Roads.
-    if len(rd["seg"]):
-        x0, y0 = _to_screen(rd["seg"][:, 0], rd["seg"][:, 1])
-        x1, y1 = _to_screen(rd["seg"][:, 2], rd["seg"][:, 3])
-        segs = np.stack([np.stack([x0, y0], 1), np.stack([x1, y1], 1)], 1)
-        for code, (ckey, lw, _ls, z) in list(ROAD_STYLE.items()) + [(int(RoadType.OTHER), OTHER_ROAD_STYLE)]:
-            sel = rd["type"] == code
-            if sel.any():
-                ax.add_collection(LineCollection(segs[sel], colors=COLORS[ckey], linewidths=lw * 1.3, zorder=z))
+
+def _draw_roads(ax, rd: dict) -> None:
+    """Road segments (``rd`` as ``decode_ego_observation``'s ``roads``), coloured by type as in the
+    top-down view (one LineCollection per type present, lines 1.3x as wide)."""
+    from matplotlib.collections import LineCollection
+
+    if not len(rd["seg"]):
+        return
+    x0, y0 = _to_screen(rd["seg"][:, 0], rd["seg"][:, 1])
+    x1, y1 = _to_screen(rd["seg"][:, 2], rd["seg"][:, 3])
+    segs = np.stack([np.stack([x0, y0], 1), np.stack([x1, y1], 1)], 1)
+    for code, (ckey, lw, _ls, z) in list(ROAD_STYLE.items()) + [(int(RoadType.OTHER), OTHER_ROAD_STYLE)]:
+        sel = rd["type"] == code
+        if sel.any():
+            ax.add_collection(LineCollection(segs[sel], colors=COLORS[ckey], linewidths=lw * 1.3, zorder=z))
+
+
+def _draw_partner_ring(ax, partner_radius: float) -> None:
+    """Dashed grey circle of radius ``partner_radius`` (m) around the ego."""
+    from matplotlib.patches import Circle
+
     ax.add_patch(Circle((0, 0), partner_radius, fill=False, edgecolor="#bbbbbb", linestyle=(0, (3, 3)),
                         linewidth=0.7, zorder=0))
 
-    # Partners: heading in the picture = ego-frame heading + 90 degrees.
-    if len(par["x"]):
-        sx, sy = _to_screen(par["x"], par["y"])
-        corners = box_corners(np.stack([sx, sy], 1), par["heading"] + np.pi / 2,
-                               np.maximum(par["length"], 0.3), np.maximum(par["width"], 0.3))
-        tcol = {int(ObjectType.VEHICLE): COLORS["expert_vehicle"], int(ObjectType.PEDESTRIAN): COLORS["expert_pedestrian"],
-                int(ObjectType.CYCLIST): COLORS["expert_cyclist"]}
-        cols = [tcol.get(int(t), COLORS["expert_vehicle"]) for t in par["type"]]
-        ax.add_collection(PolyCollection(corners, facecolors=cols, edgecolors="#303030", linewidths=0.5, zorder=6))
-        for k in range(len(sx)):
-            ax.text(sx[k], sy[k] + 1.5 + par["length"][k] / 2, str(int(par["slot"][k])), fontsize=5, ha="center",
-                    zorder=9, color="#303030")
-        # Heading ticks.
-        h = par["heading"] + np.pi / 2
-        tips = np.stack([sx + np.cos(h) * par["length"] / 2, sy + np.sin(h) * par["length"] / 2], 1)
-        ax.add_collection(LineCollection(np.stack([np.stack([sx, sy], 1), tips], 1), colors="#000000",
-                                         linewidths=0.6, zorder=8))
 
-    # Ego box at the origin, pointing up.
+def _draw_partners(ax, par: dict) -> None:
+    """Partner boxes coloured by type, with slot numbers and heading ticks (``par`` as
+    ``decode_ego_observation``'s ``partners``). Heading in the picture = ego-frame heading + 90 degrees."""
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    if not len(par["x"]):
+        return
+    sx, sy = _to_screen(par["x"], par["y"])
+    corners = box_corners(np.stack([sx, sy], 1), par["heading"] + np.pi / 2,
+                          np.maximum(par["length"], 0.3), np.maximum(par["width"], 0.3))
+    tcol = {int(ObjectType.VEHICLE): COLORS["expert_vehicle"], int(ObjectType.PEDESTRIAN): COLORS["expert_pedestrian"],
+            int(ObjectType.CYCLIST): COLORS["expert_cyclist"]}
+    cols = [tcol.get(int(t), COLORS["expert_vehicle"]) for t in par["type"]]
+    ax.add_collection(PolyCollection(corners, facecolors=cols, edgecolors="#303030", linewidths=0.5, zorder=6))
+    for k in range(len(sx)):
+        ax.text(sx[k], sy[k] + 1.5 + par["length"][k] / 2, str(int(par["slot"][k])), fontsize=5, ha="center",
+                zorder=9, color="#303030")
+    # Heading ticks.
+    h = par["heading"] + np.pi / 2
+    tips = np.stack([sx + np.cos(h) * par["length"] / 2, sy + np.sin(h) * par["length"] / 2], 1)
+    ax.add_collection(LineCollection(np.stack([np.stack([sx, sy], 1), tips], 1), colors="#000000",
+                                     linewidths=0.6, zorder=8))
+
+
+def _draw_ego(ax, ego: dict) -> None:
+    """The ego box at the origin, pointing up (collided / offroad / controlled colour), with a heading tick."""
+    from matplotlib.collections import PolyCollection
+
     L, Wd = max(ego["length"], 0.5), max(ego["width"], 0.3)
     ego_col = COLORS["collided"] if ego.get("collided", 0) > 0.5 else (
         COLORS["offroad"] if ego.get("offroad", 0) > 0.5 else COLORS["controlled"])
     ax.add_collection(PolyCollection(box_corners(np.zeros((1, 2)), np.array([np.pi / 2]), np.array([L]),
-                                                  np.array([Wd])), facecolors=ego_col, edgecolors="#000000",
+                                                 np.array([Wd])), facecolors=ego_col, edgecolors="#000000",
                                      linewidths=0.8, zorder=7))
     ax.plot([0, 0], [0, L / 2], color="#000000", linewidth=0.8, zorder=8)
 
-    # Goal.
+
+def _draw_goal(ax, ego: dict, span: float) -> None:
+    """The goal: a "+" and dashed 2 m circle inside the view (half-width ``span``, m), else an arrow
+    on the border pointing at it."""
+    from matplotlib.patches import Circle
+
     gx, gy = _to_screen(ego["goal_x"], ego["goal_y"])
     gx, gy = float(gx), float(gy)
     if max(abs(gx), abs(gy)) <= span:
@@ -225,6 +256,10 @@ def render_ego_view(obs: torch.Tensor, layout, ax=None, title: str = "ego view",
         ax.annotate("", xy=(gx * scale, gy * scale), xytext=(gx * scale * 0.8, gy * scale * 0.8),
                     arrowprops=dict(arrowstyle="->", color=COLORS["goal"], linewidth=1.5), zorder=5)
 
+
+def _finish_ego_axes(ax, span: float, title: str, ego: dict, par: dict, rd: dict) -> None:
+    """Limits ``+-span`` (m), equal aspect, no ticks, and the title: ``title``, then ego speed, goal,
+    partner and road counts and set flags, then any trial features present."""
     ax.set_xlim(-span, span)
     ax.set_ylim(-span, span)
     ax.set_aspect("equal", adjustable="box")
@@ -235,4 +270,3 @@ def render_ego_view(obs: torch.Tensor, layout, ax=None, title: str = "ego view",
     ax.set_title(f"{title}\nspeed {ego['speed']:.1f} m/s  goal ({ego['goal_x']:.0f}, {ego['goal_y']:.0f}) m  "
                  f"{len(par['x'])} partners  {len(rd['seg'])} roads" + (("  " + " ".join(flags)) if flags else "")
                  + (("\n" + "  ".join(extra)) if extra else ""), fontsize=7)
-    return figure_to_array(ax.figure)
