@@ -80,6 +80,11 @@ def _entry(fn, rank, world, port, args):
                       MASTER_PORT=str(port), GPUSIM_DIST_TIMEOUT_S="60")
     torch.set_num_threads(1)
     fn(rank, *args)
+    # Leave without interpreter teardown: freeing a DDP reducer after its gloo group was destroyed
+    # can hang in ProcessGroupGloo's destructor (seen once); errors above still exit non-zero.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _launch(fn, world: int, *args) -> None:
@@ -244,9 +249,8 @@ def test_ema_totals_pool_slots_not_means():
         report_from_totals(a.names, [1.0])
 
 
-def test_continuous_policy_under_ddp_all_reduces_the_log_std_gradient(tmp_path):
-    """The Gaussian head's log-std is used outside ``forward`` (in ``log_prob``/``entropy``, called
-    on the DDP wrapper): it still gets its gradient, equal to the plain module's (1-rank group)."""
+def _continuous_ddp_worker(rank):
+    """Body of :func:`test_continuous_policy_under_ddp_all_reduces_the_log_std_gradient` (one rank)."""
     from policy import ActorCritic
 
     env = FakeEnv(num_worlds=2, num_slots=3, horizon=6)
@@ -262,18 +266,22 @@ def test_continuous_policy_under_ddp_all_reduces_the_log_std_gradient(tmp_path):
     mb["bootstrap_stop"][:, -1] = True
     plain = copy.deepcopy(policy)
     ppo_loss(plain, mb, PPOConfig())[0].backward()
-    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
-    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        ranks = distributed.setup("cpu")
-        assert ranks.enabled and not ranks.owns_group
-        ddp = ranks.wrap(policy)
-        ppo_loss(ddp, mb, PPOConfig())[0].backward()
-    finally:
-        torch.distributed.destroy_process_group()
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=1)
+    ranks = distributed.setup("cpu")
+    assert ranks.enabled and not ranks.owns_group
+    ddp = ranks.wrap(policy)
+    ppo_loss(ddp, mb, PPOConfig())[0].backward()
     assert policy.log_std.grad is not None and policy.log_std.grad.abs().sum() > 0
     for a, b in zip(plain.parameters(), policy.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+@pytest.mark.slow  # in-process gloo teardown hung once (ProcessGroupGloo destructor joining a thread)
+def test_continuous_policy_under_ddp_all_reduces_the_log_std_gradient():
+    """The Gaussian head's log-std is used outside ``forward`` (in ``log_prob``/``entropy``, called
+    on the DDP wrapper): it still gets its gradient, equal to the plain module's (1-rank group).
+    Runs in a spawned rank with a timeout, so a hang fails the test instead of the suite."""
+    _launch(_continuous_ddp_worker, 1)
 
 
 def test_two_ranks_gradient_lockstep_one_log_one_checkpoint_reduced_metrics(tmp_path):
