@@ -235,8 +235,7 @@ def test_signal_clock_restarts_with_each_trial():
 # ----------------------------------------------------------------------------- real scenario
 @pytest.fixture(scope="module")
 def tfrecord_pack():
-    if not TFRECORD.exists():
-        pytest.skip("bundled TFRecord scenario missing")
+    assert TFRECORD.exists(), f"bundled TFRecord scenario missing: {TFRECORD} (part of the repository)"
     from gpusim.data import ScenarioPack
     return ScenarioPack.from_json([str(TFRECORD)])
 
