@@ -40,11 +40,9 @@ import torch
 
 
 def parse_args(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    train_argv = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, train_argv = argv[:i], argv[i + 1:]
+    from profiling.cli import split_train_argv
+
+    argv, train_argv = split_train_argv(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  epilog="arguments after -- go to train/run.py's parser")
     ap.add_argument("--partners", type=int, nargs="+", default=[0, 1, 4], help="partner counts to measure")

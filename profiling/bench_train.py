@@ -49,11 +49,9 @@ PHASES = ("env_step", "policy_rollout", "rollout_other", "advantage", "ppo_updat
 
 
 def parse_args(argv=None):
-    argv = list(sys.argv[1:] if argv is None else argv)
-    train_argv = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, train_argv = argv[:i], argv[i + 1:]
+    from profiling.cli import split_train_argv
+
+    argv, train_argv = split_train_argv(argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  epilog="arguments after -- go to train/run.py's parser")
     ap.add_argument("--iters", type=int, default=2, help="timed iterations (rollout + update)")
