@@ -224,14 +224,34 @@ class DriveEnv:
         """
         actions = self._check(actions)
         self.sim.t += 1
-        step = StepVars(actions=actions, episode_end=self.sim.t >= self.horizon)
+        self.state, result = self.advance(self.state, actions, episode_end=self.sim.t >= self.horizon)
+        return result
+
+    def validate_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        """The checks of :meth:`step` (``EnvConfig.check_actions``) without stepping: the validated
+        actions (discrete int64 [W, C], continuous float32 [W, C, 2]; async mode: bad slots replaced
+        by the no-op and recorded). Raises ``ValueError`` as :meth:`step`."""
+        return self._check(actions)
+
+    def advance(self, state: EnvState, actions: torch.Tensor, episode_end: bool) -> tuple[EnvState, StepResult]:
+        """The device part of :meth:`step`: run the pipeline on ``state`` with validated ``actions``
+        (:meth:`validate_actions`); returns ``(new_state, result)``. It neither sets ``self.state``
+        nor advances the host clock ``episode_step``: the caller does (``step`` does both; the
+        CUDA-graph rollout, ``train/graphed_rollout.py``, captures this call with
+        ``episode_end=False`` and copies ``new_state`` into its static state buffers).
+
+        Args:
+            state: the state to advance (not modified: stages return new tensors).
+            actions: validated actions. episode_end: this step completes the horizon (auto-reset).
+        """
+        step = StepVars(actions=actions, episode_end=bool(episode_end))
         compiled = self._compiled_step()
         if compiled is not None:  # EnvConfig.compile on the torch backend (gpusim/sim/compiled.py)
-            self.state = state = compiled(self.state, step)
+            state = compiled(state, step)
         else:
-            self.state = state = run_pipeline(self.sim, self.state, step, hook=self.stage_hook, stages=self.pipeline)
+            state = run_pipeline(self.sim, state, step, hook=self.stage_hook, stages=self.pipeline)
         C = self.num_slots
-        return StepResult(
+        result = StepResult(
             obs=step.obs,
             reward=step.reward,
             terminal=step.terminal,
@@ -248,6 +268,7 @@ class DriveEnv:
                   "episode_end": self.sim.end_flags[int(step.episode_end)][0],
                   **step.info},
         )
+        return state, result
 
     def _compiled_step(self):
         """The compiled step (``EnvConfig.compile`` on the torch backend, no stage hook), else None."""
