@@ -175,10 +175,28 @@ def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache,
 
     Returns:
         ``(next_obs [W, C, D], buffer)``: the first observation of the next episode.
+
+    The CUDA-graph variant (same results, steady-state steps replayed from a graph) is
+    :class:`train.graphed_rollout.GraphedRollout`.
+    """
+    W, C = env.num_worlds, env.num_slots
+    ego = begin_rollout(env, policy, buffer, cache, coplayers, trial_log)
+    removed = torch.zeros(W * C, dtype=torch.bool, device=obs.device)
+    for t in range(buffer.horizon):
+        obs, removed = rollout_step(env, policy, t, obs, removed, buffer, cache, ego, deterministic, coplayers,
+                                    trial_log)
+    return obs, buffer
+
+
+def begin_rollout(env, policy, buffer: RolloutBatch, cache, coplayers=None, trial_log: TrialLog | None = None):
+    """The start of :func:`collect_rollout`: clear the cache, write the per-row fields of
+    ``buffer`` (scenario, agent type, active slots), start the co-players and the trial log.
+
+    Returns:
+        ``ego`` [R] bool, the roles of this episode's slots (a copy), or None (every slot an ego).
     """
     W, C = env.num_worlds, env.num_slots
     R = W * C
-    H = buffer.horizon
     policy.reset_cache(cache)
     state = getattr(env, "state", None)
     ego = None  # [R] bool roles of this episode (None: every slot is an ego)
@@ -196,36 +214,43 @@ def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache,
         coplayers.begin(env)
     if trial_log is not None:
         trial_log.begin()
-    removed = torch.zeros(R, dtype=torch.bool, device=obs.device)
-    for t in range(H):
-        o = obs.reshape(R, -1)
-        logits, value, cache = policy.forward_eval(o, cache, removed)
-        action = policy.sample(logits, deterministic)
-        if coplayers is not None:
-            action = coplayers.act(o, action)
-        buffer.obs[:, t] = o
-        buffer.removed[:, t] = removed
-        buffer.values[:, t] = value
-        buffer.actions[:, t] = action
-        buffer.logprobs[:, t] = policy.log_prob(logits, action)
-        env_action = action.reshape(W, C, *action.shape[1:])
-        if policy.continuous:  # the Gaussian is unbounded; the env takes [-1, 1]
-            env_action = env_action.clamp(-1.0, 1.0)
-        done_before = env.state.world_done if trial_log is not None else None
-        res = env.step(env_action)
-        buffer.rewards[:, t] = res.reward.reshape(R)
-        buffer.terminal[:, t] = res.terminal.reshape(R)
-        buffer.truncation[:, t] = res.truncation.reshape(R)
-        loss_mask = res.loss_mask.reshape(R)
-        buffer.loss_mask[:, t] = loss_mask if ego is None else loss_mask & ego
-        goal = res.info.get("goal_reached") if isinstance(getattr(res, "info", None), dict) else None
-        if goal is not None:
-            buffer.goal_reached[:, t] = goal.reshape(R)
-        removed = res.removed.reshape(R)
-        policy.reset_cache(cache, res.terminal.reshape(R))
-        if coplayers is not None:
-            coplayers.observe(res)
-        if trial_log is not None and "trial_end" in res.info:
-            trial_log.step(done_before, res.info["trial_end"])
-        obs = res.obs
-    return obs, buffer
+    return ego
+
+
+def rollout_step(env, policy, t: int, obs: torch.Tensor, removed: torch.Tensor, buffer: RolloutBatch, cache,
+                 ego: torch.Tensor | None, deterministic: bool = False, coplayers=None,
+                 trial_log: TrialLog | None = None):
+    """One eager step of :func:`collect_rollout` at column ``t``: act on ``obs`` [W, C, D] with
+    ``removed`` [R] bool, step the env, write column ``t`` of ``buffer``, clear the memory of the
+    terminal slots. Returns ``(next_obs [W, C, D], next_removed [R] bool)``."""
+    W, C = env.num_worlds, env.num_slots
+    R = W * C
+    o = obs.reshape(R, -1)
+    logits, value, cache = policy.forward_eval(o, cache, removed)
+    action = policy.sample(logits, deterministic)
+    if coplayers is not None:
+        action = coplayers.act(o, action)
+    buffer.obs[:, t] = o
+    buffer.removed[:, t] = removed
+    buffer.values[:, t] = value
+    buffer.actions[:, t] = action
+    buffer.logprobs[:, t] = policy.log_prob(logits, action)
+    env_action = action.reshape(W, C, *action.shape[1:])
+    if policy.continuous:  # the Gaussian is unbounded; the env takes [-1, 1]
+        env_action = env_action.clamp(-1.0, 1.0)
+    done_before = env.state.world_done if trial_log is not None else None
+    res = env.step(env_action)
+    buffer.rewards[:, t] = res.reward.reshape(R)
+    buffer.terminal[:, t] = res.terminal.reshape(R)
+    buffer.truncation[:, t] = res.truncation.reshape(R)
+    loss_mask = res.loss_mask.reshape(R)
+    buffer.loss_mask[:, t] = loss_mask if ego is None else loss_mask & ego
+    goal = res.info.get("goal_reached") if isinstance(getattr(res, "info", None), dict) else None
+    if goal is not None:
+        buffer.goal_reached[:, t] = goal.reshape(R)
+    policy.reset_cache(cache, res.terminal.reshape(R))
+    if coplayers is not None:
+        coplayers.observe(res)
+    if trial_log is not None and "trial_end" in res.info:
+        trial_log.step(done_before, res.info["trial_end"])
+    return res.obs, res.removed.reshape(R)
