@@ -117,6 +117,10 @@ class EnvConfig:
             step of a new env size compiles (~22 s cold on 2 cores, 5-8 s with inductor's disk
             cache). Ignored on the Triton backend and while a stage hook is set. Default off:
             no measured step gain yet (docs/performance.md, "The compiled CPU step").
+        cpu_kernels: on the torch backend, the observation stage uses the hand-written C kernel
+            (``gpusim.kernels.observations.observations_cpu``, compiled with the system C compiler
+            at first use and cached in ``~/.cache/gpusim``; same results as the torch reference).
+            False runs the torch reference. Without a C compiler the reference runs (one warning).
         check_actions: when action values (range, NaN) are checked: ``"sync"`` (a ValueError at
             the bad step; one host sync per step), ``"async"`` (no sync: recorded on the device,
             raised at the next ``DriveEnv.metrics()`` / ``check_errors()``, the bad slot's action
@@ -160,6 +164,7 @@ class EnvConfig:
     num_signals: int = 16
     dt: float = DT
     compile: bool = False
+    cpu_kernels: bool = True
     check_actions: str = "auto"
     ego_slots: int = 0
     ego_fraction: float = 0.0
@@ -214,6 +219,8 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.dt must be > 0, got {self.dt}")
         if not isinstance(self.compile, bool):
             raise ValueError(f"EnvConfig.compile must be True or False, got {self.compile!r}")
+        if not isinstance(self.cpu_kernels, bool):
+            raise ValueError(f"EnvConfig.cpu_kernels must be True or False, got {self.cpu_kernels!r}")
         if self.check_actions not in ("auto", "sync", "async"):
             raise ValueError(f"EnvConfig.check_actions must be 'auto', 'sync' or 'async', got {self.check_actions!r}")
         if self.ego_slots < 0 or not 0.0 <= self.ego_fraction <= 1.0:

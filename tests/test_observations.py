@@ -456,7 +456,7 @@ def test_env_compacted_observations_equal_full_reference(sample_dir):
     from gpusim.env import DriveEnv
 
     config = EnvConfig(max_controlled=8, collision_behavior="remove", offroad_behavior="remove",
-                       scenario_length=12)
+                       scenario_length=12, cpu_kernels=False)  # the C kernel's env path: test_observations_c.py
     files = sorted(sample_dir.glob("*.json*"))[:4]
     env = DriveEnv(ScenarioPack.from_json(files, config.data_config()), 6, config, seed=3)
     obs = env.reset()

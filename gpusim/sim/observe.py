@@ -7,13 +7,19 @@ outside trial mode), last reward. A new ego feature = a column here plus the ker
 
 Traffic signals (``EnvConfig.num_signals`` > 0): the block of the N nearest signals
 (``kernels.signals.signal_observations``, docs/signals.md) fills the last columns of the
-observation. The partner/road kernel writes a buffer of exactly its own width, so with signals it
-writes ``ctx.obs_core`` [W, C, D0] and the stage copies that into the first D0 columns (one copy of
-the observation per step; it goes away if that kernel learns to write into a wider buffer).
+observation. The C kernel (below) writes the first D0 columns of the full buffer in place. The
+torch and Triton kernels write a buffer of exactly their own width, so there the stage writes
+``ctx.obs_core`` [W, C, D0] and copies it into the first D0 columns (one copy per step).
 
 The result is written into the env's reused buffer ``ctx.obs_buf`` (valid until the next step).
 On the torch (CPU) backend only the in-play slots are recomputed (compaction with ``nonzero``,
 which costs no device sync on the CPU); slots that left play are zeroed once.
+
+CPU kernel: on the torch backend the partner/road block comes from the hand-written C kernel
+(``kernels.observations.observations_cpu``; built at first use, bit-identical to the torch
+reference but for the goal distance's last bit) unless ``EnvConfig.cpu_kernels`` is False or
+``EnvConfig.compile`` selects the compiled observation path. Where no C compiler is available it
+warns once and the torch reference runs.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from gpusim.backend import backend_for
-from gpusim.kernels.observations import observations, observations_compiled
+from gpusim.kernels.observations import cpu_kernel_available, observations, observations_compiled, observations_cpu
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, slots
 from gpusim.sim.signals import signal_log_index
@@ -41,54 +47,52 @@ def ego_extra(ctx: SimContext, state: EnvState) -> torch.Tensor:
                         state.last_reward], dim=-1)
 
 
+def _observe_inputs(ctx: SimContext, state: EnvState, active: torch.Tensor) -> dict:
+    """Keyword arguments of the partner/road observation kernels for ``state`` (all but out/rows)."""
+    cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
+    return dict(
+        pos=state.pos, heading=state.heading, speed=state.speed, length=state.length, width=state.width,
+        agent_type=state.agent_type, present=state.present, goal=slots(state.goal, C),
+        ego_extra=ego_extra(ctx, state), ego_active=active, scenario=state.scenario, road_seg=p.road_seg,
+        road_type=p.road_type, grid_road=p.grid_road, grid_start=p.grid_start, grid_origin=p.grid_origin,
+        grid_dims=p.grid_dims, cell_size=p.cell_size, num_partners=cfg.num_partners,
+        partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
+    )
+
+
 def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
     """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned)."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     active = (state.slot_active & state.present[:, :C]).contiguous()
     full = ctx.obs_buf
-    if cfg.num_signals > 0:  # the partner/road kernel writes its own [W, C, D0] buffer (docstring)
-        d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
-        if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:
-            ctx.obs_core = torch.zeros(*full.shape[:2], d0, device=full.device)
-        buf = ctx.obs_core
-    else:
-        buf = full
-    rows, obs_fn = None, observations
-    if backend_for(state.pos) == "torch":
-        if cfg.compile:  # opt-in torch.compile'd CPU path (EnvConfig.compile, docs/performance.md)
-            obs_fn = observations_compiled
+    d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
+    on_cpu = backend_for(state.pos) == "torch"
+    if on_cpu and cfg.cpu_kernels and not cfg.compile and cpu_kernel_available():
+        # C kernel: writes the in-play slots and zeroes the slots that left play, in place in the
+        # first d0 columns of the full buffer (no obs_core copy)
         flat = active.view(-1)
-        rows = flat.nonzero().squeeze(1)
-        stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
-        buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
-    obs_fn(
-        pos=state.pos,
-        heading=state.heading,
-        speed=state.speed,
-        length=state.length,
-        width=state.width,
-        agent_type=state.agent_type,
-        present=state.present,
-        goal=slots(state.goal, C),
-        ego_extra=ego_extra(ctx, state),
-        ego_active=active,
-        scenario=state.scenario,
-        road_seg=p.road_seg,
-        road_type=p.road_type,
-        grid_road=p.grid_road,
-        grid_start=p.grid_start,
-        grid_origin=p.grid_origin,
-        grid_dims=p.grid_dims,
-        cell_size=p.cell_size,
-        num_partners=cfg.num_partners,
-        partner_radius=cfg.partner_radius,
-        road_radius=cfg.road_radius,
-        out=buf,
-        rows=rows,
-    )
+        rows = (flat | ctx.obs_written).nonzero().squeeze(1)
+        observations_cpu(**_observe_inputs(ctx, state, active), out=full[..., :d0], rows=rows)
+    else:
+        if cfg.num_signals > 0:  # the torch/Triton kernels write their own [W, C, D0] buffer (docstring)
+            if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:
+                ctx.obs_core = torch.zeros(*full.shape[:2], d0, device=full.device)
+            buf = ctx.obs_core
+        else:
+            buf = full
+        rows, obs_fn = None, observations
+        if on_cpu:
+            if cfg.compile:  # opt-in torch.compile'd CPU path (EnvConfig.compile, docs/performance.md)
+                obs_fn = observations_compiled
+            flat = active.view(-1)
+            rows = flat.nonzero().squeeze(1)
+            stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
+            buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
+        obs_fn(**_observe_inputs(ctx, state, active), out=buf, rows=rows)
+        if cfg.num_signals > 0:
+            full[..., :d0].copy_(buf)
     ctx.obs_written = active.view(-1).clone()  # inactive slots are all zero now
     if cfg.num_signals > 0:
-        full[..., :d0].copy_(buf)
         signal_observations(
             pos=slots(state.pos, C),
             heading=slots(state.heading, C),

@@ -45,6 +45,10 @@ Implementations (one file each, flash-linear-attention style):
   in place, the compiled path concatenates them).
 * ``compiled.py``: :func:`observations_compiled` (opt-in, ``EnvConfig.compile``), the same body
   through ``torch.compile`` over fixed-size row blocks.
+* ``cpu.c`` / ``cpu.py``: :func:`observations_cpu`, a hand-written C kernel (OpenMP over slot
+  rows) built with the system compiler at first use and loaded through ctypes: the torch
+  backend's default in the env (``EnvConfig.cpu_kernels``), bit-identical to the reference but for
+  the goal distance's last bit (torch's ``sqrt`` is not correctly rounded on every CPU).
 * ``kernel.py``: the Triton kernel ``_observations_kernel``; ``launcher.py``:
   :func:`observations_triton`, its checks and launch.
 * ``tables.py``: argument checks, sort keys, the cached road tables, the per-agent table.
@@ -72,6 +76,7 @@ from gpusim.kernels.obs_layout import (  # noqa: F401  (re-exported: the layout 
     obs_layout,
 )
 from gpusim.kernels.observations.compiled import COMPILED_BLOCK_ROWS, observations_compiled  # noqa: F401
+from gpusim.kernels.observations.cpu import cpu_kernel_available, cpu_kernel_status, observations_cpu
 from gpusim.kernels.observations.launcher import observations_triton
 from gpusim.kernels.observations.naive import observations_reference
 from gpusim.kernels.observations.tables import road_table  # noqa: F401
@@ -84,11 +89,14 @@ __all__ = [
     "ObsLayout",
     "PARTNER_FEATURES",
     "ROAD_FEATURES",
+    "cpu_kernel_available",
+    "cpu_kernel_status",
     "SIZE_SCALE",
     "SPEED_SCALE",
     "obs_layout",
     "observations",
     "observations_compiled",
+    "observations_cpu",
     "observations_reference",
     "observations_triton",
     "road_table",

@@ -1,0 +1,252 @@
+/* Hand-written CPU kernel of the observations (plain C99 + optional OpenMP; no torch headers).
+ *
+ * Semantics: gpusim.kernels.observations (module docstring); the oracle is the torch reference
+ * naive.observations_reference. This file repeats its arithmetic operation by operation (same
+ * float32 operations in the same order, no FMA contraction: built with -ffp-contract=off), the
+ * same integer sort keys (tables.sort_key: float bits of the squared distance with the low bits
+ * replaced by the candidate index) and the same cached road tables (tables.road_table), so the
+ * partner and road order is identical and the values are bit for bit those of the reference
+ * (cos/sin of the headings come from torch, computed by the caller).
+ *
+ * One output row per listed slot; rows are independent, an OpenMP `parallel for` splits them.
+ * Built and called through ctypes by cpu.py (gpusim_obs_abi / gpusim_observations below).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Bumped whenever the argument list of gpusim_observations changes (cpu.py checks it). */
+#define GPUSIM_OBS_ABI 1
+
+#define EGO_DIM 11   /* 6 computed + NEXTRA copied (obs_layout) */
+#define NEXTRA 5
+#define PDIM 11      /* PARTNER_FEATURES */
+#define RDIM 10      /* ROAD_FEATURES */
+#define GEO_COLS 8   /* tables.GEO_COLS: x0 y0 x1 y1 ux uy len 0 */
+#define FEAT_COLS 10 /* tables.ROAD_COLS: mx my ux uy half onehot4 1 */
+#define MAX_KEYS 65536
+
+int gpusim_obs_abi(void) { return GPUSIM_OBS_ABI; }
+
+int gpusim_obs_has_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    const float *pos, *cos_h, *sin_h, *speed, *length, *width;
+    const int8_t *agent_type;
+    const uint8_t *present;
+    const float *goal, *extra;
+    const uint8_t *active;
+    const int64_t *scenario;
+    const float *geo, *feat;
+    const void *grid;
+    int grid_is16;
+    const int64_t *grid_start;
+    const float *grid_origin;
+    const int32_t *grid_dims;
+    int64_t A, C, K, R, P;
+    float cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div;
+    int abits, rbits;
+} ObsArgs;
+
+static inline uint32_t f32_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+/* gpusim.kernels.grid.cell_index_reference for one position (same float32 operations). */
+static int64_t cell_of(const ObsArgs *a, int64_t s, float x, float y) {
+    float ox = a->grid_origin[2 * s], oy = a->grid_origin[2 * s + 1];
+    int64_t nx = a->grid_dims[2 * s], ny = a->grid_dims[2 * s + 1];
+    float fx = (x - ox) / a->cell_size, fy = (y - oy) / a->cell_size;
+    if (isnan(fx)) fx = 0.0f;
+    if (isnan(fy)) fy = 0.0f;
+    fx = fx < -1e9f ? -1e9f : (fx > 1e9f ? 1e9f : fx);
+    fy = fy < -1e9f ? -1e9f : (fy > 1e9f ? 1e9f : fy);
+    int64_t ix = (int64_t)floorf(fx), iy = (int64_t)floorf(fy);
+    ix = ix < 0 ? 0 : ix;
+    iy = iy < 0 ? 0 : iy;
+    ix = ix < nx - 1 ? ix : nx - 1;
+    iy = iy < ny - 1 ? iy : ny - 1;
+    return iy * nx + ix;
+}
+
+/* Keep the n smallest keys of keys[0..*len) sorted ascending after adding `key` (bounded insertion). */
+static inline void push_bounded(uint32_t *keys, int64_t *len, int64_t cap, uint32_t key) {
+    int64_t j = *len;
+    if (j == cap) {
+        if (key >= keys[cap - 1]) return;
+        j = cap - 1;
+    } else {
+        (*len)++;
+    }
+    while (j > 0 && keys[j - 1] > key) {
+        keys[j] = keys[j - 1];
+        j--;
+    }
+    keys[j] = key;
+}
+
+/* Partner block of slot c of world w: the kp nearest other present agents within the radius. */
+static void partners_row(const ObsArgs *a, int64_t w, int64_t c, float ex, float ey, float ec, float es,
+                         float *dst, uint32_t *keys) {
+    const int64_t A = a->A, kp = a->P < A ? a->P : A;
+    const uint32_t low = ((uint32_t)1 << a->abits) - 1u;
+    const float *pw = a->pos + 2 * w * A;
+    const uint8_t *pres = a->present + w * A;
+    int64_t n = 0;
+    for (int64_t j = 0; j < A; j++) {
+        if (!pres[j] || j == c) continue;
+        float rx = pw[2 * j] - ex, ry = pw[2 * j + 1] - ey;
+        float d2 = rx * rx + ry * ry;
+        if (!(d2 <= a->pr2)) continue;
+        push_bounded(keys, &n, kp, (f32_bits(d2) & ~low) | (uint32_t)j);
+    }
+    for (int64_t q = 0; q < n; q++) {
+        int64_t j = (int64_t)(keys[q] & low), g = w * A + j;
+        float px = pw[2 * j] - ex, py = pw[2 * j + 1] - ey;
+        float pc = a->cos_h[g], ps = a->sin_h[g];
+        int t = a->agent_type[g];
+        float *o = dst + q * PDIM;
+        o[0] = (px * ec + py * es) * a->inv_pr;
+        o[1] = (py * ec - px * es) * a->inv_pr;
+        o[2] = pc * ec + ps * es;
+        o[3] = ps * ec - pc * es;
+        o[4] = a->speed[g] * a->speed_mul;
+        o[5] = a->length[g] * a->size_mul;
+        o[6] = a->width[g] * a->size_mul;
+        o[7] = t == 0 ? 1.0f : 0.0f;
+        o[8] = t == 1 ? 1.0f : 0.0f;
+        o[9] = t == 2 ? 1.0f : 0.0f;
+        o[10] = 1.0f;
+    }
+    memset(dst + n * PDIM, 0, (size_t)(a->P - n) * PDIM * sizeof(float));
+}
+
+/* Candidate k of grid row `row` (int16 or int32 table). */
+static inline int32_t grid_at(const ObsArgs *a, int64_t row, int64_t k) {
+    if (a->grid_is16) return ((const int16_t *)a->grid)[row * a->K + k];
+    return ((const int32_t *)a->grid)[row * a->K + k];
+}
+
+/* Road block: the grid cell's candidates within the radius, nearest first (tables.segment_d2). */
+static void roads_row(const ObsArgs *a, int64_t w, float ex, float ey, float ec, float es, float *dst,
+                      uint32_t *keys) {
+    const int64_t K = a->K;
+    const uint32_t low = ((uint32_t)1 << a->rbits) - 1u;
+    const int64_t s = a->scenario[w];
+    const int64_t row = a->grid_start[s] + cell_of(a, s, ex, ey);
+    const int64_t base = s * a->R;
+    int64_t n = 0;
+    for (int64_t k = 0; k < K; k++) {
+        int32_t cand = grid_at(a, row, k);
+        if (cand < 0) continue;
+        const float *g = a->geo + (base + cand) * GEO_COLS;
+        float q0x = ex - g[0], q0y = ey - g[1];
+        float along = q0x * g[4] + q0y * g[5];
+        float perp = q0x * g[5] - q0y * g[4];
+        int before = along <= 0.0f;
+        float cx = before ? q0x : ex - g[2];
+        float cy = before ? q0y : ey - g[3];
+        float d2 = (before || along >= g[6]) ? cx * cx + cy * cy : perp * perp;
+        if (!(d2 <= a->rr2)) continue;
+        /* insertion: the grid stores candidates nearest to the cell centre first, nearly sorted */
+        uint32_t key = (f32_bits(d2) & ~low) | (uint32_t)k;
+        int64_t j = n++;
+        while (j > 0 && keys[j - 1] > key) {
+            keys[j] = keys[j - 1];
+            j--;
+        }
+        keys[j] = key;
+    }
+    for (int64_t q = 0; q < n; q++) {
+        int64_t k = (int64_t)(keys[q] & low);
+        const float *f = a->feat + (base + grid_at(a, row, k)) * FEAT_COLS;
+        float mx = f[0] - ex, my = f[1] - ey, ux = f[2], uy = f[3];
+        float *o = dst + q * RDIM;
+        o[0] = (mx * ec + my * es) * a->inv_rr;
+        o[1] = (my * ec - mx * es) * a->inv_rr;
+        o[2] = f[4] * a->two_inv_rr;
+        o[3] = ux * ec + uy * es;
+        o[4] = uy * ec - ux * es;
+        o[5] = f[5];
+        o[6] = f[6];
+        o[7] = f[7];
+        o[8] = f[8];
+        o[9] = 1.0f;
+    }
+    memset(dst + n * RDIM, 0, (size_t)(K - n) * RDIM * sizeof(float));
+}
+
+/* One observation row (flat slot i = w * C + c) into dst [D]. */
+static void obs_row(const ObsArgs *a, int64_t i, float *dst, int64_t D, uint32_t *keys) {
+    if (!a->active[i]) {
+        memset(dst, 0, (size_t)D * sizeof(float));
+        return;
+    }
+    const int64_t w = i / a->C, c = i - w * a->C, e = w * a->A + c;
+    const float ex = a->pos[2 * e], ey = a->pos[2 * e + 1];
+    const float ec = a->cos_h[e], es = a->sin_h[e];
+    float gx = a->goal[2 * i] - ex, gy = a->goal[2 * i + 1] - ey;
+    dst[0] = a->speed[e] * a->speed_mul;
+    dst[1] = a->length[e] * a->size_mul;
+    dst[2] = a->width[e] * a->size_mul;
+    dst[3] = (gx * ec + gy * es) / a->goal_div;
+    dst[4] = (gy * ec - gx * es) / a->goal_div;
+    dst[5] = sqrtf(gx * gx + gy * gy) / a->goal_div;
+    memcpy(dst + 6, a->extra + NEXTRA * i, NEXTRA * sizeof(float));
+    partners_row(a, w, c, ex, ey, ec, es, dst + EGO_DIM, keys);
+    roads_row(a, w, ex, ey, ec, es, dst + EGO_DIM + a->P * PDIM, keys);
+}
+
+/* Observations of n slot rows (rows[i], or i itself when rows is NULL) into out + slot * out_stride.
+ * Returns 0; -1 when A or K exceeds 65536 (the caller checks first); -2 when a key buffer could not
+ * be allocated (rows are then left unwritten). */
+int gpusim_observations(
+    const float *pos, const float *cos_h, const float *sin_h, const float *speed, const float *length,
+    const float *width, const int8_t *agent_type, const uint8_t *present, const float *goal, const float *extra,
+    const uint8_t *active, const int64_t *scenario, const float *geo, const float *feat, const void *grid,
+    int grid_is16, const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims,
+    const int64_t *rows, int64_t n, float *out, int64_t out_stride,
+    int64_t A, int64_t C, int64_t K, int64_t R, int64_t P, int abits, int rbits,
+    float cell_size, float pr2, float inv_pr, float rr2, float inv_rr, float two_inv_rr,
+    float speed_mul, float size_mul, float goal_div, int num_threads) {
+    if (A > MAX_KEYS || K > MAX_KEYS) return -1;
+    ObsArgs a = {pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, extra, active, scenario,
+                 geo, feat, grid, grid_is16, grid_start, grid_origin, grid_dims, A, C, K, R, P,
+                 cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div, abits, rbits};
+    const int64_t D = EGO_DIM + P * PDIM + K * RDIM;
+    const int64_t nkeys = A > K ? A : K;
+    int failed = 0;
+#ifdef _OPENMP
+    if (num_threads < 1) num_threads = 1;
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1 && n > 1) reduction(| : failed)
+#endif
+    {
+        uint32_t stack_keys[512];
+        uint32_t *heap = nkeys > 512 ? (uint32_t *)malloc((size_t)nkeys * sizeof(uint32_t)) : NULL;
+        uint32_t *keys = nkeys > 512 ? heap : stack_keys;
+        if (!keys) failed = 1;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t i = 0; i < n; i++) {
+            if (!keys) continue;
+            int64_t slot = rows ? rows[i] : i;
+            obs_row(&a, slot, out + slot * out_stride, D, keys);
+        }
+        free(heap);
+    }
+    if (failed) return -2;
+    return 0;
+}

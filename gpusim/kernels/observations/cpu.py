@@ -1,0 +1,226 @@
+"""Hand-written C kernel of the observations for the CPU (``cpu.c``), built at first use.
+
+The torch backend's observation stage calls :func:`observations_cpu` by default
+(``EnvConfig.cpu_kernels``, docs/performance.md "C observation kernel (CPU)"). It computes what
+the torch reference (:func:`.naive.observations_reference`) computes, operation for operation, in
+one loop nest per slot row (OpenMP over rows): same sort keys, hence the same partner and road
+order, and bit-identical values (tests/test_observations_c.py).
+
+Build: the first call compiles ``cpu.c`` with the system C compiler (``$CC``, else ``cc``) and
+:data:`CFLAGS` plus ``-fopenmp`` (then without it if that fails; the kernel is then
+single-threaded), about 0.3-1 s. The shared library is cached under ``$XDG_CACHE_HOME/gpusim``
+(default ``~/.cache/gpusim``), named by a hash of the source, the flags and the compiler, and
+written through a temporary file and an atomic rename, so concurrent processes (parallel test
+workers, torchrun ranks) never load a half-written file. Where no compiler exists or the build
+fails, one ``RuntimeWarning`` names the reason and the torch reference runs instead (same results,
+slower). No ``-march=native``: the cached library runs on any machine of the same architecture.
+
+OpenMP: loaded after torch, the library binds to the ``libgomp.so.1`` torch already loaded, so it
+shares torch's thread pool; each call uses ``torch.get_num_threads()`` threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+from gpusim.kernels.grid import grid_table_rows
+from gpusim.kernels.obs_layout import GOAL_SCALE, SIZE_SCALE, SPEED_SCALE
+from gpusim.kernels.observations.naive import observations_reference
+from gpusim.kernels.observations.tables import check_inputs, index_bits, road_table
+
+#: Compiler flags (plus ``-fopenmp`` when it works). ``-ffp-contract=off`` keeps every float32
+#: multiply and add separately rounded, as torch's eager ops are, so results match bit for bit.
+CFLAGS = ("-std=c99", "-O3", "-fPIC", "-shared", "-ffp-contract=off")
+#: Version of the C function's argument list (``gpusim_obs_abi()`` in cpu.c must return it).
+ABI = 1
+SOURCE = Path(__file__).with_name("cpu.c")
+
+_state: dict = {}  # "lib": ctypes.CDLL | None, "reason": str, "openmp": bool, "path": Path
+
+
+def cache_dir() -> Path:
+    """Where built libraries live: ``$XDG_CACHE_HOME/gpusim``, else ``~/.cache/gpusim``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gpusim"
+
+
+def _compile(cc: str, flags: tuple, dest: Path) -> str | None:
+    """Compile cpu.c to ``dest`` (via a temporary file + atomic rename); None, or the error text."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp", dir=dest.parent)
+    os.close(fd)
+    try:
+        res = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+                             timeout=120)
+        if res.returncode != 0:
+            return (res.stderr or res.stdout).strip()[-400:] or f"exit code {res.returncode}"
+        os.replace(tmp, dest)
+        return None
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _build_and_load() -> tuple:
+    """(lib, reason, openmp): the loaded library, or None and why not."""
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        return None, f"no C compiler: {cc!r} not found (set CC)", False
+    src = SOURCE.read_bytes()
+    errors = []
+    for flags, omp in ((CFLAGS + ("-fopenmp",), True), (CFLAGS, False)):
+        tag = hashlib.sha256(src + repr((flags, cc)).encode()).hexdigest()[:16]
+        path = cache_dir() / f"obs_cpu-{tag}.so"
+        if not path.exists():
+            err = _compile(cc, flags, path)
+            if err is not None:
+                errors.append(f"{cc} {' '.join(flags)}: {err}")
+                continue
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            errors.append(f"loading {path}: {exc}")
+            continue
+        if lib.gpusim_obs_abi() != ABI:
+            errors.append(f"{path}: ABI {lib.gpusim_obs_abi()} != {ABI}")
+            continue
+        _declare(lib)
+        _state["path"] = path
+        return lib, "", bool(lib.gpusim_obs_has_openmp())
+    return None, "build failed: " + " | ".join(errors), False
+
+
+def _declare(lib) -> None:
+    """ctypes signature of ``gpusim_observations`` (cpu.c)."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.gpusim_observations.restype = ctypes.c_int
+    lib.gpusim_observations.argtypes = (
+        [p] * 15 + [i32] + [p] * 3          # pos .. grid, grid_is16, grid_start, origin, dims
+        + [p, i64, p, i64]                   # rows, n, out, out_stride
+        + [i64] * 5 + [i32, i32]             # A, C, K, R, P, abits, rbits
+        + [f32] * 9 + [i32]                  # cell_size .. goal_div, num_threads
+    )
+
+
+def load_library():
+    """The loaded C library (built and cached on first use), or None when it cannot be built; the
+    first failure warns once (``RuntimeWarning`` naming the reason)."""
+    if "lib" not in _state:
+        lib, reason, omp = _build_and_load()
+        _state.update(lib=lib, reason=reason, openmp=omp)
+        if lib is None:
+            warnings.warn(f"gpusim: C observation kernel unavailable ({reason}); using the torch reference "
+                          "(same results, slower)", RuntimeWarning, stacklevel=3)
+    return _state["lib"]
+
+
+def cpu_kernel_available() -> bool:
+    """True when the C library is built and loaded (builds it on first call; warns once if not)."""
+    return load_library() is not None
+
+
+def cpu_kernel_status() -> dict:
+    """``{"available": bool, "reason": str, "openmp": bool, "path": str | None}`` (builds on first call)."""
+    lib = load_library()
+    return {"available": lib is not None, "reason": _state["reason"], "openmp": _state["openmp"],
+            "path": str(_state.get("path")) if lib is not None else None}
+
+
+def forget_library() -> None:
+    """Forget the loaded library and any build failure, so the next call builds/loads again (tests:
+    a changed ``CC`` or cache directory). The already-loaded library stays mapped in the process."""
+    _state.clear()
+
+
+def _check_out_rows(out, rows, W: int, C: int, D: int, device) -> None:
+    """``out`` [W, C, D] float32 with unit feature stride and any row stride >= D (a view of the
+    first D columns of a wider buffer); ``rows`` 1-D int64 in ``[0, W*C)``."""
+    if out is not None:
+        if (tuple(out.shape) != (W, C, D) or out.dtype != torch.float32 or out.device != device
+                or out.stride(2) != 1 or out.stride(1) < D or out.stride(0) != C * out.stride(1)):
+            raise ValueError(f"observations: out must be float32 [W, C, D] = {(W, C, D)} on {device} with rows "
+                             f"of stride >= D, got {out.dtype} {tuple(out.shape)} stride {out.stride()}")
+    if rows is not None:
+        if out is None:
+            raise ValueError("observations: rows needs out (the slots not listed are left as they are in out)")
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype != torch.int64:
+            raise ValueError("observations: rows must be a 1-D int64 tensor of flat slot indices w * C + c")
+        if rows.device != device:
+            raise ValueError(f"observations: rows is on {rows.device}, pos on {device}")
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= W * C):
+            raise ValueError(f"observations: rows must lie in [0, W*C = {W * C})")
+
+
+def observations_cpu(
+    pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
+    road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
+    road_radius, out=None, rows=None, grid_start=None,
+):
+    """C implementation of :func:`gpusim.kernels.observations.observations` on CPU tensors (same
+    arguments, result and errors; the full docstring is there), with one relaxation: ``out`` may
+    be a view of the first D columns of a wider buffer (``full[..., :D]``: unit feature stride, any
+    row stride >= D), which the kernel writes in place, so the traffic-signal stage can share the
+    buffer without a copy.
+
+    Falls back to the torch reference (one warning) when the C library cannot be built.
+
+    Raises:
+        ValueError: as :func:`gpusim.kernels.observations.observations`; also on a CUDA tensor or
+            ``rows`` outside ``[0, W*C)``.
+    """
+    inputs = dict(
+        pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
+        present=present, goal=goal, ego_extra=ego_extra, scenario=scenario, road_seg=road_seg,
+        road_type=road_type, grid_road=grid_road, grid_origin=grid_origin, grid_dims=grid_dims,
+        cell_size=cell_size, num_partners=num_partners, partner_radius=partner_radius,
+        road_radius=road_radius, grid_start=grid_start,
+    )
+    lay = check_inputs(**inputs, ego_active=ego_active, out=None, rows=None)
+    if pos.device.type != "cpu":
+        raise ValueError(f"observations_cpu: tensors must be on the CPU, got {pos.device}")
+    W, A = heading.shape
+    C, K, D = goal.shape[1], grid_road.shape[-1], lay.obs_dim
+    _check_out_rows(out, rows, W, C, D, pos.device)
+    lib = load_library()
+    if lib is None:
+        if out is None or out.is_contiguous():
+            return observations_reference(**inputs, ego_active=ego_active, out=out, rows=rows)
+        tmp = out.contiguous()  # the reference writes contiguous buffers only
+        observations_reference(**inputs, ego_active=ego_active, out=tmp, rows=rows)
+        out.copy_(tmp)
+        return out
+    S, R = road_seg.shape[:2]
+    if W and (int(scenario.min()) < 0 or int(scenario.max()) >= S):
+        raise ValueError(f"observations: scenario indices must lie in [0, S = {S})")
+    obs = out if out is not None else torch.empty(W, C, D, device=pos.device, dtype=torch.float32)
+    n = W * C if rows is None else rows.numel()
+    if n == 0:
+        return obs
+    grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
+    geo, feat = road_table(road_seg, road_type)
+    cos_h, sin_h = torch.cos(heading), torch.sin(heading)
+    ptr = lambda t: t.data_ptr()  # noqa: E731  (all checked contiguous above)
+    pr, rr = float(partner_radius), float(road_radius)
+    rc = lib.gpusim_observations(
+        ptr(pos), ptr(cos_h), ptr(sin_h), ptr(speed), ptr(length), ptr(width), ptr(agent_type),
+        ptr(present), ptr(goal), ptr(ego_extra), ptr(ego_active), ptr(scenario), ptr(geo), ptr(feat),
+        ptr(grid2), int(grid2.dtype == torch.int16), ptr(start), ptr(grid_origin), ptr(grid_dims),
+        None if rows is None else ptr(rows), n, ptr(obs), obs.stride(1),
+        A, C, K, R, lay.num_partners, index_bits(A), index_bits(K),
+        float(cell_size), pr * pr, 1.0 / pr, rr * rr, 1.0 / rr, 2.0 * (1.0 / rr),
+        1.0 / SPEED_SCALE, 1.0 / SIZE_SCALE, GOAL_SCALE, torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise RuntimeError(f"observations_cpu: the C kernel returned {rc} (A={A}, K={K})")
+    return obs
