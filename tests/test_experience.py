@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from policy import ActorCritic, ObsDims, PolicyConfig
-from train.experience import DropExperience, ExperienceHook, GoalEpisodeBonus, RewardRelabel, make_hook
+from train.experience import (DropExperience, ExperienceHook, GoalEpisodeBonus, ProgressShaping, RewardRelabel,
+                              make_hook)
 from train.ppo import PPOConfig
 from train.rollout import RolloutBatch
 from train.run import update_policy
@@ -121,7 +122,57 @@ def test_reward_relabel():
     torch.testing.assert_close(out.rewards, 2 * b.rewards - 0.1 * b.loss_mask.float())
 
 
+def test_progress_shaping_telescopes_and_skips_episode_ends():
+    """With gamma = 1 the shaping of an uninterrupted stretch sums to weight * (d_first - d_last);
+    terminal steps, the last column, steps before an out-of-play observation and masked steps get
+    none (a crash never earns the distance it would remove)."""
+    R, H, col = 3, 8, 0
+    b = _batch(R, H)
+    b.rewards.zero_()
+    b.terminal.zero_()
+    d = torch.tensor([[0.9, 0.8, 0.7, 0.72, 0.6, 0.5, 0.4, 0.3]]).repeat(R, 1)
+    b.obs[..., col] = d
+    # row 0: one uninterrupted episode (the last column ends it)
+    # row 1: a crash (terminal) at step 3; a new episode starts at step 4 (as with respawn)
+    b.terminal[1, 3] = True
+    # row 2: the agent is out of play from step 5 on (removed)
+    b.removed[2, 5:] = True
+    f = ProgressShaping([f"weight=2", "gamma=1", f"column={col}"]).shaping(b)
+    torch.testing.assert_close(f[0].sum(), torch.tensor(2 * (0.9 - 0.3)))
+    assert f[0, -1] == 0
+    torch.testing.assert_close(f[0, 2], torch.tensor(2 * (0.7 - 0.72)))  # moving away costs
+    assert f[1, 3] == 0 and torch.all(f[2, 4:] == 0)
+    torch.testing.assert_close(f[1, :3].sum(), torch.tensor(2 * (0.9 - 0.72)))
+    torch.testing.assert_close(f[1, 4:].sum(), torch.tensor(2 * (0.6 - 0.3)))
+    torch.testing.assert_close(f[2, :4].sum(), torch.tensor(2 * (0.9 - 0.6)))
+    # discounting: F = w * (d_t - gamma d_{t+1}); the hook adds F to the env reward
+    g = ProgressShaping(["weight=1", "gamma=0.5", f"column={col}"])
+    out, eff = g.preprocess_unroll_experience(b)
+    torch.testing.assert_close(out.rewards[0, 0], torch.tensor(0.9 - 0.5 * 0.8))
+    assert eff == b.loss_mask.sum()
+
+
+def test_progress_shaping_reads_the_goal_distance_of_real_observations(sample_dir):
+    """Default column = the ego block's goal_dist/100: on a real scenario it equals the distance
+    from the ego to its goal divided by 100 m, and the trainer's gamma is used."""
+    from gpusim.config import EnvConfig
+    from gpusim.data import ScenarioPack
+    from gpusim.env import DriveEnv
+
+    cfg = EnvConfig(max_controlled=4)
+    pack = ScenarioPack.from_json(sorted(sample_dir.glob("*.json*"))[:2], cfg.data_config())
+    env = DriveEnv(pack, 2, cfg)
+    obs = env.reset()
+    hook = ProgressShaping([], {"gamma": 0.9})
+    assert hook.gamma == 0.9
+    st = env.state
+    d = torch.linalg.vector_norm(st.goal[:, :4] - st.pos[:, :4], dim=-1) / 100.0
+    act = st.slot_active & st.present[:, :4]
+    torch.testing.assert_close(obs[..., hook.column][act], d[act])
+
+
 @pytest.mark.parametrize("name,args", [("identity", []), ("relabel", ["scale=2", "step=0.1"]),
+                                       ("progress", ["weight=1"]),
                                        ("goal_bonus", ["bonus=1"]), ("drop", ["rows=even", "agent_type=cyclist"])])
 def test_hooks_stay_on_device_without_host_reads(name, args):
     """On the 'meta' device any host read would raise; every returned tensor stays on the device."""

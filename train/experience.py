@@ -182,9 +182,59 @@ class DropExperience(ExperienceHook):
         return batch.replace(loss_mask=loss_mask), loss_mask.sum()
 
 
+class ProgressShaping(ExperienceHook):
+    """Potential-based reward shaping toward the goal (Ng, Harada & Russell 1999, "Policy
+    invariance under reward transformations"): with the potential ``Phi(s) = -weight * d(s)``,
+    ``d`` the ego's distance to its goal in units of ``GOAL_SCALE`` (100 m, read from the
+    observation's ``goal_dist/100`` feature), every valid non-final step gets
+
+        F_t = gamma * Phi(s_{t+1}) - Phi(s_t) = weight * (d_t - gamma * d_{t+1})
+
+    added to its reward. Over an episode the terms telescope to about ``weight * (d_0 - d_end)``:
+    driving 50 m toward the goal earns ``0.5 * weight``, next to the goal's ``reward_goal`` of 1.
+    Shaping of this form leaves the optimal policy of the discounted problem unchanged (the
+    theorem above); it only gives the sparse goal reward a dense gradient.
+
+    No shaping on steps where ``s_{t+1}`` is not the same episode's next in-play observation: the
+    last column of a row, terminal steps (goal, collision, offroad: a crash never earns the
+    distance it "removes"), steps after which the agent is out of play, and masked steps.
+
+    Arguments: ``weight=FLOAT`` (default 1), ``gamma=FLOAT`` (default: the trainer's
+    ``--ppo.gamma``, passed in ``context["gamma"]``, else 0.99), ``column=INT`` (index of the goal
+    distance in the observation; default: the ego block's ``goal_dist/100`` feature).
+
+    Shapes: ``batch.obs`` [R, H, D] float32; the rewards [R, H] float32 gain ``F`` [R, H].
+    """
+
+    name = "progress"
+    arg_keys = {"weight", "gamma", "column"}
+
+    def __init__(self, args=(), context=None):
+        super().__init__(args, context)
+        from gpusim.kernels.obs_layout import EGO_FEATURES
+
+        self.weight = float(self.args.get("weight", 1.0))
+        self.gamma = float(self.args.get("gamma", self.context.get("gamma", 0.99)))
+        self.column = int(self.args.get("column", EGO_FEATURES.index("goal_dist/100")))
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError(f"ProgressShaping: gamma must be in [0, 1], got {self.gamma}")
+
+    def shaping(self, batch: RolloutBatch) -> torch.Tensor:
+        """[R, H] float32 shaping term ``F`` (0 where no shaping applies; see the class docstring)."""
+        d = batch.obs[..., self.column]  # [R, H]
+        f = torch.zeros_like(d)
+        nxt_ok = (batch.loss_mask[:, :-1] & batch.loss_mask[:, 1:] & ~batch.terminal[:, :-1]
+                  & ~batch.truncation[:, :-1] & ~batch.removed[:, 1:])
+        f[:, :-1] = torch.where(nxt_ok, self.weight * (d[:, :-1] - self.gamma * d[:, 1:]), f[:, :-1])
+        return f
+
+    def preprocess_unroll_experience(self, batch):
+        return batch.replace(rewards=batch.rewards + self.shaping(batch)), batch.loss_mask.sum()
+
+
 #: Hook classes by ``--experience`` name.
 HOOKS: dict[str, type[ExperienceHook]] = {
-    cls.name: cls for cls in (ExperienceHook, RewardRelabel, GoalEpisodeBonus, DropExperience)
+    cls.name: cls for cls in (ExperienceHook, RewardRelabel, GoalEpisodeBonus, DropExperience, ProgressShaping)
 }
 
 

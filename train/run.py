@@ -423,7 +423,8 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
                                                          main=ranks.is_main)
     train_policy = ranks.wrap(policy)  # DDP under torchrun (the update trains it); rollouts use `policy`
 
-    context = {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", []))}
+    context = {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", [])),
+               "gamma": cfg.ppo.gamma}
     if hook is None:
         hook = make_hook(cfg.experience, cfg.experience_arg, context)
 
