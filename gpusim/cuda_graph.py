@@ -180,3 +180,126 @@ class GraphedStep:
             s.copy_(x)
         graph.replay()
         return _unflatten(self._out_spec, self._static_out)
+
+
+# ---------------------------------------------------------------------------- capture backends
+# A capture backend runs a zero-argument step eagerly (``warm``) or records it (``capture``, which
+# returns an object with ``replay()``). The CUDA-graph rollout (train/graphed_rollout.py) takes one
+# as an argument so that the CPU tests drive the exact static-buffer code path with
+# :class:`FakeGraphCapture`.
+
+
+class CudaGraphCapture:
+    """Capture backend on a CUDA device (``torch.cuda.CUDAGraph``).
+
+    Args:
+        device: the CUDA device of the captured work.
+        generators: non-default CUDA generators the step draws from (e.g. the env's seeded
+            generator): each is registered with every captured graph
+            (``CUDAGraph.register_generator_state``), so a replay advances its Philox offset like
+            an eager call would; the default CUDA generator (``torch.rand_like`` in action
+            sampling) is registered by ``torch.cuda.graph`` itself. Without registration a draw
+            from a user generator during capture raises, and the caller falls back to eager.
+
+    Methods:
+        ``warm(fn)``: run ``fn()`` on a side stream (lazy initialisation, Triton compilation and
+        allocator warm-up must happen before a capture). ``capture(fn)``: record one call of
+        ``fn()`` (the work is *not* run) and return the ``CUDAGraph`` (``.replay()``).
+
+    Raises:
+        RuntimeError (from torch): a non-capturable step (host sync, unregistered generator, ...);
+        the caller turns it into an eager fallback.
+    """
+
+    name = "cuda"
+
+    def __init__(self, device, generators=()):  # pragma: no cover  (needs a CUDA device)
+        self.device = torch.device(device)
+        self.generators = tuple(g for g in generators if g is not None and g.device.type == "cuda")
+        self._stream = None
+
+    def warm(self, fn: Callable[[], Any]) -> None:  # pragma: no cover  (needs a CUDA device)
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=self.device)
+        current = torch.cuda.current_stream(self.device)
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            fn()
+        current.wait_stream(self._stream)
+
+    def capture(self, fn: Callable[[], Any]):  # pragma: no cover  (needs a CUDA device)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        for g in self.generators:
+            register = getattr(graph, "register_generator_state", None)
+            if register is None:
+                raise RuntimeError("this torch cannot register a user CUDA generator with a graph "
+                                   "(CUDAGraph.register_generator_state is missing)")
+            register(g)
+        with torch.cuda.graph(graph):
+            fn()
+        return graph
+
+
+class _FakeGraph:
+    def __init__(self, fn, owner):
+        self.fn, self.owner = fn, owner
+
+    def replay(self) -> None:
+        self.owner.replays += 1
+        self.fn()
+
+
+class FakeGraphCapture:
+    """CPU stand-in for :class:`CudaGraphCapture` (tests, launch counts): ``warm(fn)`` calls
+    ``fn()``; ``capture(fn)`` records ``fn`` without running it (as a real capture records work
+    without running it); ``replay()`` re-runs ``fn()``, which reads and writes only the static
+    buffers the caller set up, so the code path is the graphed one. What it cannot show: Python
+    that runs only at capture time (a real replay runs no Python). The graphed rollout audits the
+    step for that (host values or tensor attributes it changes) on the CPU and on CUDA alike.
+
+    Attributes: ``captures``, ``replays`` (counts).
+    """
+
+    name = "fake"
+
+    def __init__(self):
+        self.captures = 0
+        self.replays = 0
+
+    def warm(self, fn: Callable[[], Any]) -> None:
+        fn()
+
+    def capture(self, fn: Callable[[], Any]) -> _FakeGraph:
+        self.captures += 1
+        return _FakeGraph(fn, self)
+
+
+def graph_decision(mode: str, device, backend: str) -> tuple[bool, str | None]:
+    """Whether to capture the rollout step in a CUDA graph (``TrainConfig.cuda_graph``).
+
+    Args:
+        mode: ``"auto"`` (on when ``device`` is CUDA, the env runs the Triton backend and
+            ``GPUSIM_CUDA_GRAPHS`` is not 0), ``"on"`` (wanted: the reason says why it cannot be
+            used), ``"off"``.
+        device: the env's device. backend: the env's kernel backend (``"triton"`` / ``"torch"``).
+
+    Returns:
+        ``(enabled, reason)``: ``reason`` says why it is off (None when enabled). With ``"on"``
+        the caller warns with the reason; ``"auto"`` and ``"off"`` are silent.
+
+    Raises:
+        ValueError: an unknown ``mode`` or a bad ``GPUSIM_CUDA_GRAPHS`` value.
+    """
+    if mode not in ("auto", "on", "off"):
+        raise ValueError(f"cuda_graph must be 'auto', 'on' or 'off', got {mode!r}")
+    if mode == "off":
+        return False, "cuda_graph='off'"
+    device = torch.device(device)
+    if not cuda_graphs_enabled(device):
+        if os.environ.get(ENV_FLAG, "").strip().lower() in ("0", "false", "off"):
+            return False, f"{ENV_FLAG}=0"
+        return False, f"needs a CUDA device (the env runs on {device.type})"
+    if mode == "auto" and backend != "triton":
+        return False, f"the env runs the {backend} backend (auto captures the Triton backend only)"
+    return True, None

@@ -93,6 +93,11 @@ class TrainConfig:
             ``train/evaluate.py``'s sweep in ``eval_mode`` and log ``eval/<mode>/*``; 0 = never.
         eval_mode: ``self_play``, ``coplayer`` (the ``--coplayer`` partners), ``human_replay``.
         eval_data: scenarios of the periodic evaluation (default: ``data``).
+        cuda_graph: capture the steady-state rollout step (env step + policy) in a CUDA graph
+            (``train/graphed_rollout.py``): ``auto`` = on when the device is CUDA and the env runs
+            the Triton backend (``GPUSIM_CUDA_GRAPHS=0`` turns it off), ``on`` = wanted (one
+            warning with the reason when it cannot be used), ``off``. A failed capture warns once
+            and runs eagerly. Same results either way.
     """
 
     data: str = "data/womd_sample"
@@ -130,6 +135,7 @@ class TrainConfig:
     eval_interval: int = 0
     eval_mode: tuple[str, ...] = ("self_play",)
     eval_data: str | None = None
+    cuda_graph: Literal["auto", "on", "off"] = "auto"
 
     def to_dict(self) -> dict:
         """Plain-data view (enums as lower-case names), for checkpoints and logs."""
