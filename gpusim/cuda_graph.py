@@ -204,7 +204,8 @@ class CudaGraphCapture:
     Methods:
         ``warm(fn)``: run ``fn()`` on a side stream (lazy initialisation, Triton compilation and
         allocator warm-up must happen before a capture). ``capture(fn)``: record one call of
-        ``fn()`` (the work is *not* run) and return the ``CUDAGraph`` (``.replay()``).
+        ``fn()`` (the work is *not* run) and return the ``CUDAGraph`` (``.replay()``); ``roots`` is
+        for :class:`FakeGraphCapture` and ignored here.
 
     Raises:
         RuntimeError (from torch): a non-capturable step (host sync, unregistered generator, ...);
@@ -227,7 +228,7 @@ class CudaGraphCapture:
             fn()
         current.wait_stream(self._stream)
 
-    def capture(self, fn: Callable[[], Any]):  # pragma: no cover  (needs a CUDA device)
+    def capture(self, fn: Callable[[], Any], roots=None):  # pragma: no cover  (needs a CUDA device)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
         for g in self.generators:
@@ -242,21 +243,31 @@ class CudaGraphCapture:
 
 
 class _FakeGraph:
-    def __init__(self, fn, owner):
-        self.fn, self.owner = fn, owner
+    def __init__(self, fn, owner, roots):
+        self.fn, self.owner, self.roots = fn, owner, roots
 
     def replay(self) -> None:
         self.owner.replays += 1
+        before = reachable_values(self.roots) if self.roots else {}
         self.fn()
+        for container, k, v in before.values():  # a replay runs no Python: undo what fn rebound
+            cur = container[k] if isinstance(container, dict) else getattr(container, k)
+            if cur is not v:
+                if isinstance(container, dict):
+                    container[k] = v
+                else:
+                    setattr(container, k, v)
 
 
 class FakeGraphCapture:
     """CPU stand-in for :class:`CudaGraphCapture` (tests, launch counts): ``warm(fn)`` calls
-    ``fn()``; ``capture(fn)`` records ``fn`` without running it (as a real capture records work
-    without running it); ``replay()`` re-runs ``fn()``, which reads and writes only the static
-    buffers the caller set up, so the code path is the graphed one. What it cannot show: Python
-    that runs only at capture time (a real replay runs no Python). The graphed rollout audits the
-    step for that (host values or tensor attributes it changes) on the CPU and on CUDA alike.
+    ``fn()``; ``capture(fn, roots)`` records ``fn`` without running it (as a real capture records
+    work without running it); ``replay()`` re-runs ``fn()``, which reads and writes only the
+    static buffers the caller set up, so the code path is the graphed one. A real replay runs no
+    Python, so it rebinds no attribute: after each fake replay, every tensor and host value
+    reachable from ``roots`` (:func:`reachable_values`) that ``fn`` rebound is put back to the
+    object it had before the call (the new values are lost, as on a GPU; a step that carries state
+    by rebinding attributes fails the same way here).
 
     Attributes: ``captures``, ``replays`` (counts).
     """
@@ -270,9 +281,46 @@ class FakeGraphCapture:
     def warm(self, fn: Callable[[], Any]) -> None:
         fn()
 
-    def capture(self, fn: Callable[[], Any]) -> _FakeGraph:
+    def capture(self, fn: Callable[[], Any], roots=None) -> _FakeGraph:
         self.captures += 1
-        return _FakeGraph(fn, self)
+        return _FakeGraph(fn, self, roots)
+
+
+_HOST_TYPES = (int, float, bool, str)
+
+
+def reachable_values(roots: dict, depth: int = 4) -> dict[str, tuple]:
+    """``path -> (container, key, value)`` for every tensor and host value (int, float, bool, str,
+    None) reachable from ``roots`` (``{name: object}``) through attributes and dicts of the
+    project's own objects (modules ``gpusim``, ``train``, ``policy``), at most ``depth`` levels
+    down; not through ``nn.Module`` (parameters are updated in place), ``gpusim.data`` objects
+    (scenario packs and pools: swaps are handled by the caller) or other libraries' objects.
+    Used to audit what a step rebinds (train/graphed_rollout.py) and by :class:`FakeGraphCapture`.
+    """
+    out: dict[str, tuple] = {}
+    seen: set[int] = set()
+
+    def ours(v) -> bool:
+        mod = type(v).__module__ or ""
+        return (mod.split(".")[0] in ("gpusim", "train", "policy") and not mod.startswith("gpusim.data")
+                and not isinstance(v, torch.nn.Module))
+
+    def visit(obj, path: str, level: int) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        items = obj.items() if isinstance(obj, dict) else getattr(obj, "__dict__", {}).items()
+        for k, v in list(items):
+            p = f"{path}.{k}"
+            if isinstance(v, torch.Tensor) or v is None or isinstance(v, _HOST_TYPES):
+                out[p] = (obj, k, v)
+            elif level < depth and (isinstance(v, dict) or ours(v)):
+                visit(v, p, level + 1)
+
+    for name, root in roots.items():
+        if root is not None:
+            visit(root, name, 0)
+    return out
 
 
 def graph_decision(mode: str, device, backend: str) -> tuple[bool, str | None]:

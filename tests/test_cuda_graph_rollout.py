@@ -105,7 +105,7 @@ def _assert_same(a, b):
 
 @pytest.mark.parametrize("trial", [False, True], ids=["normal", "trial"])
 def test_graphed_rollout_equals_eager(trial):
-    cfg = _config(trial)
+    cfg = _config(trial, check_actions="async" if trial else "sync")  # async: the CUDA default
     eager, env_e, _ = _rollouts(cfg, False, trial_log=trial)
     graphed, env_g, roll = _rollouts(cfg, True, trial_log=trial)
     _assert_same(eager, graphed)
@@ -121,6 +121,8 @@ def test_graphed_rollout_equals_eager(trial):
     assert env_e.metrics("mean") == env_g.metrics("mean")
     # the observation stage reassigns ctx.obs_written each step: pinned to a static buffer
     assert "env.sim.obs_written" in roll._pins
+    if trial:  # the async action check rebinds its error record; the trial log its clock
+        assert {"env._check._record", "trial_log.clock"} <= set(roll._pins)
 
 
 def test_continuous_and_deterministic():
@@ -165,7 +167,7 @@ def test_returned_buffers_alias_the_next_call():
 
 
 class _FailingCapture(FakeGraphCapture):
-    def capture(self, fn):
+    def capture(self, fn, roots=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
 

@@ -56,13 +56,11 @@ from __future__ import annotations
 import warnings
 
 import torch
-from torch import nn
 
-from gpusim.cuda_graph import CudaGraphCapture, graph_decision
+from gpusim.cuda_graph import CudaGraphCapture, graph_decision, reachable_values
 from train.rollout import RolloutBatch, begin_rollout, collect_rollout, rollout_step
 
 _HOST_TYPES = (int, float, bool, str)
-_WALK_DEPTH = 4
 
 
 def make_rollout(mode: str, env, policy, buffer: RolloutBatch, cache, say=None):
@@ -196,7 +194,7 @@ class GraphedRollout:
         else:
             box: list = []
             try:
-                problem = self._audited(lambda: box.append(self.capture.capture(self._body)), capturing=True)
+                problem = self._audited(lambda: box.append(self.capture.capture(self._body, self._roots())), capturing=True)
             except Exception as e:  # capture is best effort: say why, run eagerly
                 self._fallback(f"capture failed: {type(e).__name__}: {e}")
                 if env.device.type == "cuda":  # pragma: no cover  (needs a CUDA device)
@@ -319,9 +317,9 @@ class GraphedRollout:
         the cache, the buffer and the trial log before and after. Pins tensors that were
         reassigned with the same shape, dtype and device (not while capturing: too late); returns
         a reason string for anything a replay could not reproduce, else None."""
-        before = _walk(self._roots())
+        before = reachable_values(self._roots())
         call()
-        after = _walk(self._roots())
+        after = reachable_values(self._roots())
         for path, (container, k, new) in after.items():
             old = before.get(path, (None, None, None))[2]
             if new is old or path in self._pins:
@@ -340,37 +338,6 @@ class GraphedRollout:
             if isinstance(old, _HOST_TYPES + (type(None),)) and old != new:
                 return f"the step changes the host value {path} ({old!r} -> {new!r}): a replay runs no Python"
         return None
-
-
-def _walk(roots: dict) -> dict[str, tuple]:
-    """``path -> (container, key, value)`` for every tensor and host value (int, float, bool, str,
-    None) reachable through attributes and dicts of the project's own objects (gpusim, train,
-    policy), not through modules (parameters are updated in place), scenario packs or pools (their
-    swaps are keyed separately) or other libraries' objects."""
-    out: dict[str, tuple] = {}
-    seen: set[int] = set()
-
-    def ours(v) -> bool:
-        mod = type(v).__module__ or ""
-        return (mod.split(".")[0] in ("gpusim", "train", "policy") and not mod.startswith("gpusim.data")
-                and not isinstance(v, nn.Module))
-
-    def visit(obj, path: str, depth: int) -> None:
-        if id(obj) in seen:
-            return
-        seen.add(id(obj))
-        items = obj.items() if isinstance(obj, dict) else getattr(obj, "__dict__", {}).items()
-        for k, v in list(items):
-            p = f"{path}.{k}"
-            if isinstance(v, torch.Tensor) or v is None or isinstance(v, _HOST_TYPES):
-                out[p] = (obj, k, v)
-            elif depth < _WALK_DEPTH and (isinstance(v, dict) or ours(v)):
-                visit(v, p, depth + 1)
-
-    for name, root in roots.items():
-        if root is not None:
-            visit(root, name, 0)
-    return out
 
 
 def _get(container, k):
