@@ -280,3 +280,29 @@ def test_cuda_default_rollout_is_graphed():  # pragma: no cover  (needs a CUDA d
         for _ in range(2):
             obs, _ = roll(obs)
     assert roll.fallback_reason is None and roll.stats["captures"] == 1 and roll.stats["replays"] > 0
+
+
+def test_async_bad_action_is_raised_after_a_graphed_rollout():
+    """The async action check's first-error record survives the replays (it is pinned)."""
+    cfg = _config(space="continuous", check_actions="async")
+    messages = []
+    for graphed in (False, True):
+        env, pol, buf, cache = _setup(cfg)
+        calls = []
+
+        def sample(logits, deterministic=False):  # NaN actions from the 4th step on: a replayed step
+            calls.append(1)  # (a Python counter: fine for the fake capture, which re-runs Python)
+            return torch.full_like(logits, float("nan") if len(calls) >= 4 else 0.0)
+
+        pol.sample = sample
+        obs = env.reset(seed=5)
+        if graphed:
+            roll = GraphedRollout(env, pol, buf, cache, capture=FakeGraphCapture())
+            roll(obs)
+            assert roll.stats["replays"] > 0
+        else:
+            collect_rollout(env, pol, obs, buf, cache)
+        with pytest.raises(ValueError, match="bad action at env step 4, world 0, slot 0") as e:
+            env.check_errors()
+        messages.append(str(e.value))
+    assert messages[0] == messages[1]
