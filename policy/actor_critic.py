@@ -159,19 +159,36 @@ class ActorCritic(nn.Module):
         return logits
 
     # ------------------------------------------------------------------ training (whole rows)
-    def forward(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor):
+    def prepare_obs(self, obs: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:
+        """The encoder's input for whole rows, computed once per PPO update (not per minibatch).
+
+        Args:
+            obs: [..., D] float32. removed: [...] bool.
+
+        Returns:
+            [..., D'] float32 (D' = ``encoder.compact_dim``): the road slots beyond ``max_roads``
+            dropped and removed steps set to zeros (NaN/inf there vanish). Feed it (indexed by rows)
+            to :meth:`forward` with ``prepared=True``; the outputs are the same as from ``obs``.
+        """
+        out = self.encoder.compact(obs)
+        rm = removed.to(torch.bool)[..., None]
+        return out.masked_fill_(rm, 0.0) if out is not obs else out.masked_fill(rm, 0.0)
+
+    def forward(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, prepared: bool = False):
         """Whole rollout rows.
 
         Args:
-            obs: [B, T, D] float32. terminal: [B, T] bool (memory cleared after these steps).
+            obs: [B, T, D] float32, or with ``prepared=True`` [B, T, D'] from :meth:`prepare_obs`.
+            terminal: [B, T] bool (memory cleared after these steps).
             removed: [B, T] bool (out-of-play steps, hidden from every other step).
+            prepared: ``obs`` comes from :meth:`prepare_obs` (already compact and cleared).
 
         Returns:
             ``(logits [B, T, num_actions], values [B, T])``. At every non-removed step these equal
             what :meth:`forward_eval` returns when fed the row step by step (to float32
             rounding); no output depends on the contents of removed steps (they are replaced by
-            zeros with ``torch.where`` before the encoder, so even NaN/inf there cannot reach the
-            attention, where a masked 0 weight times NaN would still give NaN).
+            zeros before the encoder, with ``torch.where`` / ``masked_fill``, so even NaN/inf there
+            cannot reach the attention, where a masked 0 weight times NaN would still give NaN).
 
         Raises:
             ValueError: for mismatched shapes.
@@ -182,7 +199,8 @@ class ActorCritic(nn.Module):
                 f"{tuple(obs.shape)}, {tuple(terminal.shape)}, {tuple(removed.shape)}"
             )
         allowed, position = episode_mask(terminal.to(torch.bool), removed.to(torch.bool))
-        h = self.transformer(self.encoder(_clear_removed(obs, removed)), allowed, position)
+        tokens = self.encoder(obs, compact=True) if prepared else self.encoder(_clear_removed(obs, removed))
+        h = self.transformer(tokens, allowed, position)
         return self._logits(h), self.critic(h)[..., 0]
 
     # ------------------------------------------------------------------ distributions

@@ -95,6 +95,76 @@ def masked_max_pool(features: torch.Tensor, valid: torch.Tensor, nonnegative: bo
     return torch.where(valid.any(dim=-1, keepdim=True), pooled, 0.0)
 
 
+#: Below this many slot rows (tokens x slots) :func:`slot_max` uses the dense form (one GEMM over
+#: every slot, a masked max): the compacted form's per-slot Python loop costs more than it saves on
+#: the few hundred tokens of a rollout step (profiling/bench_train.py).
+COMPACT_MIN_ROWS = 4096
+
+
+def slot_max(x: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor, with_index: bool = False):
+    """``max over valid s of x[n, s] @ weight^T`` per token, computed on the valid slots only.
+
+    Args:
+        x: [N, S, I] float32 slots (invalid slots may hold anything, NaN included).
+        valid: [N, S] bool.
+        weight: [H, I] float32.
+        with_index: also return the arg-max slot of every entry.
+
+    Returns:
+        ``(best, idx)``: best [N, H] float32, ``-inf`` for a token without a valid slot; idx [N, H]
+        int64 slot index of the maximum (the first one on a tie; 0 for a token without a valid
+        slot) or ``None`` without ``with_index``.
+
+    How: tokens are sorted by their *extent* (1 + the last valid slot) and the slots laid out
+    slot-major, so that for every slot ``s`` the tokens that reach it are a prefix of the sorted
+    order; only those rows go through the GEMM (one GEMM over the concatenated blocks), and the max
+    is a running ``torch.maximum`` over per-slot prefixes of contiguous [k_s, H] rows. The
+    observation pads partners and roads at the end (valid slots first), so the work drops to the
+    valid slots: 28% of the partner, 53% of the road and 0% of the signal slots of a default
+    training batch on the bundled sample (docs/performance.md, "Training speed"). Invalid slots
+    inside an extent are set to ``-inf`` after the GEMM, so the result never depends on them.
+    Small inputs (fewer than :data:`COMPACT_MIN_ROWS` slot rows) take the dense path.
+    """
+    N, S, I = x.shape
+    H = weight.shape[0]
+    if N * S < COMPACT_MIN_ROWS:
+        pre = torch.mm(x.reshape(N * S, I), weight.t()).view(N, S, H)
+        pre.masked_fill_(~valid[..., None], float("-inf"))
+        if with_index:
+            best, idx = pre.max(dim=1)
+            return best, idx
+        return pre.amax(dim=1), None
+    slot_no = torch.arange(1, S + 1, device=x.device)
+    extent = torch.where(valid, slot_no, 0).amax(dim=1)  # [N] 1 + last valid slot (0: none)
+    order = torch.argsort(extent, descending=True)
+    reach = (extent[None, :] >= slot_no[:, None]).sum(dim=1)  # [S] tokens reaching slot s (a prefix)
+    holes = (valid.sum(dim=1) != extent).any()  # an invalid slot inside some extent
+    *ks, holes = torch.cat([reach, holes[None].to(reach.dtype)]).tolist()  # the one host read
+    ks = [k for k in ks if k > 0]
+    best = torch.full((N, H), float("-inf"), dtype=x.dtype, device=x.device)
+    idx = torch.zeros((N, H), dtype=torch.int64, device=x.device) if with_index else None
+    if ks:
+        xs = x.index_select(0, order[: ks[0]])[:, : len(ks)].transpose(0, 1)  # [S', k_0, I] view
+        pre = torch.mm(torch.cat([xs[s, :k] for s, k in enumerate(ks)]), weight.t())  # [M, H]
+        if holes:
+            vs = valid.index_select(0, order[: ks[0]])[:, : len(ks)].t()
+            pre.masked_fill_(~torch.cat([vs[s, :k] for s, k in enumerate(ks)])[:, None], float("-inf"))
+        run = pre[: ks[0]].clone()  # running max over the sorted tokens
+        run_idx = torch.zeros((ks[0], H), dtype=torch.int64, device=x.device) if with_index else None
+        off = ks[0]
+        for s, k in enumerate(ks[1:], start=1):
+            blk, cur = pre[off: off + k], run[:k]
+            off += k
+            if with_index:
+                run_idx[:k].masked_fill_(blk > cur, s)
+            torch.maximum(cur, blk, out=cur)
+        rows = order[: ks[0]]
+        best.index_copy_(0, rows, run)
+        if with_index:
+            idx.index_copy_(0, rows, run_idx)
+    return best, idx
+
+
 class _SlotMaxPool(torch.autograd.Function):
     """``max over valid slots of relu(x @ W^T + b)`` with a sparse backward.
 
@@ -110,13 +180,7 @@ class _SlotMaxPool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, valid, weight, bias):
-        N, S, I = x.shape
-        # max_s relu(x_s W^T + b) over valid s (0 if none) = relu(max_s(x_s W^T) + b): the bias is the
-        # same for every slot, so it is added after the max (no [N, S, H] bias pass); invalid
-        # slots are -inf before the max, and -inf + b clamps to 0
-        pre = torch.mm(x.reshape(N * S, I), weight.t()).view(N, S, -1)
-        pre.masked_fill_(~valid[..., None], float("-inf"))
-        best, idx = pre.max(dim=1)
+        best, idx = slot_max(x, valid, weight, with_index=True)
         pooled = (best + bias).clamp_min_(0.0)
         ctx.save_for_backward(x, weight, pooled, idx)
         return pooled
@@ -127,20 +191,23 @@ class _SlotMaxPool(torch.autograd.Function):
         N, S, I = x.shape
         H = weight.shape[0]
         g = torch.where(pooled > 0, grad, 0.0)  # [N, H]
-        # row n * S + argmax[n, f] of the flattened [N * S, I] slots (index_select of whole rows is
-        # much cheaper than a gather with an expanded [N, H, I] index)
-        rows = (idx + torch.arange(N, device=x.device)[:, None] * S).reshape(-1)  # [N * H]
+        # row n * S + argmax[n, f] of the flattened [N * S, I] slots, head-major ([H, N]) so that the
+        # weight gradient is a batch of contiguous products (index_select of whole rows is much
+        # cheaper than a gather with an expanded [N, H, I] index); a token without a valid slot
+        # (pooled 0, g 0, its arg-max slot may hold NaN/inf, and 0 * NaN would leak) reads an
+        # appended zero row instead
+        rows = idx.t() + torch.arange(N, device=x.device) * S  # [H, N]
+        rows = torch.where(pooled.t() > 0, rows, N * S)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[2]:
-            picked = x.reshape(N * S, I).index_select(0, rows).view(N, H, I)  # x[n, argmax[n, f], :]
-            # an entry with g = 0 may point at an invalid slot holding NaN/inf: 0 * NaN would leak
-            picked = torch.where((g != 0)[..., None], picked, 0.0)
-            grad_w = torch.bmm(g.t()[:, None, :], picked.transpose(0, 1))[:, 0, :]  # [H, I]
+            table = torch.cat([x.reshape(N * S, I), x.new_zeros(1, I)])
+            picked = table.index_select(0, rows.reshape(-1)).view(H, N, I)  # x[n, argmax[n, f], :]
+            grad_w = torch.bmm(g.t()[:, None, :], picked)[:, 0, :]  # [H, I]
         if ctx.needs_input_grad[3]:
             grad_b = g.sum(0)
         if ctx.needs_input_grad[0]:
-            grad_x = torch.zeros(N * S, I, dtype=x.dtype, device=x.device).index_add_(
-                0, rows, (g[..., None] * weight[None]).reshape(N * H, I)).view(N, S, I)
+            grad_x = torch.zeros(N * S + 1, I, dtype=x.dtype, device=x.device).index_add_(
+                0, rows.reshape(-1), (g.t()[..., None] * weight[:, None, :]).reshape(H * N, I))[:-1].view(N, S, I)
         return grad_x, None, grad_w, grad_b
 
 
@@ -166,8 +233,7 @@ class SlotEncoder(nn.Module):
         if torch.is_grad_enabled() and (flat.requires_grad or self.slot.weight.requires_grad):
             pooled = _SlotMaxPool.apply(flat, valid, self.slot.weight, self.slot.bias)
         else:  # rollout / evaluation: no arg-max indices needed
-            pre = torch.mm(flat.reshape(-1, flat.shape[-1]), self.slot.weight.t()).view(*valid.shape, -1)
-            pooled = (pre.masked_fill_(~valid[..., None], float("-inf")).amax(dim=1) + self.slot.bias).clamp_min_(0.0)
+            pooled = (slot_max(flat, valid, self.slot.weight)[0] + self.slot.bias).clamp_min_(0.0)
         return self.post(pooled.reshape(*lead, -1))
 
     def reference(self, slots: torch.Tensor) -> torch.Tensor:
@@ -210,21 +276,48 @@ class ObsEncoder(nn.Module):
         # [-1, 1]) that the transformer adds, so the observation is not drowned by the position
         self.out = nn.Sequential(nn.ReLU(), nn.Linear(n_sets * hidden, d_model), nn.LayerNorm(d_model))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        """Encode observations.
+    @property
+    def compact_dim(self) -> int:
+        """D' = width of :meth:`compact`'s output (the columns :meth:`forward` reads): D without
+        the road slots beyond ``max_roads``."""
+        d = self.dims
+        return d.obs_dim - (d.num_roads - self.num_roads_used) * d.road_dim
 
-        Args:
-            obs: [..., D] float32 with D = ``dims.obs_dim``.
-
-        Returns:
-            [..., d_model] float32 tokens.
+    def compact(self, obs: torch.Tensor) -> torch.Tensor:
+        """The columns the encoder reads: [..., D] -> [..., D'] (:attr:`compact_dim`; a copy without
+        the unused road slots, or ``obs`` itself when every slot is used).
 
         Raises:
             ValueError: if the last dimension is not D.
         """
         d = self.dims
         if obs.shape[-1] != d.obs_dim:
-            raise ValueError(f"ObsEncoder: expected obs with last dim {d.obs_dim}, got {tuple(obs.shape)}")
+            raise ValueError(f"ObsEncoder.compact: expected obs with last dim {d.obs_dim}, got {tuple(obs.shape)}")
+        if self.compact_dim == d.obs_dim:
+            return obs
+        r1 = d.ego_dim + d.num_partners * d.partner_dim + self.num_roads_used * d.road_dim
+        s0 = d.obs_dim - d.num_signals * d.signal_dim
+        return torch.cat([obs[..., :r1], obs[..., s0:]], dim=-1)
+
+    def forward(self, obs: torch.Tensor, compact: bool = False) -> torch.Tensor:
+        """Encode observations.
+
+        Args:
+            obs: [..., D] float32 with D = ``dims.obs_dim``, or, with ``compact=True``, [..., D']
+                from :meth:`compact` (same tokens; what the PPO update feeds, so that the unused
+                road columns are dropped once per update instead of copied in every minibatch).
+
+        Returns:
+            [..., d_model] float32 tokens.
+
+        Raises:
+            ValueError: if the last dimension is not D (D').
+        """
+        d = self.dims
+        width = self.compact_dim if compact else d.obs_dim
+        if obs.shape[-1] != width:
+            raise ValueError(f"ObsEncoder: expected obs with last dim {width}{' (compact)' if compact else ''}, "
+                             f"got {tuple(obs.shape)}")
         lead = obs.shape[:-1]
         p0 = d.ego_dim
         r0 = p0 + d.num_partners * d.partner_dim
@@ -237,6 +330,6 @@ class ObsEncoder(nn.Module):
         h_r = self.road_set(roads)
         parts = [h_ego, h_p, h_r]
         if self.signal_set is not None:
-            s0 = r0 + d.num_roads * d.road_dim
+            s0 = width - d.num_signals * d.signal_dim
             parts.append(self.signal_set(obs[..., s0:].reshape(*lead, d.num_signals, d.signal_dim)))
         return self.out(torch.cat(parts, dim=-1))

@@ -77,7 +77,8 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
     Args:
         policy: :class:`policy.ActorCritic`.
         mb: dict with ``obs`` [B, T, D], ``actions``, ``logprobs``, ``values``, ``rewards`` [B, T],
-            ``terminal``, ``removed``, ``loss_mask``, ``bootstrap_stop`` [B, T] bool.
+            ``terminal``, ``removed``, ``loss_mask``, ``bootstrap_stop`` [B, T] bool; optionally
+            ``prepared=True`` when ``obs`` is ``policy.prepare_obs(obs, removed)`` ([B, T, D']).
         cfg: :class:`PPOConfig`.
 
     Returns:
@@ -85,7 +86,10 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
         v_loss, entropy, approx_kl, clipfrac, valid_steps) — all on the device.
     """
     mask = mb["loss_mask"]
-    logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"])
+    if mb.get("prepared", False):  # obs from policy.prepare_obs (ppo_update): compact, removed steps cleared
+        logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"], prepared=True)
+    else:
+        logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"])
     new_logp = policy.log_prob(logits, mb["actions"])
     entropy = policy.entropy(logits)
     log_ratio = new_logp - mb["logprobs"]
@@ -178,20 +182,29 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
         return totals
     stop = batch.bootstrap_stop()
     n_rows = active_rows.numel()
-    perm = None
+    # once per update, not per minibatch: the active rows' observations as the encoder reads them
+    # (unused road slots dropped, removed steps cleared; policy.prepare_obs), indexed by position
+    prepare = getattr(policy, "prepare_obs", None)
+    obs = prepare(batch.obs[active_rows], batch.removed[active_rows]) if prepare is not None else None
+    perm = pos = None
     cursor = n_rows
     policy.train()
     for _ in range(n_steps):
         if cursor >= n_rows:
-            perm = active_rows[torch.randperm(n_rows, generator=generator, device=device)]
+            pos = torch.randperm(n_rows, generator=generator, device=device)
+            perm = active_rows[pos]
             cursor = 0
         idx = perm[cursor: cursor + rows_per_minibatch]
-        cursor += rows_per_minibatch
         mb = {
-            "obs": batch.obs[idx], "actions": batch.actions[idx], "logprobs": batch.logprobs[idx],
+            "actions": batch.actions[idx], "logprobs": batch.logprobs[idx],
             "values": batch.values[idx], "rewards": batch.rewards[idx], "terminal": batch.terminal[idx],
             "removed": batch.removed[idx], "loss_mask": batch.loss_mask[idx], "bootstrap_stop": stop[idx],
         }
+        if obs is not None:
+            mb["obs"], mb["prepared"] = obs[pos[cursor: cursor + rows_per_minibatch]], True
+        else:
+            mb["obs"] = batch.obs[idx]
+        cursor += rows_per_minibatch
         loss, stats = ppo_loss(policy, mb, cfg)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
