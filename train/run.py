@@ -41,7 +41,8 @@ from train.distributed import NullLogger, setup as setup_distributed
 from train.experience import make_hook
 from train.logger import Logger, truncate_jsonl
 from train.ppo import optimizer_steps, ppo_update
-from train.rollout import RolloutBatch, collect_rollout
+from train.graphed_rollout import make_rollout
+from train.rollout import RolloutBatch
 
 CHECKPOINT_FILE = "checkpoint.pt"
 #: Fields of EnvConfig that must equal the pack's DataConfig (env field -> (data field, convert flag)).
@@ -446,6 +447,7 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
                 f"policy {n_params:,} params, device {device}, run dir {run_dir}")
     _announce(logger, stale, ckpt_file if ckpt is not None else None, update, global_step, run_dir, dropped)
     extras = RunExtras(cfg, env, device, say=logger.info)  # co-players, trial logs, periodic eval (issue 15)
+    rollout = make_rollout(cfg.cuda_graph, env, policy, buffer, cache, say=logger.info)  # CUDA graph (issue 14)
 
     obs = env.reset(seed=cfg.seed + update)
     reports: list[dict] = []
@@ -455,8 +457,7 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     while global_step < cfg.total_timesteps:
         t0 = time.time()
         policy.eval()
-        obs, batch = collect_rollout(env, policy, obs, buffer, cache, coplayers=extras.pool,
-                                     trial_log=extras.trial_log)
+        obs, batch = rollout(obs, coplayers=extras.pool, trial_log=extras.trial_log)
         t1 = time.time()
         if cfg.anneal_lr:
             frac = max(1.0 - global_step / cfg.total_timesteps, 0.0)
