@@ -166,6 +166,36 @@ def test_env_c_path_equals_reference(pack, extra):
     assert ends >= 3  # scenario_length 10 (x2 trials): episode ends inside the run
 
 
+def test_zero_tail_and_env_with_real_signals(pack):
+    """zero_tail zeroes the listed rows' columns after D (C kernel); and on a scenario that has
+    traffic signals (the bundled TFRecord) the env's C path runs the signal kernel and matches the
+    reference path."""
+    env = DriveEnv(pack, 3, EnvConfig(max_controlled=8, num_signals=0), seed=0)
+    C = env.num_slots
+    kw = kernel_inputs(env, (env.state.slot_active & env.state.present[:, :C]).contiguous())
+    D = observations_reference(**kw).shape[-1]
+    full = torch.full((3, C, D + 4), float("nan"))
+    rows = torch.tensor([1, 2 * C], dtype=torch.int64)
+    observations_cpu(**kw, out=full[..., :D], rows=rows, zero_tail=3)
+    flat = full.view(3 * C, -1)
+    assert (flat[rows, D : D + 3] == 0).all() and torch.isnan(flat[rows, D + 3]).all()
+    with pytest.raises(ValueError, match="zero_tail"):
+        observations_cpu(**kw, out=full[..., :D], rows=rows, zero_tail=5)
+
+    from pathlib import Path
+
+    tfr = Path(__file__).resolve().parents[1] / "data" / "womd_tfrecord" / "motion_data_one_scenario.tfrecord.gz"
+    sig_pack = ScenarioPack.from_json([str(tfr)])
+    assert int(sig_pack.num_signals.max()) > 0
+    config = EnvConfig(num_signals=8, scenario_length=6)
+    a = run_env(sig_pack, config, 3, 8)
+    b = run_env(sig_pack, dataclasses.replace(config, cpu_kernels=False), 3, 8)
+    lay_sig = slice(a[0].shape[-1] - 8 * 11, None)
+    assert a[0][..., lay_sig].any()  # the signal block is observed
+    for x, y in zip([a[0]] + [t[0] for t in a[1:]], [b[0]] + [t[0] for t in b[1:]]):
+        assert_same_obs(x, y)
+
+
 def test_cpu_kernels_option_is_validated():
     assert EnvConfig().cpu_kernels is True
     with pytest.raises(ValueError, match="cpu_kernels"):
@@ -195,6 +225,11 @@ def test_build_failure_falls_back_with_one_warning(pack, fresh_build, monkeypatc
         observations_cpu(**kw)  # no second warning
     assert len([w for w in rec if "C observation kernel" in str(w.message)]) == 1
     assert torch.equal(got, want) and torch.isnan(full[..., D:]).all()
+    rows = torch.tensor([2, 0], dtype=torch.int64)
+    observations_cpu(**kw, out=full[..., :D], rows=rows, zero_tail=2)  # fallback zeroes the tail too
+    flat = full.view(3 * C, -1)
+    assert (flat[rows, D : D + 2] == 0).all() and torch.isnan(flat[rows, D + 2]).all()
+    assert torch.isnan(flat[1, D:]).all()
     assert not cpu_kernel_status()["available"] and cc.split("/")[-1] in cpu_kernel_status()["reason"]
 
 

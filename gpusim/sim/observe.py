@@ -7,7 +7,9 @@ outside trial mode), last reward. A new ego feature = a column here plus the ker
 
 Traffic signals (``EnvConfig.num_signals`` > 0): the block of the N nearest signals
 (``kernels.signals.signal_observations``, docs/signals.md) fills the last columns of the
-observation. The C kernel (below) writes the first D0 columns of the full buffer in place. The
+observation. The C kernel (below) writes the first D0 columns of the full buffer in place (and,
+when no scenario of the pack has a signal, zeroes the signal block in the same pass instead of
+running the signal kernel, whose result would be all zero). The
 torch and Triton kernels write a buffer of exactly their own width, so there the stage writes
 ``ctx.obs_core`` [W, C, D0] and copies it into the first D0 columns (one copy per step).
 
@@ -72,8 +74,12 @@ def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
         # first d0 columns of the full buffer (no obs_core copy)
         flat = active.view(-1)
         rows = (flat | ctx.obs_written).nonzero().squeeze(1)
-        observations_cpu(**_observe_inputs(ctx, state, active), out=full[..., :d0], rows=rows)
+        # scenarios without signals: the signal block is all zero, written by the same kernel call
+        no_signals = cfg.num_signals > 0 and int(p.num_signals.max()) == 0
+        observations_cpu(**_observe_inputs(ctx, state, active), out=full[..., :d0], rows=rows,
+                         zero_tail=full.shape[-1] - d0 if no_signals else 0)
     else:
+        no_signals = False
         if cfg.num_signals > 0:  # the torch/Triton kernels write their own [W, C, D0] buffer (docstring)
             if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:
                 ctx.obs_core = torch.zeros(*full.shape[:2], d0, device=full.device)
@@ -92,7 +98,7 @@ def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
         if cfg.num_signals > 0:
             full[..., :d0].copy_(buf)
     ctx.obs_written = active.view(-1).clone()  # inactive slots are all zero now
-    if cfg.num_signals > 0:
+    if cfg.num_signals > 0 and not no_signals:
         signal_observations(
             pos=slots(state.pos, C),
             heading=slots(state.heading, C),

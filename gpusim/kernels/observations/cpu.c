@@ -25,7 +25,7 @@
 #endif
 
 /* Bumped whenever the argument list of gpusim_observations changes (cpu.py checks it). */
-#define GPUSIM_OBS_ABI 1
+#define GPUSIM_OBS_ABI 2
 
 #define EGO_DIM 11   /* 6 computed + NEXTRA copied (obs_layout) */
 #define NEXTRA 5
@@ -232,7 +232,8 @@ static void obs_row(const ObsArgs *a, int64_t i, float *dst, int64_t D, int32_t 
     roads_row(a, w, ex, ey, ec, es, dst + EGO_DIM + a->P * PDIM, keys);
 }
 
-/* Observations of n slot rows (rows[i], or i itself when rows is NULL) into out + slot * out_stride.
+/* Observations of n slot rows (rows[i], or i itself when rows is NULL) into out + slot * out_stride;
+ * the zero_tail floats after the D written ones of each row are set to 0.
  * Returns 0; -1 when A or K exceeds 65536 (the caller checks first); -2 when a key buffer could not
  * be allocated (rows are then left unwritten). */
 int gpusim_observations(
@@ -240,7 +241,7 @@ int gpusim_observations(
     const float *width, const int8_t *agent_type, const uint8_t *present, const float *goal, const float *extra,
     const uint8_t *active, const int64_t *scenario, const float *geo, const float *feat, const void *grid,
     int grid_is16, const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims,
-    const int64_t *rows, int64_t n, float *out, int64_t out_stride,
+    const int64_t *rows, int64_t n, float *out, int64_t out_stride, int64_t zero_tail,
     int64_t A, int64_t C, int64_t K, int64_t R, int64_t P, int abits, int rbits,
     float cell_size, float pr2, float inv_pr, float rr2, float inv_rr, float two_inv_rr,
     float speed_mul, float size_mul, float goal_div, int num_threads) {
@@ -267,6 +268,7 @@ int gpusim_observations(
             if (!keys) continue;
             int64_t slot = rows ? rows[i] : i;
             obs_row(&a, slot, out + slot * out_stride, D, keys);
+            if (zero_tail) memset(out + slot * out_stride + D, 0, (size_t)zero_tail * sizeof(float));
         }
         free(heap);
     }

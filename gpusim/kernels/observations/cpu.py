@@ -41,7 +41,7 @@ from gpusim.kernels.observations.tables import check_inputs, index_bits, road_ta
 #: multiply and add separately rounded, as torch's eager ops are, so results match bit for bit.
 CFLAGS = ("-std=c99", "-O3", "-fPIC", "-shared", "-ffp-contract=off")
 #: Version of the C function's argument list (``gpusim_obs_abi()`` in cpu.c must return it).
-ABI = 1
+ABI = 2
 SOURCE = Path(__file__).with_name("cpu.c")
 
 _state: dict = {}  # "lib": ctypes.CDLL | None, "reason": str, "openmp": bool, "path": Path
@@ -107,7 +107,7 @@ def _declare(lib) -> None:
     lib.gpusim_observations.restype = ctypes.c_int
     lib.gpusim_observations.argtypes = (
         [p] * 15 + [i32] + [p] * 3          # pos .. grid, grid_is16, grid_start, origin, dims
-        + [p, i64, p, i64]                   # rows, n, out, out_stride
+        + [p, i64, p, i64, i64]              # rows, n, out, out_stride, zero_tail
         + [i64] * 5 + [i32, i32]             # A, C, K, R, P, abits, rbits
         + [f32] * 9 + [i32]                  # cell_size .. goal_div, num_threads
     )
@@ -165,13 +165,15 @@ def _check_out_rows(out, rows, W: int, C: int, D: int, device) -> None:
 def observations_cpu(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None, rows=None, grid_start=None,
+    road_radius, out=None, rows=None, grid_start=None, zero_tail=0,
 ):
     """C implementation of :func:`gpusim.kernels.observations.observations` on CPU tensors (same
     arguments, result and errors; the full docstring is there), with one relaxation: ``out`` may
     be a view of the first D columns of a wider buffer (``full[..., :D]``: unit feature stride, any
     row stride >= D), which the kernel writes in place, so the traffic-signal stage can share the
-    buffer without a copy.
+    buffer without a copy. ``zero_tail``: that many columns after the D written ones in each
+    written row are set to zero too (they must lie inside the row stride); the env uses it for an
+    all-zero traffic-signal block when its scenarios have no signals.
 
     Falls back to the torch reference (one warning) when the C library cannot be built.
 
@@ -192,6 +194,9 @@ def observations_cpu(
     W, A = heading.shape
     C, K, D = goal.shape[1], grid_road.shape[-1], lay.obs_dim
     _check_out_rows(out, rows, W, C, D, pos.device)
+    zero_tail = int(zero_tail)
+    if zero_tail < 0 or (zero_tail and (out is None or D + zero_tail > out.stride(1))):
+        raise ValueError(f"observations_cpu: zero_tail = {zero_tail} columns do not fit in the rows of out")
     lib = load_library()
     if lib is None:
         if out is None or out.is_contiguous():
@@ -199,6 +204,9 @@ def observations_cpu(
         tmp = out.contiguous()  # the reference writes contiguous buffers only
         observations_reference(**inputs, ego_active=ego_active, out=tmp, rows=rows)
         out.copy_(tmp)
+        if zero_tail:
+            wide = out.as_strided((W * C, zero_tail), (out.stride(1), 1), out.storage_offset() + D)
+            wide.index_fill_(0, torch.arange(W * C) if rows is None else rows, 0.0)
         return out
     S, R = road_seg.shape[:2]
     if W and (int(scenario.min()) < 0 or int(scenario.max()) >= S):
@@ -216,7 +224,7 @@ def observations_cpu(
         ptr(pos), ptr(cos_h), ptr(sin_h), ptr(speed), ptr(length), ptr(width), ptr(agent_type),
         ptr(present), ptr(goal), ptr(ego_extra), ptr(ego_active), ptr(scenario), ptr(geo), ptr(feat),
         ptr(grid2), int(grid2.dtype == torch.int16), ptr(start), ptr(grid_origin), ptr(grid_dims),
-        None if rows is None else ptr(rows), n, ptr(obs), obs.stride(1),
+        None if rows is None else ptr(rows), n, ptr(obs), obs.stride(1), zero_tail,
         A, C, K, R, lay.num_partners, index_bits(A), index_bits(K),
         float(cell_size), pr * pr, 1.0 / pr, rr * rr, 1.0 / rr, 2.0 * (1.0 / rr),
         1.0 / SPEED_SCALE, 1.0 / SIZE_SCALE, GOAL_SCALE, torch.get_num_threads(),
