@@ -71,6 +71,10 @@ class ActorCritic(nn.Module):
         ValueError: for inconsistent sizes (see :class:`ObsEncoder`, :class:`CausalTransformer`).
     """
 
+    #: :meth:`forward` on the CPU runs the encoder and the per-token layers on the non-removed steps
+    #: only (:meth:`_forward_kept`; same outputs there); ``False`` computes every step (tests).
+    pack_removed: bool = True
+
     def __init__(self, dims, num_actions: int, continuous: bool = False, config: PolicyConfig = PolicyConfig()):
         super().__init__()
         if not isinstance(dims, ObsDims):
@@ -146,9 +150,11 @@ class ActorCritic(nn.Module):
             ``(logits, value, cache)``: logits [N, num_actions] (the Gaussian mean for continuous
             actions), value [N] float32, and the updated cache.
         """
-        if removed_t is not None:
-            obs_t = _clear_removed(obs_t, removed_t)
-        h = self.transformer.step(self.encoder(obs_t), cache, removed_t)
+        if removed_t is not None:  # compact copy with removed rows cleared (cheaper than clearing all D)
+            tokens = self.encoder(self.prepare_obs(obs_t, removed_t), compact=True)
+        else:
+            tokens = self.encoder(obs_t)
+        h = self.transformer.step(tokens, cache, removed_t)
         return self._logits(h), self.critic(h)[..., 0], cache
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -189,6 +195,8 @@ class ActorCritic(nn.Module):
             rounding); no output depends on the contents of removed steps (they are replaced by
             zeros before the encoder, with ``torch.where`` / ``masked_fill``, so even NaN/inf there
             cannot reach the attention, where a masked 0 weight times NaN would still give NaN).
+            The outputs *at* removed steps are placeholders that nothing trains on (on the CPU,
+            where only the kept steps are computed, :meth:`_forward_kept`: logits 0, value 0).
 
         Raises:
             ValueError: for mismatched shapes.
@@ -198,10 +206,29 @@ class ActorCritic(nn.Module):
                 f"ActorCritic.forward: obs [B, T, D], terminal and removed [B, T] expected; got "
                 f"{tuple(obs.shape)}, {tuple(terminal.shape)}, {tuple(removed.shape)}"
             )
-        allowed, position = episode_mask(terminal.to(torch.bool), removed.to(torch.bool))
+        removed = removed.to(torch.bool)
+        allowed, position = episode_mask(terminal.to(torch.bool), removed)
+        if self.pack_removed and obs.device.type == "cpu" and removed.any():  # host read: CPU only
+            return self._forward_kept(obs, removed, allowed, position, prepared)
         tokens = self.encoder(obs, compact=True) if prepared else self.encoder(_clear_removed(obs, removed))
         h = self.transformer(tokens, allowed, position)
         return self._logits(h), self.critic(h)[..., 0]
+
+    def _forward_kept(self, obs, removed, allowed, position, prepared):
+        """:meth:`forward` computed on the non-removed steps only (CPU). A removed step is hidden
+        from every other step and never trained on (its ``loss_mask`` is 0), so only the attention
+        needs the whole [B, T] grid; the encoder, the per-token transformer layers and the heads
+        run on the kept steps (half of a default training minibatch's steps are removed: agents
+        out after a collision or at the goal). Removed steps get logits 0 and value 0."""
+        B, T = removed.shape
+        index = torch.nonzero(~removed.reshape(-1)).flatten()  # [M]
+        kept = obs.reshape(B * T, -1).index_select(0, index)
+        h = self.transformer.forward_packed(self.encoder(kept, compact=prepared), index, allowed, position)
+        logits, values = self._logits(h), self.critic(h)[..., 0]
+        logits = torch.zeros(B * T, logits.shape[-1], dtype=logits.dtype, device=logits.device).index_copy(
+            0, index, logits)
+        values = torch.zeros(B * T, dtype=values.dtype, device=values.device).index_copy(0, index, values)
+        return logits.view(B, T, -1), values.view(B, T)
 
     # ------------------------------------------------------------------ distributions
     def _std(self) -> torch.Tensor:

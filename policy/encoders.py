@@ -123,11 +123,13 @@ def slot_max(x: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor, with_in
     valid slots: 28% of the partner, 53% of the road and 0% of the signal slots of a default
     training batch on the bundled sample (docs/performance.md, "Training speed"). Invalid slots
     inside an extent are set to ``-inf`` after the GEMM, so the result never depends on them.
-    Small inputs (fewer than :data:`COMPACT_MIN_ROWS` slot rows) take the dense path.
+    Small inputs (fewer than :data:`COMPACT_MIN_ROWS` slot rows) and non-CPU tensors take the dense
+    path: the compaction reads the slot counts to the host, which would stall a GPU stream and
+    cannot be captured in a CUDA graph.
     """
     N, S, I = x.shape
     H = weight.shape[0]
-    if N * S < COMPACT_MIN_ROWS:
+    if N * S < COMPACT_MIN_ROWS or x.device.type != "cpu" or torch.compiler.is_compiling():
         pre = torch.mm(x.reshape(N * S, I), weight.t()).view(N, S, H)
         pre.masked_fill_(~valid[..., None], float("-inf"))
         if with_index:
@@ -234,7 +236,7 @@ class SlotEncoder(nn.Module):
             pooled = _SlotMaxPool.apply(flat, valid, self.slot.weight, self.slot.bias)
         else:  # rollout / evaluation: no arg-max indices needed
             pooled = (slot_max(flat, valid, self.slot.weight)[0] + self.slot.bias).clamp_min_(0.0)
-        return self.post(pooled.reshape(*lead, -1))
+        return self.post(pooled.reshape(*lead, pooled.shape[-1]))
 
     def reference(self, slots: torch.Tensor) -> torch.Tensor:
         """Plain-autograd definition of :meth:`forward` (for tests): per-slot layer + ReLU, max

@@ -107,9 +107,28 @@ class Block(nn.Module):
         x = x + self.proj(att.transpose(1, 2).flatten(-2))
         return x + self.mlp(self.ln2(x))
 
+    def forward_packed(self, x: torch.Tensor, index: torch.Tensor, shape: tuple[int, int],
+                       allowed: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` on the kept tokens only: x [M, d] are the tokens at the flat positions
+        ``index`` [M] int64 of a [B, T] = ``shape`` grid (the others are removed steps, visible
+        only to themselves in ``allowed`` [B, T, T]). The per-token layers run on the M tokens;
+        only the attention sees the [B, T] grid (zero queries/keys/values at the missing
+        positions, which no kept query may attend to). Returns [M, d], the same as :meth:`forward`
+        at those positions."""
+        B, T = shape
+        d = x.shape[-1]
+        qkv = torch.zeros(B * T, 3 * d, dtype=x.dtype, device=x.device).index_copy(
+            0, index, self.qkv(self.ln1(x)))
+        q, k, v = (t.reshape(B, T, self.n_heads, d // self.n_heads).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+        att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])  # [B, H, T, dh]
+        x = x + self.proj(att.transpose(1, 2).reshape(B * T, d).index_select(0, index))
+        return x + self.mlp(self.ln2(x))
+
     def step(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, allowed: torch.Tensor,
-             slot: torch.Tensor) -> torch.Tensor:
-        """x [N, d]; k_cache, v_cache [N, H, S, dh] (written at ``slot`` [N]); allowed [N, S].
+             slot: torch.Tensor, length: int | None = None) -> torch.Tensor:
+        """x [N, d]; k_cache, v_cache [N, H, S, dh] (written at ``slot`` [N]); allowed [N, S];
+        ``length``: attend to the first ``length`` cache slots only (all when ``None``; every
+        allowed slot must lie below it).
 
         The one-query attention is written out (scores, masked softmax, weighted sum) as batched
         matmuls on the cache layout: ``scaled_dot_product_attention`` with a 1-long query and a
@@ -119,6 +138,8 @@ class Block(nn.Module):
         n = torch.arange(x.shape[0], device=x.device)
         k_cache[n, :, slot] = k
         v_cache[n, :, slot] = v
+        if length is not None:  # views of the first slots (the batched products take the strides)
+            k_cache, v_cache, allowed = k_cache[:, :, :length], v_cache[:, :, :length], allowed[:, :length]
         # [N, H, 1, dh] @ [N, H, dh, S] (a transposed operand is free for the GEMM; k_cache @ q as a
         # batch of matrix-vector products measured 4x slower)
         scores = torch.matmul(q[:, :, None, :], k_cache.transpose(-1, -2))[:, :, 0, :] * (q.shape[-1] ** -0.5)
@@ -166,6 +187,24 @@ class CausalTransformer(nn.Module):
             x = blk(x, allowed)
         return self.ln_f(x)
 
+    def forward_packed(self, tokens: torch.Tensor, index: torch.Tensor, allowed: torch.Tensor,
+                       position: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` computed for some positions of the rows only.
+
+        Args:
+            tokens: [M, d] float32, the tokens at the flat positions ``index`` of the [B, T] grid.
+            index: [M] int64 flat positions (``b * T + t``); every position left out must be
+                hidden from every other query by ``allowed`` (a removed step).
+            allowed: [B, T, T] bool attention mask. position: [B, T] int64.
+
+        Returns:
+            [M, d] float32: what :meth:`forward` gives at those positions (to float32 rounding).
+        """
+        x = tokens + sinusoidal_encoding(position.reshape(-1).index_select(0, index), self.d_model)
+        for blk in self.blocks:
+            x = blk.forward_packed(x, index, tuple(position.shape), allowed)
+        return self.ln_f(x)
+
     def init_cache(self, num_sequences: int, capacity: int, device=None) -> KVCache:
         """An empty :class:`KVCache` for ``num_sequences`` sequences of up to ``capacity`` tokens."""
         dh = self.d_model // self.n_heads
@@ -199,7 +238,13 @@ class CausalTransformer(nn.Module):
         s = torch.arange(S, device=tokens.device)
         allowed = ((s[None, :] < slot[:, None]) & ~cache.hidden) | (s[None, :] == slot[:, None])
         x = tokens + sinusoidal_encoding(slot, self.d_model)
+        # on the CPU, attend to the slots written so far only (a rollout at step t reads t + 1 of the
+        # horizon's slots instead of all of them: about half the attention work over an episode);
+        # the host read this needs would stall a GPU stream and break CUDA-graph capture, so the
+        # GPU attends to every slot (the mask hides the unwritten ones either way)
+        length = (int(slot.max()) + 1 if tokens.device.type == "cpu" and N > 0 and not torch.compiler.is_compiling()
+                  else None)
         for i, blk in enumerate(self.blocks):
-            x = blk.step(x, cache.k[i], cache.v[i], allowed, slot)
+            x = blk.step(x, cache.k[i], cache.v[i], allowed, slot, length)
         cache.position.add_(1)
         return self.ln_f(x)

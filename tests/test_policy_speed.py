@@ -137,3 +137,44 @@ def test_prepared_obs_of_the_wrong_width_is_refused():
         model(mb["obs"], mb["terminal"], mb["removed"], prepared=True)
     with pytest.raises(ValueError, match="compact"):
         model.encoder.compact(mb["obs"][..., :-1])
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_forward_on_kept_steps_equals_dense_forward_values_and_loss_gradients(continuous):
+    model = ActorCritic(DIMS, 2 if continuous else 91, continuous,
+                        PolicyConfig(d_model=32, n_layers=2, n_heads=4, hidden=16, max_roads=4))
+    mb = _batch()
+    if continuous:
+        mb["actions"] = torch.randn(*mb["actions"].shape, 2)
+    mb["removed"][2, 6:] = True  # an agent out for the rest of the row
+    mb["loss_mask"] &= ~mb["removed"]
+    keep = ~mb["removed"]
+    outs, grads = [], []
+    for pack in (True, False):
+        model.pack_removed = pack
+        model.zero_grad()
+        logits, values = model(mb["obs"], mb["terminal"], mb["removed"])
+        outs.append((logits[keep].detach(), values[keep].detach()))
+        loss, _ = ppo_loss(model, mb, PPOConfig())
+        loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    model.pack_removed = True
+    logits, values = model(mb["obs"], mb["terminal"], mb["removed"])
+    assert torch.isfinite(logits).all() and torch.isfinite(values).all()  # NaN at a removed step stays out
+
+
+def test_forward_with_every_step_removed_is_finite_and_trains_nothing():
+    model = _model()
+    mb = _batch()
+    mb["removed"][:] = True
+    mb["loss_mask"][:] = False
+    logits, values = model(mb["obs"], mb["terminal"], mb["removed"])
+    assert logits.shape == (3, 11, 91) and torch.isfinite(logits).all() and torch.isfinite(values).all()
+    loss, _ = ppo_loss(model, mb, PPOConfig())
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in model.parameters())
