@@ -18,7 +18,8 @@ The timers wrap the calls from outside (instance attributes and the ``advantage`
 ``--compare REF`` measures this tree against another commit side by side: it checks ``REF`` out
 with ``git worktree add`` (in ``/tmp/bt_<hash>``, reused if present) and runs the benchmark of each
 tree in a fresh subprocess, interleaved A/B/A/B for ``--rounds`` rounds, so that a load change on a
-shared machine hits both alike; it prints per-tree medians and the ratio of agent-steps/s. Each tree
+shared machine hits both alike; it prints per-tree medians, the ratio of agent-steps/s and the 1-minute
+load average before and after (only same-run ratios mean something on a shared machine). Each tree
 runs its *own* ``profiling/bench_train.py --json`` with the same trainer flags (so the flags must
 exist in both trees), i.e. each tree's default configuration.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import resource
 import statistics
@@ -102,6 +104,7 @@ def compare(args) -> dict:
     head = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, capture_output=True,
                           text=True).stdout.strip()
     runs: dict[str, list[dict]] = {k: [] for k in trees}
+    load_before = os.getloadavg()[0]
     for r in range(max(args.rounds, 1)):
         for name, tree in trees.items():
             res = _run_tree(tree, args)
@@ -109,14 +112,16 @@ def compare(args) -> dict:
             print(f"round {r + 1} {name:<12} sps {res['median']['sps']:8,.0f}", file=sys.stderr, flush=True)
     med = {name: {k: statistics.median(m[k] for m in ms) for k in ms[0]} for name, ms in runs.items()}
     a, b = med["this tree"], med[args.compare]
+    load_after = os.getloadavg()[0]
     print(f"# bench_train --compare {args.compare}: this tree (HEAD {head} + working changes) vs {args.compare}; "
-          f"{args.rounds} interleaved round(s) x {args.iters} iteration(s); trainer flags {args.train_argv}")
+          f"{args.rounds} interleaved round(s) x {args.iters} iteration(s); trainer flags {args.train_argv}; "
+          f"1-min load average {load_before:.1f} before, {load_after:.1f} after")
     print(f"{'':<16}{'this tree':>12}{args.compare:>14}")
     print(f"{'agent-steps/s':<16}{a['sps']:>12,.0f}{b['sps']:>14,.0f}   ratio {a['sps'] / b['sps']:.2f}x")
     for k in ("seconds", *PHASES):
         print(f"{k + ' s':<16}{a[k]:>12.3f}{b[k]:>14.3f}")
     print("per round sps: " + "; ".join(f"{n}: " + ", ".join(f"{m['sps']:.0f}" for m in ms) for n, ms in runs.items()))
-    return {"this": a, "ref": b, "ratio": a["sps"] / b["sps"], "runs": runs}
+    return {"this": a, "ref": b, "ratio": a["sps"] / b["sps"], "runs": runs, "load": (load_before, load_after)}
 
 
 def main(argv=None) -> dict:
