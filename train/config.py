@@ -71,8 +71,13 @@ class TrainConfig:
         checkpoint_interval: save every this many updates (and at the end); 0 = only at the end.
         resume: checkpoint file to continue from (step, weights, optimizer, RNG).
         report_interval: console/JSONL report every this many updates (and at the end).
-        experience: experience hook name (``identity``, ``relabel``, ``goal_bonus``, ``drop``,
-            or ``MODULE:CLASS``). experience_arg: its ``KEY=VALUE`` arguments.
+        experience: experience hook name (``progress``, ``identity``, ``relabel``, ``goal_bonus``,
+            ``drop``, or ``MODULE:CLASS``). experience_arg: its ``KEY=VALUE`` arguments. Default
+            ``progress`` (issue 16): potential-based shaping toward the goal,
+            ``F = d_t - gamma * d_{t+1}`` with ``d`` the goal distance / 100 m
+            (:class:`train.experience.ProgressShaping`); the env's rewards are unchanged. On the
+            bundled sample it lifted the 2M-step run from goal 0.415 to 0.854 (docs/training.md);
+            ``--experience identity`` trains on the env's rewards alone.
         wandb: also log to Weights & Biases (optional package). wandb_mode: offline unless
             ``online``. wandb_project: project name.
         quiet: no console progress.
@@ -121,7 +126,7 @@ class TrainConfig:
     checkpoint_interval: int = 0
     resume: str | None = None
     report_interval: int = 2
-    experience: str = "identity"
+    experience: str = "progress"
     experience_arg: tuple[str, ...] = ()
     wandb: bool = False
     wandb_mode: Literal["offline", "online"] = "offline"
