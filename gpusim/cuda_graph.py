@@ -231,12 +231,13 @@ class CudaGraphCapture:
     def capture(self, fn: Callable[[], Any], roots=None):  # pragma: no cover  (needs a CUDA device)
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph()
-        for g in self.generators:
-            register = getattr(graph, "register_generator_state", None)
-            if register is None:
-                raise RuntimeError("this torch cannot register a user CUDA generator with a graph "
-                                   "(CUDAGraph.register_generator_state is missing)")
-            register(g)
+        with torch.cuda.device(self.device):  # as torch's own cudagraph trees register generators
+            for g in self.generators:
+                register = getattr(graph, "register_generator_state", None)
+                if register is None:
+                    raise RuntimeError("this torch cannot register a user CUDA generator with a graph "
+                                       "(CUDAGraph.register_generator_state is missing)")
+                register(g)
         with torch.cuda.graph(graph):
             fn()
         return graph

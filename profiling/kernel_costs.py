@@ -20,11 +20,12 @@ measured here (see ``profiling/bench_env.py``).
 
 Usage::
 
-    python profiling/kernel_costs.py [--worlds 4] [--steps 3] [--data data/womd_sample] [--only launches|bytes]
+    python profiling/kernel_costs.py [--worlds 4] [--steps 3] [--data data/womd_sample] [--only launches|graph|bytes]
 
 Prints a Markdown table of kernel launches per env step (Triton launches and the other torch
 kernels, ``profiling.launches.count_ops``) for three configurations (env defaults, trainer
-defaults, trial mode; docs/performance.md reproduces it), then a table per behaviour set with one
+defaults, trial mode; docs/performance.md reproduces it), the launches left outside the CUDA graph
+by the graphed rollout (:func:`graphed_launch_counts`), then a table per behaviour set with one
 row per kernel and its bytes (docs/kernels.md reproduces those). Launches are counted with the GPU
 launch sizes (``gpusim.backend.gpu_launch_sizes``).
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import pathlib
 import statistics
@@ -201,14 +203,128 @@ def print_launch_table(pack_for, worlds: int, steps: int, base) -> None:
     print(f"\nMedian over {steps} steps after a reset, W = {worlds} (range in brackets).\n")
 
 
+def graphed_launch_counts(pack, config, worlds: int, seed: int = 0) -> dict:
+    """Launches outside the graph for the CUDA-graph rollout (``train/graphed_rollout.py``), and
+    the eager rollout's for comparison.
+
+    Runs :class:`train.graphed_rollout.GraphedRollout` with the trainer's default policy under the
+    Triton backend (GPU launch sizes) and a counting stand-in for the CUDA graph
+    (:class:`gpusim.cuda_graph.FakeGraphCapture`: a replay re-runs the captured step; here its
+    ops are subtracted and the replay counts as **one** launch, which is what a GPU issues). The
+    first rollout warms up and captures; the second, counted, is the steady state. Then an eager
+    rollout (:func:`train.rollout.begin_rollout` + :func:`train.rollout.rollout_step`, what
+    :func:`train.rollout.collect_rollout` runs) is counted step by step.
+
+    Returns:
+        ``{"replayed": launches of a replayed step (the replay + the copies outside it, median),
+        "before": launches before the first replay of the rollout (``begin_rollout`` and the copy
+        of the new episode's state into the static buffers), "end": the eager episode-end step,
+        "rollout": all launches of the graphed rollout outside the graph, "horizon": H,
+        "eager_begin", "eager_step" (median), "eager_end", "eager_rollout": the eager rollout's,
+        "captures", "replays"}``.
+    """
+    from gpusim.backend import gpu_launch_sizes, use_backend
+    from gpusim.cuda_graph import FakeGraphCapture
+    from gpusim.env import DriveEnv
+    from policy.actor_critic import ActorCritic
+    from train.config import TrainConfig
+    from train.graphed_rollout import GraphedRollout
+    from train.rollout import RolloutBatch, begin_rollout, rollout_step
+
+    class Counting(FakeGraphCapture):
+        """Fake capture that notes the live op count at the entry and exit of each replay."""
+
+        counter = None
+
+        def capture(self, fn, roots=None):
+            graph = super().capture(fn, roots)
+            replay = graph.replay
+
+            def counted():
+                c = self.counter
+                a = c["triton"] + c["torch"] if c is not None else 0
+                replay()
+                if c is not None:
+                    self.marks.append((a, c["triton"] + c["torch"]))
+
+            graph.replay = counted
+            return graph
+
+    torch.manual_seed(seed)
+    env = DriveEnv(pack, worlds, config, seed=seed)
+    continuous = int(config.action_space) != 0
+    pc = TrainConfig().policy
+    if pc.max_roads is not None and pc.max_roads > config.num_roads:  # a smaller test config
+        pc = dataclasses.replace(pc, max_roads=None)
+    policy = ActorCritic(env.obs_layout, env.num_actions, continuous, pc).eval()
+    R, H = worlds * env.num_slots, env.horizon
+    buf = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, env.device)
+    cache = policy.init_cache(R, H, env.device)
+    capture = Counting()
+    capture.marks = []
+    roll = GraphedRollout(env, policy, buf, cache, capture=capture)
+    eager = []
+    with use_backend("triton"), gpu_launch_sizes(), torch.no_grad():
+        obs, _ = roll(env.reset(seed=seed))  # warm-up and capture
+        with count_ops() as c:
+            capture.counter = c
+            obs, _ = roll(obs)
+            capture.counter = None
+        total = c["triton"] + c["torch"]
+        with count_ops() as e:
+            ego = begin_rollout(env, policy, buf, cache)
+            removed = torch.zeros(R, dtype=torch.bool)
+        eager.append(e["triton"] + e["torch"])
+        for t in range(H):
+            with count_ops() as e:
+                obs, removed = rollout_step(env, policy, t, obs, removed, buf, cache, ego)
+            eager.append(e["triton"] + e["torch"])
+    if roll.fallback_reason is not None:
+        raise RuntimeError(f"the graphed rollout fell back to eager: {roll.fallback_reason}")
+    marks = capture.marks
+    inner = sum(b - a for a, b in marks)
+    between = [marks[i + 1][0] - marks[i][1] for i in range(len(marks) - 1)]
+    return {"replayed": 1 + statistics.median(between), "before": marks[0][0], "end": total - marks[-1][1],
+            "rollout": total - inner + len(marks), "horizon": H, "eager_begin": eager[0],
+            "eager_step": statistics.median(eager[1:-1]), "eager_end": eager[-1], "eager_rollout": sum(eager),
+            "captures": roll.stats["captures"], "replays": len(marks)}
+
+
+def print_graphed_table(pack_for, worlds: int, base, scenario_length: int) -> None:
+    """Print the Markdown table of launches outside the graph for the graphed rollout. Measured
+    with ``scenario_length`` steps per (trial) episode; the per-step counts do not depend on it,
+    the last column amortises them over the configuration's own horizon."""
+    print("### Launches per env step outside the CUDA graph (graphed rollout, env + policy)\n")
+    print("| configuration | eager step (median) | eager episode-end step | replayed step | "
+          "before the first replay | graphed episode-end step (eager) | per env step over the horizon H: "
+          "eager → graphed |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    for label, cfg in launch_configs(base).items():
+        short = cfg.replace(scenario_length=min(cfg.scenario_length, scenario_length))
+        r = graphed_launch_counts(pack_for(cfg), short, worlds)
+        H = cfg.horizon
+        eager = (r["eager_begin"] + (H - 1) * r["eager_step"] + r["eager_end"]) / H
+        # H - 1 replays, and the copies between them (the first step's are in "before")
+        graphed = (r["before"] + (H - 1) + (H - 2) * (r["replayed"] - 1) + r["end"]) / H
+        print(f"| {label} | {r['eager_step']:g} | {r['eager_end']} | {r['replayed']:g} | {r['before']} | "
+              f"{r['end']} | H = {H}: {eager:.1f} → {graphed:.1f} |")
+    print(f"\nW = {worlds}, the trainer's default policy; a replay counts as 1 launch (the captured env step, "
+          f"policy forward, sampling and buffer writes). Counted on the second graphed rollout (the first "
+          f"warms up and captures), episodes of {scenario_length} steps per trial; the last column puts "
+          "the per-step counts over the configuration's horizon.\n")
+
+
 def main(argv=None) -> int:
     """Print the launch-count table (three configurations) and the bytes tables (four behaviour sets)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=str(REPO / "data" / "womd_sample"))
     ap.add_argument("--worlds", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--only", choices=["launches", "bytes"], default=None,
-                    help="print only the launch-count table or only the bytes tables")
+    ap.add_argument("--graph-steps", type=int, default=6,
+                    help="steps per (trial) episode when counting the graphed rollout (per-step counts do not "
+                         "depend on it; the interpreter is slow)")
+    ap.add_argument("--only", choices=["launches", "graph", "bytes"], default=None,
+                    help="print only the launch-count table, the graphed-rollout table or the bytes tables")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     from gpusim.config import EnvConfig
@@ -227,9 +343,11 @@ def main(argv=None) -> int:
             packs[key] = ScenarioPack.from_json(files, key)
         return packs[key]
 
-    if args.only != "bytes":
+    if args.only in (None, "launches"):
         print_launch_table(pack_for, args.worlds, args.steps, base)
-    if args.only == "launches":
+    if args.only in (None, "graph"):
+        print_graphed_table(pack_for, args.worlds, base, args.graph_steps)
+    if args.only in ("launches", "graph"):
         return 0
     pack = pack_for(base)
     sets = {

@@ -338,3 +338,15 @@ def test_trainer_with_the_graphed_rollout_trains_identically(tmp_path, monkeypat
     assert out["update"] >= 2 and len(made) == 1 and made[0].replays > 0
     for k, v in eager.items():
         assert torch.equal(graphed[k], v), k
+
+
+@pytest.mark.slow
+def test_launch_count_outside_the_graph():
+    """profiling/kernel_costs.py's count (Triton interpreter, ~10 s): a replayed step issues exactly
+    one launch (no copy outside the graph in the steady state)."""
+    from profiling.kernel_costs import graphed_launch_counts
+
+    cfg = _config(scenario_length=5)
+    r = graphed_launch_counts(_pack(), cfg, worlds=1)
+    assert r["replayed"] == 1 and r["captures"] == 1 and r["replays"] == r["horizon"] - 1
+    assert r["rollout"] < r["eager_rollout"] / 2
