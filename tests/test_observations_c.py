@@ -76,7 +76,8 @@ def test_c_matches_reference_on_real_scenarios(pack, worlds):
         assert (want[~active] == 0).all()
         lay = obs_layout(kw["num_partners"], kw["grid_road"].shape[-1])
         part = got[..., lay.partners].reshape(-1, lay.num_partners, lay.partner_dim)
-        assert part[..., -1].sum() > 0 and got[..., lay.roads].reshape(-1, lay.num_roads, lay.road_dim)[..., -1].sum() > 0
+        roads = got[..., lay.roads].reshape(-1, lay.num_roads, lay.road_dim)
+        assert part[..., -1].sum() > 0 and roads[..., -1].sum() > 0  # partners and roads observed
         env.step(torch.randint(0, 91, (worlds, C), generator=g))
 
 
@@ -231,6 +232,15 @@ def test_build_failure_falls_back_with_one_warning(pack, fresh_build, monkeypatc
     assert (flat[rows, D : D + 2] == 0).all() and torch.isnan(flat[rows, D + 2]).all()
     assert torch.isnan(flat[1, D:]).all()
     assert not cpu_kernel_status()["available"] and cc.split("/")[-1] in cpu_kernel_status()["reason"]
+
+
+def test_unusable_cache_dir_falls_back(fresh_build, monkeypatch):
+    blocker = fresh_build / "not_a_dir"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))  # mkdir below a regular file fails
+    with pytest.warns(RuntimeWarning, match="C observation kernel unavailable"):
+        st = cpu_kernel_status()
+    assert not st["available"] and "Error" in st["reason"]
 
 
 def test_build_is_cached_in_the_cache_dir(fresh_build):

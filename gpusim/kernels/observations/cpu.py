@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -53,30 +54,31 @@ def cache_dir() -> Path:
     return Path(base) / "gpusim"
 
 
-def _compile(cc: str, flags: tuple, dest: Path) -> str | None:
+def _compile(cc: list, flags: tuple, dest: Path) -> str | None:
     """Compile cpu.c to ``dest`` (via a temporary file + atomic rename); None, or the error text."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
+    tmp = None
     try:
-        res = subprocess.run([cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp", dir=dest.parent)
+        os.close(fd)
+        res = subprocess.run([*cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
                              timeout=120)
         if res.returncode != 0:
             return (res.stderr or res.stdout).strip()[-400:] or f"exit code {res.returncode}"
         os.replace(tmp, dest)
         return None
-    except (OSError, subprocess.SubprocessError) as exc:
+    except (OSError, subprocess.SubprocessError) as exc:  # unwritable cache, compiler crash, timeout
         return f"{type(exc).__name__}: {exc}"
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
 
 
 def _build_and_load() -> tuple:
     """(lib, reason, openmp): the loaded library, or None and why not."""
-    cc = os.environ.get("CC") or "cc"
-    if shutil.which(cc) is None:
-        return None, f"no C compiler: {cc!r} not found (set CC)", False
+    cc = shlex.split(os.environ.get("CC") or "cc") or ["cc"]  # CC may carry arguments ("ccache gcc")
+    if shutil.which(cc[0]) is None:
+        return None, f"no C compiler: {cc[0]!r} not found (set CC)", False
     src = SOURCE.read_bytes()
     errors = []
     for flags, omp in ((CFLAGS + ("-fopenmp",), True), (CFLAGS, False)):
@@ -85,7 +87,7 @@ def _build_and_load() -> tuple:
         if not path.exists():
             err = _compile(cc, flags, path)
             if err is not None:
-                errors.append(f"{cc} {' '.join(flags)}: {err}")
+                errors.append(f"{' '.join(cc)} {' '.join(flags)}: {err}")
                 continue
         try:
             lib = ctypes.CDLL(str(path))
