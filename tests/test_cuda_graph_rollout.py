@@ -246,10 +246,13 @@ def test_make_rollout_on_cpu(monkeypatch):
 
 
 def test_train_config_flag():
-    from train.config import TrainConfig
+    from train.config import TrainConfig, parse_args
 
-    assert TrainConfig().cuda_graph == "auto"
-    assert TrainConfig.from_dict({"cuda_graph": "off"}).cuda_graph == "off"
+    assert TrainConfig().cuda_graph == "auto" and parse_args([]).cuda_graph == "auto"
+    assert parse_args(["--cuda-graph", "off"]).cuda_graph == "off"
+    assert TrainConfig.from_dict({"cuda_graph": "on"}).cuda_graph == "on"
+    with pytest.raises(ValueError, match="cuda_graph must be 'auto', 'on' or 'off'"):
+        TrainConfig.from_dict({"cuda_graph": "yes"}, source="run.json")
 
 
 # ---------------------------------------------------------------------------- real CUDA graphs

@@ -180,6 +180,8 @@ class TrainConfig:
                     raise ValueError(f"{source}: {k}: {e}") from e
             elif k in ("experience_arg", "coplayer", "eval_mode"):
                 v = tuple(v or ())
+            elif k == "cuda_graph" and v not in ("auto", "on", "off"):
+                raise ValueError(f"{source}: cuda_graph must be 'auto', 'on' or 'off', got {v!r}")
             changes[k] = v
         return dataclasses.replace(base, **changes)
 

@@ -145,6 +145,8 @@ class GraphedRollout:
     def __call__(self, obs: torch.Tensor, coplayers=None, trial_log=None):
         if self.fallback_reason is None and coplayers is not None:
             self._fallback("co-players drive some slots (their partner policies are not captured)")
+        if self.fallback_reason is None and self.env.device.type == "cuda" and self.env.check_actions == "sync":
+            self._fallback("EnvConfig.check_actions='sync' reads the actions on the host every step (use 'auto')")
         if self.fallback_reason is not None:
             return collect_rollout(self.env, self.policy, obs, self.buffer, self.cache, self.deterministic,
                                    coplayers=coplayers, trial_log=trial_log)
