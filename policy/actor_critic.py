@@ -180,7 +180,8 @@ class ActorCritic(nn.Module):
         rm = removed.to(torch.bool)[..., None]
         return out.masked_fill_(rm, 0.0) if out is not obs else out.masked_fill(rm, 0.0)
 
-    def forward(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, prepared: bool = False):
+    def forward(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, prepared: bool = False,
+                rows: torch.Tensor | None = None):
         """Whole rollout rows.
 
         Args:
@@ -188,6 +189,9 @@ class ActorCritic(nn.Module):
             terminal: [B, T] bool (memory cleared after these steps).
             removed: [B, T] bool (out-of-play steps, hidden from every other step).
             prepared: ``obs`` comes from :meth:`prepare_obs` (already compact and cleared).
+            rows: optional [B] int64: ``obs`` holds more rows ([R, T, ...]) and these are the
+                ones to use, in order (the same as passing ``obs[rows]``, without copying the
+                rows' removed steps; the PPO update's minibatches).
 
         Returns:
             ``(logits [B, T, num_actions], values [B, T])``. At every non-removed step these equal
@@ -201,7 +205,8 @@ class ActorCritic(nn.Module):
         Raises:
             ValueError: for mismatched shapes.
         """
-        if obs.dim() != 3 or terminal.shape != obs.shape[:2] or removed.shape != obs.shape[:2]:
+        n_rows = obs.shape[0] if rows is None else rows.shape[0]
+        if obs.dim() != 3 or terminal.shape != (n_rows, obs.shape[1]) or removed.shape != terminal.shape:
             raise ValueError(
                 f"ActorCritic.forward: obs [B, T, D], terminal and removed [B, T] expected; got "
                 f"{tuple(obs.shape)}, {tuple(terminal.shape)}, {tuple(removed.shape)}"
@@ -209,12 +214,14 @@ class ActorCritic(nn.Module):
         removed = removed.to(torch.bool)
         allowed, position = episode_mask(terminal.to(torch.bool), removed)
         if self.pack_removed and obs.device.type == "cpu" and removed.any():  # host read: CPU only
-            return self._forward_kept(obs, removed, allowed, position, prepared)
+            return self._forward_kept(obs, removed, allowed, position, prepared, rows)
+        if rows is not None:
+            obs = obs.index_select(0, rows)
         tokens = self.encoder(obs, compact=True) if prepared else self.encoder(_clear_removed(obs, removed))
         h = self.transformer(tokens, allowed, position)
         return self._logits(h), self.critic(h)[..., 0]
 
-    def _forward_kept(self, obs, removed, allowed, position, prepared):
+    def _forward_kept(self, obs, removed, allowed, position, prepared, rows=None):
         """:meth:`forward` computed on the non-removed steps only (CPU). A removed step is hidden
         from every other step and never trained on (its ``loss_mask`` is 0), so only the attention
         needs the whole [B, T] grid; the encoder, the per-token transformer layers and the heads
@@ -222,7 +229,8 @@ class ActorCritic(nn.Module):
         out after a collision or at the goal). Removed steps get logits 0 and value 0."""
         B, T = removed.shape
         index = torch.nonzero(~removed.reshape(-1)).flatten()  # [M]
-        kept = obs.reshape(B * T, -1).index_select(0, index)
+        source = index if rows is None else rows.index_select(0, index // T) * T + index % T
+        kept = obs.reshape(-1, obs.shape[-1]).index_select(0, source)
         h = self.transformer.forward_packed(self.encoder(kept, compact=prepared), index, allowed, position)
         logits, values = self._logits(h), self.critic(h)[..., 0]
         logits = torch.zeros(B * T, logits.shape[-1], dtype=logits.dtype, device=logits.device).index_copy(

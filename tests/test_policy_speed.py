@@ -178,3 +178,20 @@ def test_forward_with_every_step_removed_is_finite_and_trains_nothing():
     loss.backward()
     assert loss.item() == 0.0
     assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in model.parameters())
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_forward_rows_selects_rows_of_a_larger_prepared_tensor(pack):
+    model = _model(max_roads=4)
+    model.pack_removed = pack
+    mb = _batch(B=5)
+    mb["removed"][3, 5:] = True
+    prep = model.prepare_obs(mb["obs"], mb["removed"])
+    rows = torch.tensor([3, 0, 4])
+    with torch.no_grad():
+        a = model(prep[rows], mb["terminal"][rows], mb["removed"][rows], prepared=True)
+        b = model(prep, mb["terminal"][rows], mb["removed"][rows], prepared=True, rows=rows)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="expected"):
+        model(prep, mb["terminal"], mb["removed"], prepared=True, rows=rows)

@@ -78,7 +78,9 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
         policy: :class:`policy.ActorCritic`.
         mb: dict with ``obs`` [B, T, D], ``actions``, ``logprobs``, ``values``, ``rewards`` [B, T],
             ``terminal``, ``removed``, ``loss_mask``, ``bootstrap_stop`` [B, T] bool; optionally
-            ``prepared=True`` when ``obs`` is ``policy.prepare_obs(obs, removed)`` ([B, T, D']).
+            ``prepared=True`` when ``obs`` is ``policy.prepare_obs(obs, removed)`` ([B, T, D']), and
+            then optionally ``obs_rows`` [B] int64 when ``obs`` holds more rows and these are the
+            minibatch's (``ActorCritic.forward``'s ``rows``).
         cfg: :class:`PPOConfig`.
 
     Returns:
@@ -87,7 +89,7 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
     """
     mask = mb["loss_mask"]
     if mb.get("prepared", False):  # obs from policy.prepare_obs (ppo_update): compact, removed steps cleared
-        logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"], prepared=True)
+        logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"], prepared=True, rows=mb.get("obs_rows"))
     else:
         logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"])
     new_logp = policy.log_prob(logits, mb["actions"])
@@ -201,7 +203,9 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
             "removed": batch.removed[idx], "loss_mask": batch.loss_mask[idx], "bootstrap_stop": stop[idx],
         }
         if obs is not None:
-            mb["obs"], mb["prepared"] = obs[pos[cursor: cursor + rows_per_minibatch]], True
+            # the whole prepared tensor and the minibatch's rows in it: the forward copies only
+            # the rows' kept steps (one copy instead of a minibatch copy and a kept-step copy)
+            mb["obs"], mb["obs_rows"], mb["prepared"] = obs, pos[cursor: cursor + rows_per_minibatch], True
         else:
             mb["obs"] = batch.obs[idx]
         cursor += rows_per_minibatch
