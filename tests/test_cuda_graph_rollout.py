@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gpusim.backend import use_backend
-from gpusim.config import EnvConfig
+from gpusim.config import ActionSpace, EnvConfig
 from gpusim.cuda_graph import ENV_FLAG, FakeGraphCapture, graph_decision
 from gpusim.data.pool import ScenarioPool
 from gpusim.env import DriveEnv
@@ -60,7 +60,7 @@ def _setup(cfg: EnvConfig, pool: bool = False, device=None, seed: int = 3):
         if pool else src
     env = DriveEnv(source, W, cfg, device=device or "cpu", seed=seed)
     torch.manual_seed(0)
-    continuous = cfg.action_space.name == "CONTINUOUS" if hasattr(cfg.action_space, "name") else False
+    continuous = int(cfg.action_space) == int(ActionSpace.CONTINUOUS)
     pol = ActorCritic(env.obs_layout, env.num_actions, continuous,
                       PolicyConfig(d_model=16, n_layers=2, n_heads=2, hidden=16)).to(env.device).eval()
     R, H = W * env.num_slots, env.horizon
@@ -70,7 +70,9 @@ def _setup(cfg: EnvConfig, pool: bool = False, device=None, seed: int = 3):
 
 def _rollouts(cfg, graphed: bool, n: int = 3, pool: bool = False, trial_log: bool = False, capture="fake",
               device=None, deterministic=False, **kw):
-    """``n`` rollouts (``capture``: "fake", "cuda" = the default backend, or a backend); returns (per-rollout clones of the buffer fields and next obs, env, rollout)."""
+    """``n`` rollouts (``capture``: "fake", "cuda" = the default backend, or a backend object).
+
+    Returns (per-rollout clones of the buffer fields, next obs, state and trial counts; env; rollout)."""
     env, pol, buf, cache = _setup(cfg, pool=pool, device=device)
     log = TrialLog(W, cfg.scenario_length, env.device) if trial_log else None
     if capture == "fake":

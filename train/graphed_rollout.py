@@ -112,7 +112,11 @@ class GraphedRollout:
         stats: ``captures``, ``replays``, ``warm_steps``, ``eager_steps`` counted over all calls.
 
     Call: ``rollout(obs, coplayers=None, trial_log=None) -> (next_obs [W, C, D], buffer)``, as
-    :func:`collect_rollout`.
+    :func:`collect_rollout` (the same errors; bad actions under ``check_actions="async"`` are
+    raised at the env's next host read, as eagerly).
+
+    Raises:
+        ValueError: ``warmup < 1``.
     """
 
     def __init__(self, env, policy, buffer: RolloutBatch, cache, capture=None, warmup: int = 2,
@@ -196,7 +200,8 @@ class GraphedRollout:
         else:
             box: list = []
             try:
-                problem = self._audited(lambda: box.append(self.capture.capture(self._body, self._roots())), capturing=True)
+                problem = self._audited(lambda: box.append(self.capture.capture(self._body, self._roots())),
+                                        capturing=True)
             except Exception as e:  # capture is best effort: say why, run eagerly
                 self._fallback(f"capture failed: {type(e).__name__}: {e}")
                 if env.device.type == "cuda":  # pragma: no cover  (needs a CUDA device)
