@@ -6,8 +6,9 @@ the torch reference (:func:`.naive.observations_reference`) computes, operation 
 one loop nest per slot row (OpenMP over rows): same sort keys, hence the same partner and road
 order, and bit-identical values (tests/test_observations_c.py).
 
-Build: the first call compiles ``cpu.c`` with the system C compiler (``$CC``, else ``cc``) and
-:data:`CFLAGS` plus ``-fopenmp`` (then without it if that fails; the kernel is then
+Build (shared machinery in :mod:`gpusim.kernels.cbuild`): the first call compiles ``cpu.c`` with
+the system C compiler (``$CC``, else ``cc``) and :data:`CFLAGS` plus ``-fopenmp`` (then without it
+if that fails; the kernel is then
 single-threaded), about 0.3-1 s. The shared library is cached under ``$XDG_CACHE_HOME/gpusim``
 (default ``~/.cache/gpusim``), named by a hash of the source, the flags and the compiler, and
 written through a temporary file and an atomic rename, so concurrent processes (parallel test
@@ -22,85 +23,19 @@ shares torch's thread pool; each call uses ``torch.get_num_threads()`` threads.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shlex
-import shutil
-import subprocess
-import tempfile
-import warnings
 from pathlib import Path
 
 import torch
 
+from gpusim.kernels.cbuild import CFLAGS, CLibrary, cache_dir  # noqa: F401  (re-exported)
 from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.obs_layout import GOAL_SCALE, SIZE_SCALE, SPEED_SCALE
 from gpusim.kernels.observations.naive import observations_reference
 from gpusim.kernels.observations.tables import check_inputs, index_bits, road_table
 
-#: Compiler flags (plus ``-fopenmp`` when it works). ``-ffp-contract=off`` keeps every float32
-#: multiply and add separately rounded, as torch's eager ops are, so results match bit for bit.
-CFLAGS = ("-std=c99", "-O3", "-fPIC", "-shared", "-ffp-contract=off")
 #: Version of the C function's argument list (``gpusim_obs_abi()`` in cpu.c must return it).
 ABI = 2
 SOURCE = Path(__file__).with_name("cpu.c")
-
-_state: dict = {}  # "lib": ctypes.CDLL | None, "reason": str, "openmp": bool, "path": Path
-
-
-def cache_dir() -> Path:
-    """Where built libraries live: ``$XDG_CACHE_HOME/gpusim``, else ``~/.cache/gpusim``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gpusim"
-
-
-def _compile(cc: list, flags: tuple, dest: Path) -> str | None:
-    """Compile cpu.c to ``dest`` (via a temporary file + atomic rename); None, or the error text."""
-    tmp = None
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp", dir=dest.parent)
-        os.close(fd)
-        res = subprocess.run([*cc, *flags, "-o", tmp, str(SOURCE), "-lm"], capture_output=True, text=True,
-                             timeout=120)
-        if res.returncode != 0:
-            return (res.stderr or res.stdout).strip()[-400:] or f"exit code {res.returncode}"
-        os.replace(tmp, dest)
-        return None
-    except (OSError, subprocess.SubprocessError) as exc:  # unwritable cache, compiler crash, timeout
-        return f"{type(exc).__name__}: {exc}"
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _build_and_load() -> tuple:
-    """(lib, reason, openmp): the loaded library, or None and why not."""
-    cc = shlex.split(os.environ.get("CC") or "cc") or ["cc"]  # CC may carry arguments ("ccache gcc")
-    if shutil.which(cc[0]) is None:
-        return None, f"no C compiler: {cc[0]!r} not found (set CC)", False
-    src = SOURCE.read_bytes()
-    errors = []
-    for flags, omp in ((CFLAGS + ("-fopenmp",), True), (CFLAGS, False)):
-        tag = hashlib.sha256(src + repr((flags, cc)).encode()).hexdigest()[:16]
-        path = cache_dir() / f"obs_cpu-{tag}.so"
-        if not path.exists():
-            err = _compile(cc, flags, path)
-            if err is not None:
-                errors.append(f"{' '.join(cc)} {' '.join(flags)}: {err}")
-                continue
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError as exc:
-            errors.append(f"loading {path}: {exc}")
-            continue
-        if lib.gpusim_obs_abi() != ABI:
-            errors.append(f"{path}: ABI {lib.gpusim_obs_abi()} != {ABI}")
-            continue
-        _declare(lib)
-        _state["path"] = path
-        return lib, "", bool(lib.gpusim_obs_has_openmp())
-    return None, "build failed: " + " | ".join(errors), False
 
 
 def _declare(lib) -> None:
@@ -115,16 +50,14 @@ def _declare(lib) -> None:
     )
 
 
+_LIB = CLibrary(name="obs_cpu", source=SOURCE, prefix="gpusim_obs", abi=ABI, declare=_declare,
+                label="C observation kernel")
+
+
 def load_library():
     """The loaded C library (built and cached on first use), or None when it cannot be built; the
     first failure warns once (``RuntimeWarning`` naming the reason)."""
-    if "lib" not in _state:
-        lib, reason, omp = _build_and_load()
-        _state.update(lib=lib, reason=reason, openmp=omp)
-        if lib is None:
-            warnings.warn(f"gpusim: C observation kernel unavailable ({reason}); using the torch reference "
-                          "(same results, slower)", RuntimeWarning, stacklevel=3)
-    return _state["lib"]
+    return _LIB.load(stacklevel=4)
 
 
 def cpu_kernel_available() -> bool:
@@ -134,15 +67,13 @@ def cpu_kernel_available() -> bool:
 
 def cpu_kernel_status() -> dict:
     """``{"available": bool, "reason": str, "openmp": bool, "path": str | None}`` (builds on first call)."""
-    lib = load_library()
-    return {"available": lib is not None, "reason": _state["reason"], "openmp": _state["openmp"],
-            "path": str(_state.get("path")) if lib is not None else None}
+    return _LIB.status()
 
 
 def forget_library() -> None:
     """Forget the loaded library and any build failure, so the next call builds/loads again (tests:
     a changed ``CC`` or cache directory). The already-loaded library stays mapped in the process."""
-    _state.clear()
+    _LIB.forget()
 
 
 def _check_out_rows(out, rows, W: int, C: int, D: int, device) -> None:
