@@ -3,11 +3,17 @@
 Experts (present, not controlled, not removed) take their logged pose at log index
 ``init_steps + (step - trial_start)`` (``kernels.replay``); past their valid log they leave the
 scene (``present`` False).
+
+CPU kernel: on the torch backend with ``EnvConfig.cpu_kernels`` (default) and without ``compile``
+(where this stage is traced by ``torch.compile``) it runs the C kernel ``kernels.step_cpu.replay_cpu``
+(bit-identical to the reference; the reference where no C compiler is available).
 """
 
 from __future__ import annotations
 
+from gpusim.backend import backend_for
 from gpusim.kernels.replay import replay as replay_kernel
+from gpusim.kernels.step_cpu import replay_cpu, step_kernels_available
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.state import EnvState
 
@@ -16,7 +22,9 @@ def replay(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``step`` (+1), ``pos``, ``heading``, ``speed``, ``present`` of the experts."""
     p = ctx.pack
     new_step = state.step + 1
-    pos, heading, speed, present = replay_kernel(
+    cfg = ctx.config
+    use_c = cfg.cpu_kernels and not cfg.compile and backend_for(state.pos) == "torch" and step_kernels_available()
+    pos, heading, speed, present = (replay_cpu if use_c else replay_kernel)(
         pos=state.pos,
         heading=state.heading,
         speed=state.speed,

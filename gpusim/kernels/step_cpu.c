@@ -1,0 +1,227 @@
+/* Hand-written CPU kernels of the step's contact and replay stages (plain C99 + optional OpenMP;
+ * no torch headers): agent-agent collisions (gpusim.kernels.collision), who was hit
+ * (gpusim.kernels.events.hit_by), offroad (gpusim.kernels.offroad) and log replay
+ * (gpusim.kernels.replay).
+ *
+ * The oracles are the torch references of those modules. This file repeats their float32
+ * arithmetic operation by operation, in the same order, built with -ffp-contract=off (no FMA
+ * contraction), and their conservative pre-checks with the same margins (they never change an
+ * answer, they only skip work), so every boolean is the reference's. cos/sin of the headings come
+ * from torch (computed by the caller). Replay speed: the reference's torch.linalg.vector_norm of
+ * the logged velocity, which torch's CPU reduction computes as sqrtf(fmaf(vy, vy, vx * vx)); the
+ * kernel writes exactly that.
+ *
+ * One OpenMP `parallel for` over worlds (every output element belongs to one world). Built and
+ * called through ctypes by step_cpu.py (gpusim_step_abi below).
+ */
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* Bumped whenever an argument list below changes (step_cpu.py checks it). */
+#define GPUSIM_STEP_ABI 1
+
+int gpusim_step_abi(void) { return GPUSIM_STEP_ABI; }
+
+int gpusim_step_has_openmp(void) {
+#ifdef _OPENMP
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* Separating-axis test of boxes i and j (collision.py / events.hit_by: same expressions, same
+ * order): d = c_j - c_i; half extents a (along the heading), b (across). 1 when they overlap. */
+static inline int boxes_overlap(float dx, float dy, float ci, float si, float ai, float bi,
+                                float cj, float sj, float aj, float bj) {
+    float c = fabsf(ci * cj + si * sj);
+    float s = fabsf(ci * sj - si * cj);
+    if (fabsf(dx * ci + dy * si) > ai + aj * c + bj * s) return 0;
+    if (fabsf(dy * ci - dx * si) > bi + aj * s + bj * c) return 0;
+    if (fabsf(dx * cj + dy * sj) > aj + ai * c + bi * s) return 0;
+    if (fabsf(dy * cj - dx * sj) > bj + ai * s + bi * c) return 0;
+    return 1;
+}
+
+/* collision.collisions_reference with a query mask: for each present query agent i of world w and
+ * each other present agent j, flag both when the boxes overlap. half_scale = float32(0.5 *
+ * box_scale); half_margin = float32(0.5 * CIRCLE_MARGIN): the bounding-circle pre-check
+ * |d|^2 <= (r_i + r_j)^2 with r = sqrt(a^2 + b^2) + half_margin. out [W, A] fully written. */
+void gpusim_collisions(const float *pos, const float *cos_h, const float *sin_h, const float *length,
+                       const float *width, const uint8_t *present, const uint8_t *query, uint8_t *out,
+                       int64_t W, int64_t A, float half_scale, float half_margin, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        const int64_t base = w * A;
+        uint8_t *o = out + base;
+        memset(o, 0, (size_t)A);
+        for (int64_t i = 0; i < A; i++) {
+            const int64_t gi = base + i;
+            if (!query[gi] || !present[gi]) continue;
+            float ai = half_scale * length[gi], bi = half_scale * width[gi];
+            float ri = sqrtf(ai * ai + bi * bi) + half_margin;
+            float px = pos[2 * gi], py = pos[2 * gi + 1], ci = cos_h[gi], si = sin_h[gi];
+            for (int64_t j = 0; j < A; j++) {
+                const int64_t gj = base + j;
+                if (j == i || !present[gj]) continue;
+                float aj = half_scale * length[gj], bj = half_scale * width[gj];
+                float rs = sqrtf(aj * aj + bj * bj) + half_margin + ri;
+                float dx = pos[2 * gj] - px, dy = pos[2 * gj + 1] - py;
+                if (!(dx * dx + dy * dy <= rs * rs)) continue;
+                if (boxes_overlap(dx, dy, ci, si, ai, bi, cos_h[gj], sin_h[gj], aj, bj)) {
+                    o[i] = 1;
+                    o[j] = 1;
+                }
+            }
+        }
+    }
+}
+
+/* events.hit_by_reference: target j (any slot) is hit when a source slot i < S (source[w, i] and
+ * present) other than j overlaps it; targets must be present. No pre-check (the reference has
+ * none). out [W, A] fully written. */
+void gpusim_hit_by(const float *pos, const float *cos_h, const float *sin_h, const float *length,
+                   const float *width, const uint8_t *present, const uint8_t *source, uint8_t *out,
+                   int64_t W, int64_t A, int64_t S, float half_scale, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        const int64_t base = w * A;
+        uint8_t *o = out + base;
+        memset(o, 0, (size_t)A);
+        for (int64_t i = 0; i < S; i++) {
+            const int64_t gi = base + i;
+            if (!source[w * S + i] || !present[gi]) continue;
+            float li = half_scale * length[gi], wi = half_scale * width[gi];
+            float px = pos[2 * gi], py = pos[2 * gi + 1], ci = cos_h[gi], si = sin_h[gi];
+            for (int64_t j = 0; j < A; j++) {
+                const int64_t gj = base + j;
+                if (j == i || !present[gj] || o[j]) continue;
+                float lj = half_scale * length[gj], wj = half_scale * width[gj];
+                float dx = pos[2 * gj] - px, dy = pos[2 * gj + 1] - py;
+                if (boxes_overlap(dx, dy, ci, si, li, wi, cos_h[gj], sin_h[gj], lj, wj)) o[j] = 1;
+            }
+        }
+    }
+}
+
+/* grid.cell_index_reference for one position (same float32 operations; observations/cpu.c too). */
+static int64_t cell_of(const float *origin, const int32_t *dims, float cell_size, int64_t s, float x, float y) {
+    float ox = origin[2 * s], oy = origin[2 * s + 1];
+    int64_t nx = dims[2 * s], ny = dims[2 * s + 1];
+    float fx = (x - ox) / cell_size, fy = (y - oy) / cell_size;
+    if (isnan(fx)) fx = 0.0f;
+    if (isnan(fy)) fy = 0.0f;
+    fx = fx < -1e9f ? -1e9f : (fx > 1e9f ? 1e9f : fx);
+    fy = fy < -1e9f ? -1e9f : (fy > 1e9f ? 1e9f : fy);
+    int64_t ix = (int64_t)floorf(fx), iy = (int64_t)floorf(fy);
+    ix = ix < 0 ? 0 : (ix > nx - 1 ? nx - 1 : ix);
+    iy = iy < 0 ? 0 : (iy > ny - 1 ? ny - 1 : iy);
+    return iy * nx + ix;
+}
+
+/* Proper crossing of box edge p1->p2 with road segment q1->q2 (offroad.py, same expressions). */
+static inline int crosses(float px1, float py1, float px2, float py2, float qx1, float qy1, float qx2,
+                          float qy2) {
+    float ex = px2 - px1, ey = py2 - py1, fx = qx2 - qx1, fy = qy2 - qy1;
+    float o1 = ex * (qy1 - py1) - ey * (qx1 - px1);
+    float o2 = ex * (qy2 - py1) - ey * (qx2 - px1);
+    float o3 = fx * (py1 - qy1) - fy * (px1 - qx1);
+    float o4 = fx * (py2 - qy1) - fy * (px2 - qx1);
+    return (o1 * o2 < 0.0f) && (o3 * o4 < 0.0f);
+}
+
+/* offroad.offroad_reference for the first C slots of each world (inputs of row length A): the box
+ * outline of a present slot crosses a road edge its grid cell lists. Pre-check: the segment's
+ * bounding box overlaps the box's, grown by margin (PRECHECK_MARGIN); a NaN corner or segment
+ * coordinate fails it, as torch.amin/maximum propagate NaN into false comparisons. out [W, A]:
+ * all A columns written (columns >= C are 0). */
+void gpusim_offroad(const float *pos, const float *cos_h, const float *sin_h, const float *length,
+                    const float *width, const uint8_t *present, const int64_t *scenario, const float *road_seg,
+                    const void *grid, int grid_is16, const int64_t *grid_start, const float *grid_origin,
+                    const int32_t *grid_dims, uint8_t *out, int64_t W, int64_t A, int64_t C, int64_t R,
+                    int64_t KE, float cell_size, float half_scale, float margin, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        const int64_t s = scenario[w];
+        memset(out + w * A, 0, (size_t)A);
+        for (int64_t a = 0; a < C; a++) {
+            const int64_t g = w * A + a;
+            if (!present[g]) continue;
+            float x = pos[2 * g], y = pos[2 * g + 1];
+            float ha = half_scale * length[g], hb = half_scale * width[g];
+            float c = cos_h[g], sn = sin_h[g];
+            float ux = ha * c, uy = ha * sn, vx = -hb * sn, vy = hb * c;
+            float cx[4] = {x + ux + vx, x - ux + vx, x - ux - vx, x + ux - vx};
+            float cy[4] = {y + uy + vy, y - uy + vy, y - uy - vy, y + uy - vy};
+            int bad = 0;
+            float bx0 = cx[0], bx1 = cx[0], by0 = cy[0], by1 = cy[0];
+            for (int k = 0; k < 4; k++) {
+                bad |= isnan(cx[k]) | isnan(cy[k]);
+                bx0 = cx[k] < bx0 ? cx[k] : bx0;
+                bx1 = cx[k] > bx1 ? cx[k] : bx1;
+                by0 = cy[k] < by0 ? cy[k] : by0;
+                by1 = cy[k] > by1 ? cy[k] : by1;
+            }
+            if (bad) continue;
+            bx0 -= margin; bx1 += margin; by0 -= margin; by1 += margin;
+            const int64_t row = (grid_start[s] + cell_of(grid_origin, grid_dims, cell_size, s, x, y)) * KE;
+            int hit = 0;
+            for (int64_t k = 0; k < KE && !hit; k++) {
+                int64_t sid = grid_is16 ? (int64_t)((const int16_t *)grid)[row + k]
+                                        : (int64_t)((const int32_t *)grid)[row + k];
+                if (sid < 0) continue;
+                const float *q = road_seg + (s * R + sid) * 4;
+                float qx1 = q[0], qy1 = q[1], qx2 = q[2], qy2 = q[3];
+                if (isnan(qx1) || isnan(qy1) || isnan(qx2) || isnan(qy2)) continue;
+                if (!((qx1 > qx2 ? qx1 : qx2) >= bx0 && (qx1 < qx2 ? qx1 : qx2) <= bx1)) continue;
+                if (!((qy1 > qy2 ? qy1 : qy2) >= by0 && (qy1 < qy2 ? qy1 : qy2) <= by1)) continue;
+                for (int e = 0; e < 4 && !hit; e++) {
+                    int f = (e + 1) & 3;
+                    hit = crosses(cx[e], cy[e], cx[f], cy[f], qx1, qy1, qx2, qy2);
+                }
+            }
+            out[g] = (uint8_t)hit;
+        }
+    }
+}
+
+/* replay.replay_reference: replayed slots take the log at log_index[w] (or leave the scene), the
+ * others are copied. Outputs fully written. */
+void gpusim_replay(const float *pos, const float *heading, const float *speed, const uint8_t *present,
+                   const uint8_t *replayed, const int64_t *scenario, const int64_t *log_index,
+                   const float *traj_pos, const float *traj_heading, const float *traj_vel,
+                   const uint8_t *traj_valid, float *out_pos, float *out_heading, float *out_speed,
+                   uint8_t *out_present, int64_t W, int64_t A, int64_t T, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        const int64_t s = scenario[w], li = log_index[w];
+        const int in_range = li >= 0 && li < T;
+        const int64_t i = li < 0 ? 0 : (li > T - 1 ? T - 1 : li);
+        for (int64_t a = 0; a < A; a++) {
+            const int64_t g = w * A + a, t = (s * A + a) * T + i;
+            const int valid = in_range && traj_valid[t];
+            const int rep = replayed[g] != 0;
+            if (rep && valid) {
+                float vx = traj_vel[2 * t], vy = traj_vel[2 * t + 1];
+                out_pos[2 * g] = traj_pos[2 * t];
+                out_pos[2 * g + 1] = traj_pos[2 * t + 1];
+                out_heading[g] = traj_heading[t];
+                out_speed[g] = sqrtf(fmaf(vy, vy, vx * vx));
+            } else {
+                out_pos[2 * g] = pos[2 * g];
+                out_pos[2 * g + 1] = pos[2 * g + 1];
+                out_heading[g] = heading[g];
+                out_speed[g] = rep ? 0.0f : speed[g];
+            }
+            out_present[g] = (uint8_t)(rep ? valid : present[g] != 0);
+        }
+    }
+}

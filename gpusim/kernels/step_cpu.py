@@ -1,0 +1,229 @@
+"""Hand-written C kernels of the contact and replay stages for the CPU (``step_cpu.c``).
+
+On the torch backend the ``contacts`` and ``replay`` stages call these by default
+(``EnvConfig.cpu_kernels``, docs/performance.md "C contact and replay kernels (CPU)"):
+
+* :func:`collisions_cpu` = :func:`gpusim.kernels.collision.collisions_reference` (OBB
+  separating-axis test, same bounding-circle pre-check and margin),
+* :func:`hit_by_cpu` = :func:`gpusim.kernels.events.hit_by_reference`,
+* :func:`offroad_cpu` = :func:`gpusim.kernels.offroad.offroad_reference` on the first ``C`` slots,
+* :func:`replay_cpu` = :func:`gpusim.kernels.replay.replay_reference`.
+
+Same float32 operations in the same order (``-ffp-contract=off``), cos/sin of the headings from
+torch: the booleans and the replayed floats equal the references' bit for bit
+(tests/test_contacts_c.py). One loop per world (OpenMP over worlds, ``torch.get_num_threads()``
+threads), no torch op per step but the cos/sin.
+
+Build: :class:`gpusim.kernels.cbuild.CLibrary` (compiled at first use with ``$CC``, cached in
+``~/.cache/gpusim/step_cpu-<hash>.so``). Where it cannot be built, one ``RuntimeWarning`` names the
+reason and each function runs its torch reference (same results, slower).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from gpusim.kernels.cbuild import CLibrary
+from gpusim.kernels.collision import CIRCLE_MARGIN, collisions_reference
+from gpusim.kernels.events import hit_by_reference
+from gpusim.kernels.grid import grid_table_rows
+from gpusim.kernels.offroad import PRECHECK_MARGIN, offroad_reference
+from gpusim.kernels.replay import replay_reference
+
+#: Version of the C argument lists (``gpusim_step_abi()`` in step_cpu.c must return it).
+ABI = 1
+SOURCE = Path(__file__).with_name("step_cpu.c")
+
+
+def _declare(lib) -> None:
+    """ctypes signatures of the four kernels (step_cpu.c)."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    for fn, args in (
+        (lib.gpusim_collisions, [p] * 8 + [i64, i64, f32, f32, i32]),
+        (lib.gpusim_hit_by, [p] * 8 + [i64, i64, i64, f32, i32]),
+        (lib.gpusim_offroad, [p] * 9 + [i32] + [p] * 4 + [i64] * 5 + [f32] * 3 + [i32]),
+        (lib.gpusim_replay, [p] * 15 + [i64] * 3 + [i32]),
+    ):
+        fn.restype, fn.argtypes = None, args
+
+
+_LIB = CLibrary(name="step_cpu", source=SOURCE, prefix="gpusim_step", abi=ABI, declare=_declare,
+                label="C contact/replay kernels")
+
+
+def step_kernels_available() -> bool:
+    """True when the C library is built and loaded (builds it on first call; warns once if not)."""
+    return _LIB.load(stacklevel=3) is not None
+
+
+def step_kernels_status() -> dict:
+    """``{"available", "reason", "openmp", "path"}`` of the library (builds it on first call)."""
+    return _LIB.status()
+
+
+def forget_step_library() -> None:
+    """Forget the loaded library and any build failure (tests: another ``CC`` or cache directory)."""
+    _LIB.forget()
+
+
+def _c(t: torch.Tensor, name: str, dtype, shape) -> torch.Tensor:
+    """``t`` as a contiguous CPU tensor of ``dtype`` and ``shape`` (a copy only when not already)."""
+    if t.device.type != "cpu" or t.dtype != dtype or tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must be a CPU {dtype} tensor of shape {tuple(shape)}, "
+                         f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    return t.contiguous()
+
+
+def _bool_out(out, W: int, A: int, name: str) -> torch.Tensor:
+    if out is None:
+        return torch.empty(W, A, dtype=torch.bool)
+    if out.dtype != torch.bool or tuple(out.shape) != (W, A) or not out.is_contiguous() or out.device.type != "cpu":
+        raise ValueError(f"{name}: out must be a contiguous CPU bool tensor of shape {(W, A)}")
+    return out
+
+
+def _trig(heading, cos_h, sin_h):
+    if cos_h is None or sin_h is None:
+        return torch.cos(heading), torch.sin(heading)
+    return cos_h.contiguous(), sin_h.contiguous()
+
+
+def _box_inputs(fn: str, pos, heading, length, width, present):
+    W, A = heading.shape
+    return (W, A, _c(pos, f"{fn}: pos", torch.float32, (W, A, 2)),
+            _c(heading, f"{fn}: heading", torch.float32, (W, A)),
+            _c(length, f"{fn}: length", torch.float32, (W, A)), _c(width, f"{fn}: width", torch.float32, (W, A)),
+            _c(present, f"{fn}: present", torch.bool, (W, A)))
+
+
+def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
+                   query: torch.Tensor | None = None, cos_h=None, sin_h=None, out=None):
+    """C version of :func:`gpusim.kernels.collision.collisions` (same arguments and result; see
+    there). Extra keywords: ``cos_h``, ``sin_h`` [W, A] float32 ``torch.cos/sin(heading)`` when the
+    caller has them; ``out`` [W, A] bool contiguous, every element overwritten.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    W, A, pos, heading, length, width, present = _box_inputs("collisions", pos, heading, length, width, present)
+    if query is None:
+        Q = A if num_query is None else max(0, min(int(num_query), A))
+        query = torch.zeros(W, A, dtype=torch.bool)
+        query[:, :Q] = True
+    query = _c(query, "collisions: query", torch.bool, (W, A))
+    lib = _LIB.load(stacklevel=3)
+    if lib is None:
+        ref = collisions_reference(pos, heading, length, width, present, box_scale, query=query)
+        return ref if out is None else out.copy_(ref)
+    out = _bool_out(out, W, A, "collisions")
+    c, s = _trig(heading, cos_h, sin_h)
+    lib.gpusim_collisions(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
+                          present.data_ptr(), query.data_ptr(), out.data_ptr(), W, A, 0.5 * box_scale,
+                          0.5 * CIRCLE_MARGIN, torch.get_num_threads())
+    return out
+
+
+def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, cos_h=None, sin_h=None, out=None):
+    """C version of :func:`gpusim.kernels.events.hit_by` (same arguments and result; ``source``
+    [W, S] bool, S <= A). ``cos_h``, ``sin_h``, ``out`` as in :func:`collisions_cpu`.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    W, A, pos, heading, length, width, present = _box_inputs("hit_by", pos, heading, length, width, present)
+    if source.dim() != 2 or source.shape[0] != W or source.shape[1] > A:
+        raise ValueError(f"hit_by: source must be [W, S] bool with S <= {A}, got {tuple(source.shape)}")
+    S = source.shape[1]
+    source = _c(source, "hit_by: source", torch.bool, (W, S))
+    lib = _LIB.load(stacklevel=3)
+    if lib is None:
+        ref = hit_by_reference(pos, heading, length, width, present, source, box_scale)
+        return ref if out is None else out.copy_(ref)
+    out = _bool_out(out, W, A, "hit_by")
+    c, s = _trig(heading, cos_h, sin_h)
+    lib.gpusim_hit_by(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
+                      present.data_ptr(), source.data_ptr(), out.data_ptr(), W, A, S, 0.5 * box_scale,
+                      torch.get_num_threads())
+    return out
+
+
+def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
+                cell_size: float, box_scale: float, grid_start=None, num_slots: int | None = None,
+                cos_h=None, sin_h=None, out=None):
+    """C version of :func:`gpusim.kernels.offroad.offroad` (same arguments; see there), tested for
+    the first ``num_slots`` agents of each world only (default all A): the result [W, A] bool is
+    False in the other columns, and equals ``offroad_reference`` on ``[:, :num_slots]`` views of
+    the inputs there. ``cos_h``, ``sin_h``, ``out`` as in :func:`collisions_cpu`.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device; a grid table of the wrong layout.
+    """
+    W, A, pos, heading, length, width, present = _box_inputs("offroad", pos, heading, length, width, present)
+    C = A if num_slots is None else int(num_slots)
+    if not 0 <= C <= A:
+        raise ValueError(f"offroad: num_slots must lie in [0, {A}], got {num_slots}")
+    S, R = road_seg.shape[:2]
+    road_seg = _c(road_seg, "offroad: road_seg", torch.float32, (S, R, 4))
+    edge2, start = grid_table_rows(grid_edge, grid_start, "offroad: grid_edge")
+    scenario = _c(scenario, "offroad: scenario", torch.int64, (W,))
+    grid_origin = _c(grid_origin, "offroad: grid_origin", torch.float32, (S, 2))
+    grid_dims = _c(grid_dims, "offroad: grid_dims", torch.int32, (S, 2))
+    lib = _LIB.load(stacklevel=3)
+    if lib is None:
+        sl = (slice(None), slice(0, C))
+        ref = torch.zeros(W, A, dtype=torch.bool)
+        ref[sl] = offroad_reference(pos[sl], heading[sl], length[sl], width[sl], present[sl], scenario, road_seg,
+                                    grid_edge, grid_origin, grid_dims, cell_size, box_scale, grid_start)
+        return ref if out is None else out.copy_(ref)
+    out = _bool_out(out, W, A, "offroad")
+    if W and (int(scenario.min()) < 0 or int(scenario.max()) >= S):
+        raise ValueError(f"offroad: scenario indices must lie in [0, S = {S})")
+    edge2, start = edge2.contiguous(), start.contiguous()
+    c, s = _trig(heading, cos_h, sin_h)
+    lib.gpusim_offroad(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
+                       present.data_ptr(), scenario.data_ptr(), road_seg.data_ptr(), edge2.data_ptr(),
+                       int(edge2.dtype == torch.int16), start.data_ptr(), grid_origin.data_ptr(),
+                       grid_dims.data_ptr(), out.data_ptr(), W, A, C, R, edge2.shape[1], float(cell_size),
+                       0.5 * box_scale, PRECHECK_MARGIN, torch.get_num_threads())
+    return out
+
+
+def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj_pos, traj_heading, traj_vel,
+               traj_valid, out=None):
+    """C version of :func:`gpusim.kernels.replay.replay` (same arguments and result; see there).
+    ``out``: optional ``(pos, heading, speed, present)`` tensors of the result's shapes and
+    dtypes (contiguous), every element overwritten.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    W, A = present.shape
+    S, _, T = traj_valid.shape
+    args = [_c(t, f"replay: {n}", d, sh) for t, n, d, sh in (
+        (pos, "pos", torch.float32, (W, A, 2)), (heading, "heading", torch.float32, (W, A)),
+        (speed, "speed", torch.float32, (W, A)), (present, "present", torch.bool, (W, A)),
+        (replayed, "replayed", torch.bool, (W, A)), (scenario, "scenario", torch.int64, (W,)),
+    )]
+    if tuple(log_index.shape) != (W,) or log_index.dtype not in (torch.int32, torch.int64):
+        raise ValueError("replay: log_index must be a [W] int32/int64 tensor")
+    args.append(log_index.to(torch.int64).contiguous())
+    args += [_c(t, f"replay: {n}", d, sh) for t, n, d, sh in (
+        (traj_pos, "traj_pos", torch.float32, (S, A, T, 2)), (traj_heading, "traj_heading", torch.float32, (S, A, T)),
+        (traj_vel, "traj_vel", torch.float32, (S, A, T, 2)), (traj_valid, "traj_valid", torch.bool, (S, A, T)),
+    )]
+    lib = _LIB.load(stacklevel=3)
+    if lib is None or T == 0:
+        ref = replay_reference(*args)
+        return ref if out is None else tuple(o.copy_(r) for o, r in zip(out, ref))
+    if out is None:
+        out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A), torch.empty(W, A, dtype=torch.bool))
+    for o, ref_t in zip(out, args[:4]):
+        if o.dtype != ref_t.dtype or o.shape != ref_t.shape or not o.is_contiguous() or o.device.type != "cpu":
+            raise ValueError(f"replay: out tensors must be contiguous CPU {ref_t.dtype} {tuple(ref_t.shape)}")
+    if W and (int(args[5].min()) < 0 or int(args[5].max()) >= S):
+        raise ValueError(f"replay: scenario indices must lie in [0, S = {S})")
+    lib.gpusim_replay(*(t.data_ptr() for t in args + list(out)), W, A, T, torch.get_num_threads())
+    return tuple(out)
