@@ -74,9 +74,9 @@ class TrainConfig:
         experience: experience hook name (``progress``, ``identity``, ``relabel``, ``goal_bonus``,
             ``drop``, or ``MODULE:CLASS``). experience_arg: its ``KEY=VALUE`` arguments. Default
             ``progress`` (issue 16): potential-based shaping toward the goal,
-            ``F = d_t - gamma * d_{t+1}`` with ``d`` the goal distance / 100 m
+            ``F = 3 * (d_t - gamma * d_{t+1})`` with ``d`` the goal distance / 100 m
             (:class:`train.experience.ProgressShaping`); the env's rewards are unchanged. On the
-            bundled sample it lifted the 2M-step run from goal 0.415 to 0.854 (docs/training.md);
+            bundled sample it lifted the 2M-step run from goal 0.415 to 0.902 (docs/training.md);
             ``--experience identity`` trains on the env's rewards alone.
         wandb: also log to Weights & Biases (optional package). wandb_mode: offline unless
             ``online``. wandb_project: project name.
