@@ -19,6 +19,7 @@ from gpusim.kernels import step_cpu
 from gpusim.kernels.collision import collisions_reference
 from gpusim.kernels.events import hit_by_reference
 from gpusim.kernels.obs_layout import EGO_FEATURES
+from gpusim.kernels.observations import cpu as obs_cpu
 from gpusim.kernels.offroad import offroad_reference
 from gpusim.kernels.replay import replay_reference
 from gpusim.kernels.step_cpu import collisions_cpu, hit_by_cpu, offroad_cpu, replay_cpu, step_kernels_status
@@ -192,13 +193,17 @@ def test_env_c_kernels_equal_reference(pack, behavior):
 
 @pytest.fixture
 def fresh_build(monkeypatch, tmp_path):
-    """An empty library cache and no loaded library; restored afterwards."""
+    """An empty library cache and no loaded C library (observation kernel too, so a failed build
+    there cannot outlive the test); both are loaded afresh afterwards."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     step_cpu.forget_step_library()
+    obs_cpu.forget_library()
     yield tmp_path
     step_cpu.forget_step_library()
+    obs_cpu.forget_library()
 
 
+@pytest.mark.filterwarnings("ignore:gpusim. C observation kernel unavailable")  # same fresh cache and CC
 def test_build_failure_falls_back_with_one_warning(pack, fresh_build, monkeypatch):
     """No compiler: one RuntimeWarning, then every function returns its reference's result and
     the env runs (same results as cpu_kernels=False)."""
