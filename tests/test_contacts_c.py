@@ -211,10 +211,10 @@ def test_build_failure_falls_back_with_one_warning(pack, fresh_build, monkeypatc
     monkeypatch.setenv("CC", "/nonexistent/cc")
     cfg = EnvConfig(max_controlled=8, num_signals=0, scenario_length=6, cpu_kernels=False)
     env = DriveEnv(pack, 3, cfg, seed=0)
-    with pytest.warns(RuntimeWarning, match="C contact/replay kernels unavailable") as rec:
+    with pytest.warns(RuntimeWarning, match="C step kernels unavailable") as rec:
         compare_all(env, torch.Generator().manual_seed(0), cfg)
         a = run_env(pack, dataclasses.replace(cfg, cpu_kernels=True), 3, 8)
-    assert len([w for w in rec if "contact/replay" in str(w.message)]) == 1
+    assert len([w for w in rec if "C step kernels" in str(w.message)]) == 1
     b = run_env(pack, cfg, 3, 8)
     for x, y in zip(a[1:], b[1:]):
         for u, v in zip(x[1:], y[1:]):

@@ -1,7 +1,8 @@
 /* Hand-written CPU kernels of the step's contact and replay stages (plain C99 + optional OpenMP;
  * no torch headers): agent-agent collisions (gpusim.kernels.collision), who was hit
- * (gpusim.kernels.events.hit_by), offroad (gpusim.kernels.offroad) and log replay
- * (gpusim.kernels.replay).
+ * (gpusim.kernels.events.hit_by), offroad (gpusim.kernels.offroad), log replay
+ * (gpusim.kernels.replay), the events of stage rewards (gpusim.kernels.events.events) and the
+ * red-light test of stage signals (gpusim.kernels.signals.red_light_violation).
  *
  * The oracles are the torch references of those modules. This file repeats their float32
  * arithmetic operation by operation, in the same order, built with -ffp-contract=off (no FMA
@@ -22,7 +23,7 @@
 #endif
 
 /* Bumped whenever an argument list below changes (step_cpu.py checks it). */
-#define GPUSIM_STEP_ABI 1
+#define GPUSIM_STEP_ABI 2
 
 int gpusim_step_abi(void) { return GPUSIM_STEP_ABI; }
 
@@ -222,6 +223,103 @@ void gpusim_replay(const float *pos, const float *heading, const float *speed, c
                 out_speed[g] = rep ? 0.0f : speed[g];
             }
             out_present[g] = (uint8_t)(rep ? valid : present[g] != 0);
+        }
+    }
+}
+
+/* events.events_reference: goals, rewards, contact behaviours, early truncation, terminal flags.
+ * Flags: rm_col / rm_off (collision / offroad REMOVE), stop_col / stop_off (STOP), stop_goal (goal
+ * STOP). r2 = float32(goal_radius^2); reward_* and frac float32 (torch's float32 opmath of a
+ * tensor-scalar op); the [W, A] outputs may alias nothing. reward, terminal, slot_done_out [W, C]. */
+void gpusim_events(const float *pos, const float *goal, const float *speed, const uint8_t *controlled,
+                   const uint8_t *in_play, const uint8_t *present, const uint8_t *collided,
+                   const uint8_t *offroad, const uint8_t *hit, const uint8_t *stopped,
+                   const uint8_t *contact_stopped, const uint8_t *removed, const uint8_t *world_done,
+                   const uint8_t *episode_end, const uint8_t *slot_active, const uint8_t *slot_done,
+                   float *reward, uint8_t *goal_now, float *speed_out, uint8_t *present_out,
+                   uint8_t *stopped_out, uint8_t *cstopped_out, uint8_t *removed_out,
+                   uint8_t *world_done_out, uint8_t *trunc_out, uint8_t *terminal, uint8_t *slot_done_out,
+                   int64_t W, int64_t A, int64_t C, float r2, float reward_goal, float reward_collision,
+                   float reward_offroad, int rm_col, int rm_off, int stop_col, int stop_off, int stop_goal,
+                   float frac, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        int64_t n_ctrl = 0, n_cs = 0;
+        for (int64_t a = 0; a < A; a++) {
+            const int64_t g = w * A + a;
+            float dx = pos[2 * g] - goal[2 * g], dy = pos[2 * g + 1] - goal[2 * g + 1];
+            float d2 = dx * dx + dy * dy;
+            int play = in_play[g] != 0;
+            int gn = play && d2 <= r2;
+            int col = play && collided[g];
+            int off = play && offroad[g];
+            if (a < C)
+                reward[w * C + a] = (float)gn * reward_goal + (float)col * reward_collision + (float)off * reward_offroad;
+            int rem = removed[g] || (rm_col && (col || (hit[g] && present[g]))) || (rm_off && off);
+            int cs = ((stop_col && col) || (stop_off && off)) && !rem;
+            int ns = cs || (stop_goal && gn && !rem);
+            int cst = contact_stopped[g] || cs;
+            goal_now[g] = (uint8_t)gn;
+            removed_out[g] = (uint8_t)rem;
+            present_out[g] = (uint8_t)(present[g] && !rem);
+            stopped_out[g] = (uint8_t)(stopped[g] || ns);
+            cstopped_out[g] = (uint8_t)cst;
+            speed_out[g] = ns ? 0.0f : speed[g];
+            n_ctrl += controlled[g] != 0;
+            n_cs += cst && controlled[g];
+        }
+        int trunc = !world_done[w] && n_ctrl > 0 && (float)n_cs >= (float)n_ctrl * frac - 1e-6f;
+        trunc_out[w] = (uint8_t)trunc;
+        world_done_out[w] = (uint8_t)(world_done[w] || trunc);
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t g = w * C + c;
+            int term = (trunc || episode_end[w]) && slot_active[g] && !slot_done[g];
+            terminal[g] = (uint8_t)term;
+            slot_done_out[g] = (uint8_t)(slot_done[g] || term);
+        }
+    }
+}
+
+/* signals.red_light_violation_reference: slot c of world w crossed the stop line of a red signal
+ * (signal l < num_signals[s] whose state at log_index[w] is one of red_codes) moving forward.
+ * cos_h / sin_h [W, C] from torch; half_width, min_cos float32; out [W, C] fully written. */
+void gpusim_red_light(const float *pos_before, const float *pos, const float *cos_h, const float *sin_h,
+                      const uint8_t *moving, const int64_t *scenario, const int64_t *log_index,
+                      const float *signal_pos, const float *signal_dir, const int8_t *signal_state,
+                      const uint8_t *signal_valid, const int32_t *num_signals, uint8_t *out,
+                      int64_t W, int64_t C, int64_t T, int64_t L, int red0, int red1, float half_width,
+                      float min_cos, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        const int64_t s = scenario[w], li = log_index[w];
+        const int in_range = li >= 0 && li < T;
+        const int64_t i = li < 0 ? 0 : (li > T - 1 ? T - 1 : li);
+        const int64_t n = num_signals[s] < L ? num_signals[s] : L;
+        const int64_t row = (s * T + i) * L;
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t g = w * C + c;
+            int any = 0;
+            if (moving[g] && in_range) {
+                float hx = cos_h[g], hy = sin_h[g];
+                for (int64_t l = 0; l < n && !any; l++) {
+                    if (!signal_valid[row + l]) continue;
+                    int code = signal_state[row + l];
+                    if (code != red0 && code != red1) continue;
+                    const float *sp = signal_pos + 2 * (s * L + l), *sd = signal_dir + 2 * (s * L + l);
+                    float dx = sd[0], dy = sd[1];
+                    float ax = pos_before[2 * g] - sp[0], ay = pos_before[2 * g + 1] - sp[1];
+                    float bx = pos[2 * g] - sp[0], by = pos[2 * g + 1] - sp[1];
+                    float s0 = ax * dx + ay * dy, s1 = bx * dx + by * dy;
+                    if (!(s0 < 0.0f && s1 >= 0.0f)) continue;
+                    float f = -s0 / (s1 - s0);
+                    float qx = ax + f * (bx - ax), qy = ay + f * (by - ay);
+                    float lat = qy * dx - qx * dy;
+                    if (fabsf(lat) <= half_width && hx * dx + hy * dy >= min_cos) any = 1;
+                }
+            }
+            out[g] = (uint8_t)any;
         }
     }
 }

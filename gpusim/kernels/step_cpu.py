@@ -7,7 +7,10 @@ On the torch backend the ``contacts`` and ``replay`` stages call these by defaul
   separating-axis test, same bounding-circle pre-check and margin),
 * :func:`hit_by_cpu` = :func:`gpusim.kernels.events.hit_by_reference`,
 * :func:`offroad_cpu` = :func:`gpusim.kernels.offroad.offroad_reference` on the first ``C`` slots,
-* :func:`replay_cpu` = :func:`gpusim.kernels.replay.replay_reference`.
+* :func:`replay_cpu` = :func:`gpusim.kernels.replay.replay_reference`,
+* :func:`events_cpu` = :func:`gpusim.kernels.events.events_reference` (stage ``rewards``),
+* :func:`red_light_cpu` = :func:`gpusim.kernels.signals.red_light_violation_reference` (stage
+  ``signals``).
 
 Same float32 operations in the same order (``-ffp-contract=off``), cos/sin of the headings from
 torch: the booleans and the replayed floats equal the references' bit for bit
@@ -22,36 +25,42 @@ reason and each function runs its torch reference (same results, slower).
 from __future__ import annotations
 
 import ctypes
+import math
 from pathlib import Path
 
 import torch
 
 from gpusim.kernels.cbuild import CLibrary
 from gpusim.kernels.collision import CIRCLE_MARGIN, collisions_reference
-from gpusim.kernels.events import hit_by_reference
+from gpusim.config import ContactBehavior, GoalBehavior
+from gpusim.enums import RED_SIGNAL_STATES
+from gpusim.kernels.events import EventsOut, events_reference, hit_by_reference
 from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.offroad import PRECHECK_MARGIN, offroad_reference
 from gpusim.kernels.replay import replay_reference
+from gpusim.kernels.signals import STOP_LINE_HALF_WIDTH, STOP_LINE_MAX_ANGLE, red_light_violation_reference
 
 #: Version of the C argument lists (``gpusim_step_abi()`` in step_cpu.c must return it).
-ABI = 1
+ABI = 2
 SOURCE = Path(__file__).with_name("step_cpu.c")
 
 
 def _declare(lib) -> None:
-    """ctypes signatures of the four kernels (step_cpu.c)."""
+    """ctypes signatures of the six kernels (step_cpu.c)."""
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     for fn, args in (
         (lib.gpusim_collisions, [p] * 8 + [i64, i64, f32, f32, i32]),
         (lib.gpusim_hit_by, [p] * 8 + [i64, i64, i64, f32, i32]),
         (lib.gpusim_offroad, [p] * 9 + [i32] + [p] * 4 + [i64] * 5 + [f32] * 3 + [i32]),
         (lib.gpusim_replay, [p] * 15 + [i64] * 3 + [i32]),
+        (lib.gpusim_events, [p] * 27 + [i64] * 3 + [f32] * 4 + [i32] * 5 + [f32, i32]),
+        (lib.gpusim_red_light, [p] * 13 + [i64] * 4 + [i32, i32, f32, f32, i32]),
     ):
         fn.restype, fn.argtypes = None, args
 
 
 _LIB = CLibrary(name="step_cpu", source=SOURCE, prefix="gpusim_step", abi=ABI, declare=_declare,
-                label="C contact/replay kernels")
+                label="C step kernels")
 
 
 def step_kernels_available() -> bool:
@@ -227,3 +236,84 @@ def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj
         raise ValueError(f"replay: scenario indices must lie in [0, S = {S})")
     lib.gpusim_replay(*(t.data_ptr() for t in args + list(out)), W, A, T, torch.get_num_threads())
     return tuple(out)
+
+
+def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped,
+               removed, world_done, episode_end, slot_active, slot_done, goal_radius: float, reward_goal: float,
+               reward_collision: float, reward_offroad: float, goal_behavior: int, collision_behavior: int,
+               offroad_behavior: int, stop_truncate_fraction: float) -> EventsOut:
+    """C version of :func:`gpusim.kernels.events.events` (same arguments and result, new tensors;
+    see there): one pass per world instead of ~50 torch ops. Scalars enter as float32, as in
+    torch's tensor-scalar ops, so every output equals the reference's bit for bit.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    W, A = present.shape
+    C = slot_active.shape[1]
+    f32, b = torch.float32, torch.bool
+    ins = [_c(t, f"events: {n}", d, sh) for t, n, d, sh in (
+        (pos, "pos", f32, (W, A, 2)), (goal, "goal", f32, (W, A, 2)), (speed, "speed", f32, (W, A)),
+        (controlled, "controlled", b, (W, A)), (in_play, "in_play", b, (W, A)), (present, "present", b, (W, A)),
+        (collided, "collided", b, (W, A)), (offroad, "offroad", b, (W, A)), (hit, "hit", b, (W, A)),
+        (stopped, "stopped", b, (W, A)), (contact_stopped, "contact_stopped", b, (W, A)),
+        (removed, "removed", b, (W, A)), (world_done, "world_done", b, (W,)),
+        (episode_end, "episode_end", b, (W,)), (slot_active, "slot_active", b, (W, C)),
+        (slot_done, "slot_done", b, (W, C)),
+    )]
+    lib = _LIB.load(stacklevel=3)
+    if lib is None:
+        return events_reference(*ins, goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior,
+                                collision_behavior, offroad_behavior, stop_truncate_fraction)
+    out = EventsOut(reward=torch.empty(W, C), goal_now=torch.empty(W, A, dtype=b), speed=torch.empty(W, A),
+                    present=torch.empty(W, A, dtype=b), stopped=torch.empty(W, A, dtype=b),
+                    contact_stopped=torch.empty(W, A, dtype=b), removed=torch.empty(W, A, dtype=b),
+                    world_done=torch.empty(W, dtype=b), truncated=torch.empty(W, dtype=b),
+                    terminal=torch.empty(W, C, dtype=b), slot_done=torch.empty(W, C, dtype=b))
+    rm, stop = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP)
+    lib.gpusim_events(*(t.data_ptr() for t in ins + list(out)), W, A, C,
+                      goal_radius * goal_radius, reward_goal, reward_collision,
+                      reward_offroad, int(collision_behavior) == rm, int(offroad_behavior) == rm,
+                      int(collision_behavior) == stop, int(offroad_behavior) == stop,
+                      int(goal_behavior) == int(GoalBehavior.STOP), stop_truncate_fraction, torch.get_num_threads())
+    return out
+
+
+def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_pos, signal_dir, signal_state,
+                  signal_valid, num_signals, cos_h=None, sin_h=None, out=None) -> torch.Tensor:
+    """C version of :func:`gpusim.kernels.signals.red_light_violation` with the default stop-line
+    half width and angle (same arguments and [W, C] bool result; see there). ``cos_h``, ``sin_h``
+    [W, C] float32 ``torch.cos/sin(heading)`` when the caller has them; ``out`` [W, C] bool
+    contiguous, every element overwritten.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    W, C = heading.shape
+    S, T, L = signal_state.shape
+    ins = [_c(t, f"red_light: {n}", d, sh) for t, n, d, sh in (
+        (pos_before, "pos_before", torch.float32, (W, C, 2)), (pos, "pos", torch.float32, (W, C, 2)),
+        (heading, "heading", torch.float32, (W, C)), (moving, "moving", torch.bool, (W, C)),
+        (scenario, "scenario", torch.int64, (W,)),
+        (signal_pos, "signal_pos", torch.float32, (S, L, 2)), (signal_dir, "signal_dir", torch.float32, (S, L, 2)),
+        (signal_state, "signal_state", torch.int8, (S, T, L)), (signal_valid, "signal_valid", torch.bool, (S, T, L)),
+        (num_signals, "num_signals", torch.int32, (S,)),
+    )]
+    if tuple(log_index.shape) != (W,) or log_index.dtype not in (torch.int32, torch.int64):
+        raise ValueError("red_light: log_index must be a [W] int32/int64 tensor")
+    lib = _LIB.load(stacklevel=3)
+    if lib is None:
+        ref = red_light_violation_reference(*ins[:5], log_index, *ins[5:])
+        return ref if out is None else out.copy_(ref)
+    out = _bool_out(out, W, C, "red_light")
+    if W and (int(scenario.min()) < 0 or int(scenario.max()) >= S):
+        raise ValueError(f"red_light: scenario indices must lie in [0, S = {S})")
+    c, s = _trig(ins[2], cos_h, sin_h)
+    pb, p, _, mv, sc, sp, sd, st, sv, ns = ins
+    red = [int(v) for v in RED_SIGNAL_STATES]
+    li = log_index.to(torch.int64).contiguous()  # kept alive through the call
+    lib.gpusim_red_light(pb.data_ptr(), p.data_ptr(), c.data_ptr(), s.data_ptr(), mv.data_ptr(), sc.data_ptr(),
+                         li.data_ptr(), sp.data_ptr(), sd.data_ptr(),
+                         st.data_ptr(), sv.data_ptr(), ns.data_ptr(), out.data_ptr(), W, C, T, L, red[0], red[1],
+                         STOP_LINE_HALF_WIDTH, math.cos(STOP_LINE_MAX_ANGLE), torch.get_num_threads())
+    return out

@@ -12,11 +12,17 @@ The same kernel applies STOP / REMOVE for collisions and offroad, STOP for the g
 truncation (``stop_truncate_fraction`` of a world's agents contact-stopped) and ``terminal``.
 In trial mode the trial clock owns ``world_done``, ``slot_done`` and ``terminal`` (stage
 ``trial``), so this stage leaves them alone there.
+
+CPU kernel: on the torch backend with ``EnvConfig.cpu_kernels`` (default) and without ``compile``
+(where this stage is traced) the events run the C kernel ``kernels.step_cpu.events_cpu`` (same
+results bit for bit; the reference where no C compiler is available).
 """
 
 from __future__ import annotations
 
+from gpusim.backend import backend_for
 from gpusim.kernels.events import events
+from gpusim.kernels.step_cpu import events_cpu, step_kernels_available
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.state import EnvState
 
@@ -26,7 +32,8 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ``step.terminal`` [W, C]; changes ``speed``, ``present``, ``stopped``, ``contact_stopped``,
     ``removed``, ``last_reward`` (and ``world_done``, ``slot_done`` outside trial mode)."""
     cfg = ctx.config
-    ev = events(
+    use_c = cfg.cpu_kernels and not cfg.compile and backend_for(state.pos) == "torch" and step_kernels_available()
+    ev = (events_cpu if use_c else events)(
         pos=state.pos.contiguous(),
         goal=state.goal,
         speed=state.speed.contiguous(),

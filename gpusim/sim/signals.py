@@ -13,13 +13,19 @@ does not invent states. :func:`signal_log_index` is that clock.
   crossed a red signal's stop line during the step (``red_light_now``; the geometry is in
   ``gpusim/kernels/signals.py``). The ``rewards`` stage adds ``reward_red_light`` for it and
   ``accounting`` ORs it into ``ever_red_light`` (metric ``red_light_violation``).
+
+CPU kernel: on the torch backend with ``EnvConfig.cpu_kernels`` (default) and without ``compile``
+the red-light test runs the C kernel ``kernels.step_cpu.red_light_cpu`` (same booleans; the
+reference where no C compiler is available).
 """
 
 from __future__ import annotations
 
 import torch
 
+from gpusim.backend import backend_for
 from gpusim.kernels.signals import red_light_violation
+from gpusim.kernels.step_cpu import red_light_cpu, step_kernels_available
 from gpusim.sim.context import SimContext, StepVars, slots
 from gpusim.state import EnvState
 
@@ -36,8 +42,9 @@ def signals_before(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
 
 def signals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``red_light_now`` [W, C] (in-play slots that crossed a red stop line this step)."""
-    p, C = ctx.pack, ctx.num_slots
-    now = red_light_violation(
+    p, C, cfg = ctx.pack, ctx.num_slots, ctx.config
+    use_c = cfg.cpu_kernels and not cfg.compile and backend_for(state.pos) == "torch" and step_kernels_available()
+    now = (red_light_cpu if use_c else red_light_violation)(
         pos_before=state.pos_before,
         pos=slots(state.pos, C),
         heading=slots(state.heading, C),

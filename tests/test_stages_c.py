@@ -1,0 +1,217 @@
+"""The C kernels of stages ``rewards`` and ``signals`` (``events_cpu``, ``red_light_cpu`` in
+gpusim/kernels/step_cpu.c) against their torch references, and the env with and without them.
+
+Kernel cases: real scenarios (the bundled sample, the bundled TFRecord scenario with 12 signals)
+with random and forced events (goals, collisions, offroad, hits, already stopped / removed agents,
+done worlds and slots) for every goal and contact behaviour, garbage-free new outputs, crossings of
+red and other signals, out-of-range log indices. Env cases: ``cpu_kernels`` True vs False over 30+
+steps for ignore / remove / stop contacts with respawn / new_goal / stop goals and trial mode, and
+a crafted red-light crossing with a penalty. Equality is exact (floats bit for bit).
+"""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpusim.config import ContactBehavior, EnvConfig, GoalBehavior
+from gpusim.data import ScenarioPack
+from gpusim.enums import SignalState
+from gpusim.env import DriveEnv
+from gpusim.kernels.events import events_reference
+from gpusim.kernels.signals import red_light_violation_reference
+from gpusim.kernels.step_cpu import events_cpu, red_light_cpu, step_kernels_status
+from tests.synthetic import driver, lane, small_config, synthetic_pack
+
+TFRECORD = Path(__file__).resolve().parents[1] / "data" / "womd_tfrecord" / "motion_data_one_scenario.tfrecord.gz"
+
+
+@pytest.fixture(scope="module")
+def pack(sample_dir):
+    cfg = EnvConfig(max_controlled=8)
+    return ScenarioPack.from_json(sorted(sample_dir.glob("*.json*")), cfg.data_config())
+
+
+@pytest.fixture(scope="module")
+def signal_pack():
+    return ScenarioPack.from_json([str(TFRECORD)])
+
+
+def bits(t):
+    return t.view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def assert_same(got, want):
+    for name, x, y in zip(want._fields, got, want):
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        assert torch.equal(bits(x), bits(y)), name
+
+
+def event_inputs(env, g):
+    """Inputs of ``events`` from the env's state with random flags; a third of the goals moved
+    onto (or just outside the radius of) the agents, so goals are reached and missed narrowly."""
+    st = env.state
+    W, A = st.present.shape
+    C = env.num_slots
+    rnd = lambda p, *shape: torch.rand(*(shape or (W, A)), generator=g) < p  # noqa: E731
+    near = st.pos + torch.randn(W, A, 2, generator=g) * 1.5
+    goal = torch.where(rnd(0.35)[..., None], near, st.goal).contiguous()
+    goal[0, 0] = st.pos[0, 0] + torch.tensor([2.0, 0.0])  # exactly on the default radius
+    return dict(pos=st.pos.contiguous(), goal=goal, speed=st.speed.contiguous(), controlled=st.controlled,
+                in_play=rnd(0.8) & st.present, present=st.present, collided=rnd(0.15), offroad=rnd(0.1),
+                hit=rnd(0.1), stopped=rnd(0.1), contact_stopped=rnd(0.2), removed=rnd(0.05),
+                world_done=rnd(0.2, W), episode_end=rnd(0.3, W), slot_active=st.slot_active.contiguous(),
+                slot_done=rnd(0.1, W, C))
+
+
+def test_library_has_the_stage_kernels():
+    st = step_kernels_status()
+    assert st["available"], st["reason"]
+
+
+@pytest.mark.parametrize("worlds", [1, 7, 33])
+def test_events_match_reference_every_behaviour(pack, worlds):
+    """Every goal x collision x offroad behaviour, several radii, rewards and truncation
+    fractions, over states of a random-action rollout: identical outputs; events do occur."""
+    cfg = EnvConfig(max_controlled=8, num_signals=0, scenario_length=12, cpu_kernels=False)
+    env = DriveEnv(pack, worlds, cfg, seed=worlds)
+    g = torch.Generator().manual_seed(worlds)
+    seen = torch.zeros(4, dtype=torch.int64)
+    for t in range(6):
+        inp = event_inputs(env, g)
+        for gb in GoalBehavior:
+            for cb in ContactBehavior:
+                for ob in ContactBehavior:
+                    kw = dict(goal_radius=(2.0, 0.7, 3.3)[t % 3], reward_goal=1.0, reward_collision=-0.35,
+                              reward_offroad=(-0.2, 0.0, -1.0 / 3.0)[t % 3], goal_behavior=int(gb),
+                              collision_behavior=int(cb), offroad_behavior=int(ob),
+                              stop_truncate_fraction=(0.5, 1.0 / 3.0, 1.0)[t % 3])
+                    want = events_reference(**inp, **kw)
+                    assert_same(events_cpu(**inp, **kw), want)
+                    seen += torch.stack([want.goal_now.sum(), want.truncated.sum(), want.terminal.sum(),
+                                         (want.removed & ~inp["removed"]).sum()])
+        env.step(torch.randint(0, 91, (worlds, env.num_slots), generator=g))
+    assert (seen > 0).all(), seen
+
+
+def crossings(pack, W, C, g):
+    """Slots whose step crosses (or nearly crosses) a real signal's stop line, headings around
+    the lane direction, red and other states, log indices partly outside the log."""
+    S, T, L = pack.signal_state.shape
+    s = torch.randint(0, S, (W,), generator=g)
+    n = pack.num_signals[s].clamp(min=1).to(torch.int64)
+    pick = (torch.rand(W, C, generator=g) * n[:, None]).to(torch.int64)
+    sp, sd = pack.signal_pos[s[:, None], pick], pack.signal_dir[s[:, None], pick]
+    perp = torch.stack([-sd[..., 1], sd[..., 0]], -1)
+    lat = torch.rand(W, C, 1, generator=g) * 5 - 2.5
+    a = sp + perp * lat - sd * torch.rand(W, C, 1, generator=g) * 2
+    b = sp + perp * lat + sd * (torch.rand(W, C, 1, generator=g) * 2 - 0.5)
+    heading = torch.atan2(sd[..., 1], sd[..., 0]) + torch.rand(W, C, generator=g) * 2.4 - 1.2
+    return dict(pos_before=a.contiguous(), pos=b.contiguous(), heading=heading.contiguous(),
+                moving=torch.rand(W, C, generator=g) > 0.1, scenario=s,
+                log_index=torch.randint(-3, T + 3, (W,), generator=g).to(torch.int32),
+                signal_pos=pack.signal_pos, signal_dir=pack.signal_dir, signal_state=pack.signal_state,
+                signal_valid=pack.signal_valid, num_signals=pack.num_signals)
+
+
+@pytest.mark.parametrize("W,C", [(1, 1), (5, 7), (31, 8)])
+def test_red_light_matches_reference_on_real_signals(signal_pack, W, C):
+    g = torch.Generator().manual_seed(W * 100 + C)
+    p = signal_pack
+    hits = 0
+    for code in (SignalState.STOP, SignalState.ARROW_STOP, SignalState.GO, None):
+        state = p.signal_state if code is None else torch.full_like(p.signal_state, int(code))
+        args = crossings(p, W, C, g)
+        args["signal_state"] = state
+        want = red_light_violation_reference(**args)
+        got = red_light_cpu(**args, out=torch.ones(W, C, dtype=torch.bool))
+        assert torch.equal(got, want), code
+        hits += int(want.sum())
+        if code == SignalState.GO:
+            assert not want.any()
+    if W * C > 30:
+        assert hits > 0
+
+
+def test_red_light_bad_inputs_raise(signal_pack):
+    args = crossings(signal_pack, 2, 3, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="red_light: heading"):
+        red_light_cpu(**dict(args, heading=args["heading"].double()))
+    with pytest.raises(ValueError, match="red_light: log_index"):
+        red_light_cpu(**dict(args, log_index=args["log_index"].float()))
+    with pytest.raises(ValueError, match="red_light: scenario indices"):
+        red_light_cpu(**dict(args, scenario=torch.tensor([0, 5])))
+
+
+def test_events_bad_inputs_raise(pack):
+    env = DriveEnv(pack, 2, EnvConfig(max_controlled=8, num_signals=0), seed=0)
+    inp = event_inputs(env, torch.Generator().manual_seed(0))
+    kw = dict(goal_radius=2.0, reward_goal=1.0, reward_collision=-1.0, reward_offroad=-1.0, goal_behavior=0,
+              collision_behavior=0, offroad_behavior=0, stop_truncate_fraction=0.5)
+    with pytest.raises(ValueError, match="events: hit"):
+        events_cpu(**dict(inp, hit=inp["hit"].int()), **kw)
+
+
+# ----------------------------------------------------------------------------- env level
+def run_env(pack, config, worlds, steps, seed=5):
+    env = DriveEnv(pack, worlds, config, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    out = [env.reset().clone()]
+    for _ in range(steps):
+        res = env.step(torch.randint(0, 91, (worlds, env.num_slots), generator=g))
+        st = env.state
+        out.append([res.obs.clone(), res.reward.clone(), res.terminal.clone(), res.truncation.clone()]
+                   + [t.clone() for t in st.tensors().values()])
+    return out, env.metrics(kind="mean")
+
+
+@pytest.mark.parametrize("goal,contact", [("respawn", "ignore"), ("new_goal", "remove"), ("stop", "stop"),
+                                          ("respawn", "remove"), ("trial", "stop"), ("trial", "remove")])
+def test_env_stage_kernels_equal_reference(pack, goal, contact):
+    """cpu_kernels True vs False: every StepResult tensor and every state field after each of 36
+    steps (episode ends, trial restarts), and the metrics, are identical; rewards and dones occur."""
+    config = EnvConfig(max_controlled=8, scenario_length=12, num_signals=0, goal_behavior=goal, k_trials=2,
+                       collision_behavior=contact, offroad_behavior=contact, goal_radius=4.0,
+                       stop_truncate_fraction=0.4)
+    a, ma = run_env(pack, config, 9, 36)
+    b, mb = run_env(pack, dataclasses.replace(config, cpu_kernels=False), 9, 36)
+    torch.testing.assert_close(a[0], b[0], rtol=3e-7, atol=0)  # C observation kernel: last bit
+    for x, y in zip(a[1:], b[1:]):
+        for u, v in zip(x[1:], y[1:]):
+            assert torch.equal(bits(u), bits(v))
+        torch.testing.assert_close(x[0], y[0], rtol=3e-7, atol=0)  # C observation kernel: last bit
+    assert ma == mb
+    assert any(x[1].ne(0).any() for x in a[1:]) and any(x[2].any() for x in a[1:])
+
+
+def test_env_red_light_penalty_equal_reference():
+    """A car crossing a red stop line (crafted scene, expert actions, penalty set): the C signals
+    and rewards stages flag it at the same step with the same reward as the references."""
+    cfg = small_config()
+    scene = synthetic_pack([{"agents": [driver(-20.0, 0.0, 0.0, 8.0, (50.0, 0.0)),
+                                        driver(-20.0, 40.0, 0.0, 0.0, (-20.0, 40.0))],
+                             "num_controlled": 1, "roads": lane(-60, 100, 0.0) + lane(-60, 100, 40.0)}], cfg)
+    T = scene.traj_pos.shape[2]
+    scene.signal_lane = torch.tensor([[7]], dtype=torch.int32)
+    scene.signal_pos = torch.zeros(1, 1, 2)
+    scene.signal_dir = torch.tensor([[[1.0, 0.0]]])
+    scene.signal_state = torch.full((1, T, 1), int(SignalState.STOP), dtype=torch.int8)
+    scene.signal_valid = torch.ones(1, T, 1, dtype=torch.bool)
+    scene.num_signals = torch.ones(1, dtype=torch.int32)
+    scene.validate()
+    runs = []
+    for ck in (True, False):
+        config = EnvConfig(max_agents=cfg.max_agents, max_controlled=cfg.max_controlled, num_roads=cfg.grid_k,
+                           num_partners=2, goal_behavior="respawn", scenario_length=40, reward_red_light=-0.75,
+                           cpu_kernels=ck)
+        env = DriveEnv(scene, num_worlds=2, config=config, seed=0)
+        env.reset()
+        rows = []
+        for _ in range(config.horizon):
+            r = env.step(env.expert_actions())
+            rows.append((r.reward.clone(), env.state.red_light_now.clone()))
+        runs.append(rows)
+    assert sum(int(x[1].sum()) for x in runs[0]) == 2  # both worlds, once
+    for (r1, f1), (r2, f2) in zip(*runs):
+        assert torch.equal(bits(r1), bits(r2)) and torch.equal(f1, f2)
