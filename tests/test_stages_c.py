@@ -10,6 +10,7 @@ a crafted red-light crossing with a penalty. Equality is exact (floats bit for b
 """
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,10 @@ from gpusim.config import ContactBehavior, EnvConfig, GoalBehavior
 from gpusim.data import ScenarioPack
 from gpusim.enums import SignalState
 from gpusim.env import DriveEnv
+from gpusim.kernels import dynamics
 from gpusim.kernels.events import events_reference
 from gpusim.kernels.signals import red_light_violation_reference
-from gpusim.kernels.step_cpu import events_cpu, red_light_cpu, step_kernels_status
+from gpusim.kernels.step_cpu import bicycle_slots_cpu, events_cpu, red_light_cpu, step_kernels_status
 from tests.synthetic import driver, lane, small_config, synthetic_pack
 
 TFRECORD = Path(__file__).resolve().parents[1] / "data" / "womd_tfrecord" / "motion_data_one_scenario.tfrecord.gz"
@@ -153,27 +155,66 @@ def test_events_bad_inputs_raise(pack):
         events_cpu(**dict(inp, hit=inp["hit"].int()), **kw)
 
 
+@pytest.mark.parametrize("worlds,C", [(1, 8), (13, 8), (40, 3)])
+def test_bicycle_slots_match_reference(pack, worlds, C):
+    """Real states, discrete and continuous controls, headings near +-pi (wrapping), tiny lengths,
+    speeds near the clamps, NaN in a non-moving slot: the C motion equals the reference on the
+    first C columns bit for bit and copies the other columns."""
+    env = DriveEnv(pack, worlds, EnvConfig(max_controlled=8, num_signals=0), seed=worlds)
+    g = torch.Generator().manual_seed(worlds)
+    st = env.state
+    W, A = st.present.shape
+    for t in range(8):
+        heading = st.heading + torch.randn(W, A, generator=g) * t
+        heading[:, 0] = math.pi - 1e-3 * t
+        speed = torch.where(torch.rand(W, A, generator=g) < 0.3, torch.rand(W, A, generator=g) * 0.3,
+                            st.speed + 99.0 * (t == 7))
+        length = st.length.clone()
+        length[:, -1] = 0.05
+        length[:, 1] = 0.05 if C > 1 else length[:, 1]
+        kind = t % 2
+        acts = (torch.randint(0, dynamics.NUM_ACTIONS, (W, C), generator=g) if kind == 0
+                else torch.rand(W, C, 2, generator=g) * 2.2 - 1.1)
+        accel, steer = dynamics.decode_actions(acts, kind)
+        moving = torch.rand(W, C, generator=g) < 0.8
+        moving[0, 0] = False
+        pos = st.pos.clone()
+        pos[0, 0] = float("nan")
+        args = dict(pos=pos, heading=heading.contiguous(), speed=speed.contiguous(), length=length)
+        got = bicycle_slots_cpu(**args, accel=accel.contiguous(), steer=steer.contiguous(), moving=moving, dt=0.1)
+        want = dynamics.bicycle_step_reference(**{k: v[:, :C].contiguous() for k, v in args.items()},
+                                               accel=accel, steer=steer, moving=moving, dt=0.1)
+        for x, y, full in zip(got, want, args.values()):
+            assert torch.equal(bits(x[:, :C]), bits(y)) and torch.equal(bits(x[:, C:]), bits(full[:, C:]))
+        assert (got[1][:, :C] != heading[:, :C]).any()
+
+
 # ----------------------------------------------------------------------------- env level
 def run_env(pack, config, worlds, steps, seed=5):
     env = DriveEnv(pack, worlds, config, seed=seed)
     g = torch.Generator().manual_seed(seed)
     out = [env.reset().clone()]
     for _ in range(steps):
-        res = env.step(torch.randint(0, 91, (worlds, env.num_slots), generator=g))
+        if int(config.action_space) == 1:  # continuous
+            act = torch.rand(worlds, env.num_slots, 2, generator=g) * 2 - 1
+        else:
+            act = torch.randint(0, 91, (worlds, env.num_slots), generator=g)
+        res = env.step(act)
         st = env.state
         out.append([res.obs.clone(), res.reward.clone(), res.terminal.clone(), res.truncation.clone()]
                    + [t.clone() for t in st.tensors().values()])
     return out, env.metrics(kind="mean")
 
 
-@pytest.mark.parametrize("goal,contact", [("respawn", "ignore"), ("new_goal", "remove"), ("stop", "stop"),
-                                          ("respawn", "remove"), ("trial", "stop"), ("trial", "remove")])
-def test_env_stage_kernels_equal_reference(pack, goal, contact):
+@pytest.mark.parametrize("goal,contact,space", [
+    ("respawn", "ignore", "discrete"), ("new_goal", "remove", "discrete"), ("stop", "stop", "continuous"),
+    ("respawn", "remove", "continuous"), ("trial", "stop", "discrete"), ("trial", "remove", "continuous")])
+def test_env_stage_kernels_equal_reference(pack, goal, contact, space):
     """cpu_kernels True vs False: every StepResult tensor and every state field after each of 36
     steps (episode ends, trial restarts), and the metrics, are identical; rewards and dones occur."""
     config = EnvConfig(max_controlled=8, scenario_length=12, num_signals=0, goal_behavior=goal, k_trials=2,
                        collision_behavior=contact, offroad_behavior=contact, goal_radius=4.0,
-                       stop_truncate_fraction=0.4)
+                       stop_truncate_fraction=0.4, action_space=space)
     a, ma = run_env(pack, config, 9, 36)
     b, mb = run_env(pack, dataclasses.replace(config, cpu_kernels=False), 9, 36)
     torch.testing.assert_close(a[0], b[0], rtol=3e-7, atol=0)  # C observation kernel: last bit

@@ -23,7 +23,7 @@
 #endif
 
 /* Bumped whenever an argument list below changes (step_cpu.py checks it). */
-#define GPUSIM_STEP_ABI 2
+#define GPUSIM_STEP_ABI 3
 
 int gpusim_step_abi(void) { return GPUSIM_STEP_ABI; }
 
@@ -320,6 +320,47 @@ void gpusim_red_light(const float *pos_before, const float *pos, const float *co
                 }
             }
             out[g] = (uint8_t)any;
+        }
+    }
+}
+
+/* dynamics.bicycle_step_reference on the first C slots, with the transcendental values from torch
+ * (the caller's torch.tan / atan / cos / sin, so they are torch's): tan_d = tan(clamped steer),
+ * cos_b = cos(beta), beta = atan(0.5 tan_d), cos_t / sin_t = cos / sin(heading + beta), all
+ * [W, C]. Agents with moving[w, c] take the new pose; others, and every column >= C, keep theirs.
+ * pos_out [W, A, 2], heading_out, speed_out [W, A] fully written. Constants float32 as torch's
+ * tensor-scalar ops round them. */
+void gpusim_motion(const float *pos, const float *heading, const float *speed, const float *length,
+                   const float *accel, const float *tan_d, const float *cos_b, const float *cos_t,
+                   const float *sin_t, const uint8_t *moving, float *pos_out, float *heading_out,
+                   float *speed_out, int64_t W, int64_t A, int64_t C, float dt, float max_accel,
+                   float min_speed, float max_speed, float min_length, float pi, float two_pi,
+                   int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        const int64_t base = w * A;
+        memcpy(pos_out + 2 * base, pos + 2 * base, (size_t)(2 * A) * sizeof(float));
+        memcpy(heading_out + base, heading + base, (size_t)A * sizeof(float));
+        memcpy(speed_out + base, speed + base, (size_t)A * sizeof(float));
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t g = base + c, k = w * C + c;
+            if (!moving[k]) continue;
+            float a = accel[k];
+            if (a < -max_accel) a = -max_accel;
+            if (a > max_accel) a = max_accel;
+            float v = speed[g] + a * dt;
+            if (v < min_speed) v = min_speed;
+            if (v > max_speed) v = max_speed;
+            float len = length[g];
+            if (len < min_length) len = min_length;
+            float omega = v * cos_b[k] * tan_d[k] / len;
+            float step = v * dt;
+            pos_out[2 * g] = pos[2 * g] + step * cos_t[k];
+            pos_out[2 * g + 1] = pos[2 * g + 1] + step * sin_t[k];
+            float h = heading[g] + omega * dt;
+            heading_out[g] = h - two_pi * ceilf((h - pi) / two_pi);
+            speed_out[g] = v;
         }
     }
 }

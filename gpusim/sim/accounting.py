@@ -4,14 +4,18 @@ agent-episodes (``gpusim.metrics``: per-slot EMA and plain means, kept on the de
 Only valid steps count: returns add the step's reward (0 on invalid steps), lengths count
 ``loss_mask``, the contact flags count contacts of agents in play. When a slot's ``terminal`` is
 set its episode's values (:func:`~gpusim.metrics.episode_values`, plus the per-trial scores in
-trial mode) go to the metrics log. A new metric column = a column in ``gpusim/metrics.py`` and,
-if it needs a new accumulator, a state field written here (docs/architecture.md).
+trial mode) go to the metrics log; on the CPU torch backend outside ``compile``, a step where no slot is
+``terminal`` skips that (adding no episode changes nothing; the host read of ``terminal.any()``
+costs no sync there, and it saves ~30 small torch ops per step). A new metric column = a column
+in ``gpusim/metrics.py`` and, if it needs a new accumulator, a state field written here
+(docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import torch
 
+from gpusim.backend import backend_for
 from gpusim.metrics import episode_values
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.state import EnvState
@@ -31,6 +35,10 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         "ever_offroad": state.ever_offroad | (step.in_play & step.offroad),
         "ever_red_light": state.ever_red_light | state.red_light_now,  # in-play slots only (stage signals)
     }
+    cfg = ctx.config
+    if not cfg.compile and backend_for(step.terminal) == "torch" and step.terminal.device.type == "cpu" \
+            and not bool(step.terminal.any()):
+        return changes
     values = episode_values(
         ep_return=changes["ep_return"],
         ep_length=changes["ep_length"],
@@ -39,7 +47,7 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         offroad=changes["ever_offroad"][:, :C],
         red_light=changes["ever_red_light"],
         extra=(torch.cat([state.trial_reached, state.trial_score], dim=-1).float()
-               if ctx.config.trial_mode else None),
+               if cfg.trial_mode else None),
     )
     # roles (gpusim/sim/roles.py): egos feed the main log, co-players their own (ego = slot_active
     # without co-players, and terminal is only set on active slots, so nothing changes then)

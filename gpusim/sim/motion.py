@@ -11,6 +11,11 @@ The dynamics model is looked up in :data:`DYNAMICS` by ``EnvConfig.dynamics``. A
   :func:`expert_actions`).
 
 Adding a model = one kernel module (gpusim/kernels/) and one entry here (docs/architecture.md).
+
+CPU kernel: for the classic model (``forward`` is ``dynamics.bicycle_step``) on the torch backend with ``EnvConfig.cpu_kernels`` (default)
+and without ``compile``, the step runs ``kernels.step_cpu.bicycle_slots_cpu`` (torch's
+tan/atan/cos/sin, the rest in one C pass writing the full [W, A] tensors; bit-equal to the
+reference; the reference where no C compiler is available).
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from typing import Callable, NamedTuple
 
 import torch
 
+from gpusim.backend import backend_for
 from gpusim.config import Dynamics
 from gpusim.kernels import dynamics
+from gpusim.kernels.step_cpu import bicycle_slots_cpu, step_kernels_available
 from gpusim.sim.context import SimContext, StepVars, slots, with_slots
 from gpusim.state import EnvState, in_play
 
@@ -60,8 +67,16 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     play = in_play(state)
     step.in_play = play
     step.loss_mask = slots(play, C)
-    accel, steer = dynamics.decode_actions(step.actions, int(ctx.config.action_space))
-    pos, heading, speed = model_for(ctx).forward(
+    cfg = ctx.config
+    accel, steer = dynamics.decode_actions(step.actions, int(cfg.action_space))
+    model = model_for(ctx)
+    if (cfg.cpu_kernels and not cfg.compile and model.forward is dynamics.bicycle_step
+            and backend_for(state.pos) == "torch" and step_kernels_available()):
+        pos, heading, speed = bicycle_slots_cpu(pos=state.pos, heading=state.heading, speed=state.speed,
+                                                length=state.length, accel=accel.contiguous(),
+                                                steer=steer.contiguous(), moving=step.loss_mask, dt=cfg.dt)
+        return {"pos": pos, "heading": heading, "speed": speed}
+    pos, heading, speed = model.forward(
         pos=slots(state.pos, C),
         heading=slots(state.heading, C),
         speed=slots(state.speed, C),
