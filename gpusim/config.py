@@ -118,8 +118,8 @@ class EnvConfig:
             cache). Ignored on the Triton backend and while a stage hook is set. Default off:
             no measured step gain yet (docs/performance.md, "The compiled CPU step").
         cpu_kernels: on the torch backend, the observation stage uses the hand-written C kernel
-            (``gpusim.kernels.observations.observations_cpu``) and the contacts and replay stages
-            use ``gpusim.kernels.step_cpu`` (compiled with the system C compiler at first use and
+            (``gpusim.kernels.observations.observations_cpu``) and the contacts, replay, motion,
+            signals and rewards stages use ``gpusim.kernels.step_cpu`` (compiled with the system C compiler at first use and
             cached in ``~/.cache/gpusim``; same results as the torch references). False runs the
             torch references. Without a C compiler the references run (one warning per library).
         check_actions: when action values (range, NaN) are checked: ``"sync"`` (a ValueError at

@@ -1,7 +1,8 @@
-"""Hand-written C kernels of the contact and replay stages for the CPU (``step_cpu.c``).
+"""Hand-written C kernels of the step's small stages for the CPU (``step_cpu.c``).
 
-On the torch backend the ``contacts`` and ``replay`` stages call these by default
-(``EnvConfig.cpu_kernels``, docs/performance.md "C contact and replay kernels (CPU)"):
+On the torch backend the ``contacts``, ``replay``, ``motion``, ``signals`` and ``rewards`` stages
+call these by default (``EnvConfig.cpu_kernels``; docs/performance.md "C contact and replay
+kernels (CPU)" and "C kernels of the small CPU stages"):
 
 * :func:`collisions_cpu` = :func:`gpusim.kernels.collision.collisions_reference` (OBB
   separating-axis test, same bounding-circle pre-check and margin),
@@ -14,10 +15,11 @@ On the torch backend the ``contacts`` and ``replay`` stages call these by defaul
 * :func:`bicycle_slots_cpu` = :func:`gpusim.kernels.dynamics.bicycle_step_reference` on the first
   ``C`` slots, written into full ``[W, A]`` tensors (stage ``motion``).
 
-Same float32 operations in the same order (``-ffp-contract=off``), cos/sin of the headings from
-torch: the booleans and the replayed floats equal the references' bit for bit
-(tests/test_contacts_c.py). One loop per world (OpenMP over worlds, ``torch.get_num_threads()``
-threads), no torch op per step but the cos/sin.
+Same float32 operations in the same order (``-ffp-contract=off``), cos/sin (and for the motion
+tan/atan) from torch, scalars rounded to float32 as torch's tensor-scalar ops do: every output
+equals the reference's bit for bit (tests/test_contacts_c.py, tests/test_stages_c.py). One loop
+per world (OpenMP over worlds, ``torch.get_num_threads()`` threads); the only torch ops left
+around them are those transcendental functions.
 
 Build: :class:`gpusim.kernels.cbuild.CLibrary` (compiled at first use with ``$CC``, cached in
 ``~/.cache/gpusim/step_cpu-<hash>.so``). Where it cannot be built, one ``RuntimeWarning`` names the
