@@ -34,17 +34,16 @@ from pathlib import Path
 
 import torch
 
+from gpusim.enums import RED_SIGNAL_STATES, ContactBehavior, GoalBehavior
+from gpusim.kernels import dynamics
 from gpusim.kernels.cbuild import CLibrary
 from gpusim.kernels.collision import CIRCLE_MARGIN, collisions_reference
-from gpusim.config import ContactBehavior, GoalBehavior
-from gpusim.enums import RED_SIGNAL_STATES
-from gpusim.kernels import dynamics
 from gpusim.kernels.events import EventsOut, events_reference, hit_by_reference
 from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.offroad import PRECHECK_MARGIN, offroad_reference
 from gpusim.kernels.replay import replay_reference
-from gpusim.kernels.trimath import PI, TWO_PI
 from gpusim.kernels.signals import STOP_LINE_HALF_WIDTH, STOP_LINE_MAX_ANGLE, red_light_violation_reference
+from gpusim.kernels.trimath import PI, TWO_PI
 
 #: Version of the C argument lists (``gpusim_step_abi()`` in step_cpu.c must return it).
 ABI = 3
