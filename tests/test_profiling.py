@@ -36,8 +36,10 @@ def _positive(x):
 
 def test_bench_env_json(pack8, capsys):
     torch.set_num_threads(1)
+    # one repeat: the medians are that repeat's own numbers, so rate == agents / time holds exactly
+    # whatever the machine's load (with 2 repeats a loaded machine made the two medians disagree)
     res = bench_env.main(["--data", str(pack8), "--worlds", "1", "3", "--max-controlled", "8", "--steps", "2",
-                          "--repeats", "2", "--warmup", "1", "--breakdown", "--json"])
+                          "--repeats", "1", "--warmup", "1", "--breakdown", "--json"])
     printed = json.loads(capsys.readouterr().out)
     assert printed["results"] == json.loads(json.dumps(res["results"]))
     assert printed["meta"]["backend"] == "torch" and printed["meta"]["threads"] == 1
@@ -49,7 +51,7 @@ def test_bench_env_json(pack8, capsys):
             assert _positive(r[key]), key
         # agent-steps count controlled agents only: at most C per world and step
         assert r["agents_per_step"] <= 8 * r["worlds"]
-        assert r["agent_steps_per_s"] == pytest.approx(r["agents_per_step"] / (r["ms_per_step"] / 1000), rel=0.5)
+        assert r["agent_steps_per_s"] == pytest.approx(r["agents_per_step"] / (r["ms_per_step"] / 1000), rel=1e-9)
         bd = r["breakdown_ms"]
         for k in ("observe", "contacts", "rewards", "replay", "motion", "other"):  # stages of PIPELINE
             assert k in bd and bd[k] >= 0
