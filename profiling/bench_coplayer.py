@@ -83,7 +83,7 @@ def measure(cfg, partners: int, iters: int, warmup: int, tmp: pathlib.Path) -> d
     pool = make_pool(paths, env, device, seed=cfg.seed) if paths else None
     W, C, H = env.num_worlds, env.num_slots, env.horizon
     R = W * C
-    buffer = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, device)
+    buffer = RolloutBatch.for_env(env, continuous, device)
     cache = policy.init_cache(R, H, device)
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)

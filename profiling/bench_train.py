@@ -133,7 +133,7 @@ def main(argv=None) -> dict:
     from policy.encoders import ObsDims
     import train.ppo as ppo_mod
     from train.config import parse_args as train_parse
-    from train.experience import make_hook
+    from train.experience import hook_context, make_hook
     from train.rollout import RolloutBatch, collect_rollout
     from train.run import make_env, update_policy
 
@@ -149,10 +149,10 @@ def main(argv=None) -> dict:
     continuous = int(env.config.action_space) == 1
     policy = ActorCritic(dims, env.num_actions, continuous, cfg.policy).to(device)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
-    hook = make_hook(cfg.experience, cfg.experience_arg, {"scenario_ids": list(env.pack.scenario_ids)})
+    hook = make_hook(cfg.experience, cfg.experience_arg, hook_context(env, cfg.ppo.gamma))
     W, C, H = env.num_worlds, env.num_slots, env.horizon
     R = W * C
-    buffer = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, device)
+    buffer = RolloutBatch.for_env(env, continuous, device)
     cache = policy.init_cache(R, H, device)
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)

@@ -258,7 +258,7 @@ def graphed_launch_counts(pack, config, worlds: int, seed: int = 0) -> dict:
         pc = dataclasses.replace(pc, max_roads=None)
     policy = ActorCritic(env.obs_layout, env.num_actions, continuous, pc).eval()
     R, H = worlds * env.num_slots, env.horizon
-    buf = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, env.device)
+    buf = RolloutBatch.for_env(env, continuous)
     cache = policy.init_cache(R, H, env.device)
     capture = Counting()
     capture.marks = []

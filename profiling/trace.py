@@ -103,7 +103,7 @@ def _train_iteration(train_argv):
     from policy.actor_critic import ActorCritic
     from policy.encoders import ObsDims
     from train.config import parse_args as train_parse
-    from train.experience import make_hook
+    from train.experience import hook_context, make_hook
     from train.rollout import RolloutBatch, collect_rollout
     from train.run import make_env, update_policy
 
@@ -114,14 +114,14 @@ def _train_iteration(train_argv):
     policy = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, cfg.policy).to(device)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
     R, H = env.num_worlds * env.num_slots, env.horizon
-    buf = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, device)
+    buf = RolloutBatch.for_env(env, continuous, device)
     cache = policy.init_cache(R, H, device)
     obs = env.reset(seed=cfg.seed)
     with record_function("train.rollout"):
         policy.eval()
         obs, batch = collect_rollout(env, policy, obs, buf, cache)
     with record_function("train.update"):
-        hook = make_hook(cfg.experience, cfg.experience_arg, {"scenario_ids": list(env.pack.scenario_ids)})
+        hook = make_hook(cfg.experience, cfg.experience_arg, hook_context(env, cfg.ppo.gamma))
         update_policy(policy, opt, batch, hook, cfg.ppo)
 
 

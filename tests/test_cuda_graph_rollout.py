@@ -64,7 +64,7 @@ def _setup(cfg: EnvConfig, pool: bool = False, device=None, seed: int = 3):
     pol = ActorCritic(env.obs_layout, env.num_actions, continuous,
                       PolicyConfig(d_model=16, n_layers=2, n_heads=2, hidden=16)).to(env.device).eval()
     R, H = W * env.num_slots, env.horizon
-    buf = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, env.device)
+    buf = RolloutBatch.for_env(env, continuous)
     return env, pol, buf, pol.init_cache(R, H, env.device)
 
 

@@ -241,6 +241,13 @@ HOOKS: dict[str, type[ExperienceHook]] = {
 }
 
 
+def hook_context(env, gamma: float) -> dict:
+    """The ``context`` the trainer gives a hook: ``scenario_ids`` (the env pack's scenario ids, in
+    pack order; empty without a pack) and ``gamma`` (the PPO discount, read by
+    :class:`ProgressShaping`)."""
+    return {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", [])), "gamma": float(gamma)}
+
+
 def make_hook(name: str, args=(), context: dict | None = None) -> ExperienceHook:
     """Build the hook registered as ``name`` (or ``MODULE:CLASS`` for a user hook class).
 

@@ -115,6 +115,15 @@ class RolloutBatch:
             scenario=z(rows, dt=torch.int64), agent_type=z(rows, dt=torch.int64), slot_active=z(rows, dt=torch.bool),
         )
 
+    @classmethod
+    def for_env(cls, env, continuous: bool, device=None) -> "RolloutBatch":
+        """:meth:`empty` buffers for one rollout of ``env``: ``rows = W * C``, ``horizon =
+        env.horizon``, ``env.obs_dim``; actions [R, H, ``env.num_actions``] float32 if
+        ``continuous`` else [R, H] int64. ``device`` defaults to ``env.device``."""
+        rows = env.num_worlds * env.num_slots
+        action_dim = env.num_actions if continuous else 1
+        return cls.empty(rows, env.horizon, env.obs_dim, continuous, action_dim, env.device if device is None else device)
+
 
 class TrialLog:
     """Device counters of the trials that ended during rollouts (trial mode), read at report time.

@@ -38,7 +38,7 @@ from train.checkpoint import clean_stale_temp_files, load_checkpoint, save_check
 from train.coplayer import RunExtras, coplayer_env_config
 from train.config import TrainConfig, UserError, parse_args, resolve_path
 from train.distributed import NullLogger, setup as setup_distributed
-from train.experience import make_hook
+from train.experience import hook_context, make_hook
 from train.logger import Logger, truncate_jsonl
 from train.ppo import optimizer_steps, ppo_update
 from train.graphed_rollout import make_rollout
@@ -424,14 +424,12 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
                                                          main=ranks.is_main)
     train_policy = ranks.wrap(policy)  # DDP under torchrun (the update trains it); rollouts use `policy`
 
-    context = {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", [])),
-               "gamma": cfg.ppo.gamma}
     if hook is None:
-        hook = make_hook(cfg.experience, cfg.experience_arg, context)
+        hook = make_hook(cfg.experience, cfg.experience_arg, hook_context(env, cfg.ppo.gamma))
 
     W, C, H = env.num_worlds, env.num_slots, env.horizon
     R = W * C
-    buffer = RolloutBatch.empty(R, H, env.obs_dim, continuous, env.num_actions if continuous else 1, device)
+    buffer = RolloutBatch.for_env(env, continuous, device)
     cache = policy.init_cache(R, H, device)
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed + update)
