@@ -36,7 +36,7 @@ import dataclasses
 
 import torch
 
-from gpusim.kernels.observations.naive import block_arguments, observe_block_functional
+from gpusim.kernels.observations.naive import block_arguments, observe_block_functional, padded_blocks
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, slots
 from gpusim.sim.episode import begin_episode, draw_scenarios
@@ -174,14 +174,7 @@ class CompiledStep:
             scenario=state.scenario, road_seg=p.road_seg, road_type=p.road_type, grid_road=p.grid_road,
             grid_origin=p.grid_origin, grid_dims=p.grid_dims, cell_size=p.cell_size, grid_start=p.grid_start,
             num_partners=cfg.num_partners, partner_radius=cfg.partner_radius, road_radius=cfg.road_radius)
-        big, small = BLOCK_ROWS
-        r0 = 0
-        while r0 < n:
-            B = big if n - r0 >= big else small
-            r = live[r0:r0 + B]
-            r0 += B
-            if r.numel() < B:  # pad with the last row: the same values are written twice
-                r = torch.cat([r, r[-1:].expand(B - r.numel())])
+        for r in padded_blocks(live, BLOCK_ROWS):
             self._block(obs2d, d0, r, args)
         return full
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.kernels.observations.naive import block_arguments, observe_block_functional
+from gpusim.kernels.observations.naive import block_arguments, observe_block_functional, padded_blocks
 from gpusim.kernels.observations.tables import check_inputs, live_rows
 
 #: Slot rows per compiled block: full blocks of the first size while that many rows remain, the
@@ -64,13 +64,6 @@ def observations_compiled(
         _compiled_fn.append(torch.compile(_observe_block_into, dynamic=False))
     fn = _compiled_fn[0]
     args = block_arguments(**inputs)
-    big, small = COMPILED_BLOCK_ROWS
-    r0 = 0
-    while r0 < n_live:
-        B = big if n_live - r0 >= big else small
-        r = live[r0 : r0 + B]
-        r0 += B
-        if r.numel() < B:  # pad with the last row: same values written again, no new shape
-            r = torch.cat([r, r[-1:].expand(B - r.numel())])
+    for r in padded_blocks(live, COMPILED_BLOCK_ROWS):
         fn(obs2d, r, args)
     return obs

@@ -155,6 +155,22 @@ def observe_block_functional(**kw) -> torch.Tensor:
                       rearrange(_cat_columns(roads), "n k f -> n (k f)")], 1)
 
 
+def padded_blocks(rows: torch.Tensor, sizes: tuple[int, int]):
+    """Yield the slot rows ``rows`` [n] int64 in blocks of ``sizes[0]`` rows while that many remain,
+    then of ``sizes[1]``. A short last block is padded by repeating its last row (the same values
+    are written again), so every block has one of two shapes and a compiled block function is
+    never re-specialised."""
+    big, small = sizes
+    n, r0 = rows.numel(), 0
+    while r0 < n:
+        B = big if n - r0 >= big else small
+        r = rows[r0:r0 + B]
+        r0 += B
+        if r.numel() < B:
+            r = torch.cat([r, r[-1:].expand(B - r.numel())])
+        yield r
+
+
 def block_arguments(*, pos, heading, speed, length, width, agent_type, present, goal, ego_extra, scenario,
                     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners,
                     partner_radius, road_radius, grid_start=None) -> dict:
