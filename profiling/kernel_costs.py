@@ -142,8 +142,10 @@ def measure(pack, config, worlds: int, steps: int, seed: int = 0):
     return {k: (v[0] / steps, v[1] / agent_steps, v[2] / agent_steps) for k, v in per.items()}
 
 
-def launch_counts(pack, config, worlds: int, steps: int, seed: int = 0) -> dict:
-    """Kernel launches per ``DriveEnv.step`` under the Triton backend (``profiling.launches.count_ops``).
+def launch_counts(pack, config, worlds: int, steps: int, seed: int = 0, device="cpu") -> dict:
+    """Kernel launches per ``DriveEnv.step`` under the Triton backend (``profiling.launches.count_ops``),
+    with the env on ``device`` (``"cpu"``: the Triton interpreter, ``TRITON_INTERPRET=1``; a CUDA
+    device: the compiled kernels).
 
     Returns:
         ``{"triton": [per step], "torch": [per step], "top": [(op, launches per step), ...]}``:
@@ -154,8 +156,8 @@ def launch_counts(pack, config, worlds: int, steps: int, seed: int = 0) -> dict:
     from gpusim.backend import gpu_launch_sizes, use_backend
     from gpusim.env import DriveEnv
 
-    env = DriveEnv(pack, worlds, config, seed=seed)
-    g = torch.Generator().manual_seed(seed)
+    env = DriveEnv(pack, worlds, config, seed=seed, device=device)
+    g = torch.Generator().manual_seed(seed)  # CPU draws (the same on every device), moved before counting
     discrete = int(config.action_space) == 0
     res = {"triton": [], "torch": []}
     total = collections.Counter()
@@ -166,6 +168,7 @@ def launch_counts(pack, config, worlds: int, steps: int, seed: int = 0) -> dict:
                 a = torch.randint(0, env.num_actions, (worlds, env.num_slots), generator=g)
             else:
                 a = torch.rand((worlds, env.num_slots, 2), generator=g) * 2 - 1
+            a = a.to(env.device)
             with count_ops() as c:
                 env.step(a)
             res["triton"].append(c["triton"])

@@ -13,6 +13,12 @@ An agent is a dict with keys:
 
 A scenario is a dict ``{"agents": [...], "num_controlled": n, "roads": [(x0, y0, x1, y1, type)]}``;
 the first ``num_controlled`` agents are the controlled ones.
+
+Device of the Triton side of tests: :data:`KERNEL_DEVICE` is ``cuda`` when a GPU exists (Triton
+kernels run compiled on CUDA tensors) and ``cpu`` otherwise (kernels run under Triton's interpreter,
+``TRITON_INTERPRET=1`` set by ``conftest.py``). Tests keep drawing their inputs on the CPU with a
+CPU ``torch.Generator`` (the same numbers on every machine), move them with :func:`to_kernel_device`
+for the Triton call and bring results back with :func:`to_cpu` before comparing.
 """
 
 from __future__ import annotations
@@ -25,6 +31,50 @@ from gpusim.config import DT, WOMD_STEPS, DataConfig, ObjectType, RoadType
 from gpusim.data.pack import ScenarioPack
 
 T = WOMD_STEPS
+
+KERNEL_DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+"""Where tests run Triton kernels: ``cuda`` with a GPU, else ``cpu`` (Triton's interpreter)."""
+
+
+def _move(x, device):
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, dict):
+        return {k: _move(v, device) for k, v in x.items()}
+    if isinstance(x, (tuple, list)):
+        moved = [_move(v, device) for v in x]
+        return type(x)(*moved) if hasattr(x, "_fields") else type(x)(moved)
+    return x
+
+
+def to_kernel_device(x):
+    """``x`` (a tensor, or a dict / tuple / list / namedtuple of them, nested; other values kept)
+    moved to :data:`KERNEL_DEVICE`. A no-op copy-free move on a CPU-only machine."""
+    return _move(x, KERNEL_DEVICE)
+
+
+def to_cpu(x):
+    """``x`` (as in :func:`to_kernel_device`) moved to the CPU, e.g. kernel outputs before they are
+    compared with a CPU reference (``torch.equal`` of a CUDA and a CPU tensor raises)."""
+    return _move(x, "cpu")
+
+
+def torch_reference_config(config):
+    """``config`` for a torch-backend reference env built on :data:`KERNEL_DEVICE` (compared with a
+    Triton-backend env on the same device, so both draw the same env random numbers).
+
+    On CUDA ``cpu_kernels`` is switched off: the env's stages pick the CPU C kernels from
+    ``backend_for(...) == "torch"`` alone (gpusim/sim/observe.py, replay.py, contacts.py, motion.py,
+    signals.py, rewards.py), so ``use_backend("torch")`` on CUDA tensors hands CUDA tensors to the
+    C kernels ("tensors must be on the CPU"). The torch references they replace give the same
+    results. On the CPU ``config`` is returned unchanged (the reference env runs as before)."""
+    return config if KERNEL_DEVICE.type == "cpu" else config.replace(cpu_kernels=False)
+
+
+def backend_device(backend: str) -> torch.device:
+    """The device a test parametrised over ``backend`` builds its tensors on: :data:`KERNEL_DEVICE`
+    for ``"triton"`` (forcing Triton on CPU tensors needs the interpreter), ``cpu`` for ``"torch"``."""
+    return KERNEL_DEVICE if backend == "triton" else torch.device("cpu")
 
 
 def straight_track(x0: float, y0: float, heading: float, speed: float, steps: int = T, accel: float = 0.0):

@@ -10,6 +10,7 @@ import torch
 
 from gpusim.kernels import advantage as adv_mod
 from gpusim.kernels.advantage import advantage, advantage_reference
+from synthetic import to_cpu, to_kernel_device
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,12 +239,13 @@ def test_triton_matches_reference(pattern, B, T, block_b, with_rho):
     if not torch.cuda.is_available() and not interpreting():
         pytest.skip("no CUDA device and TRITON_INTERPRET is not set")
     r, v, s, lv, lr = make_inputs(B, T, pattern, seed=B + T, with_rho=with_rho)
-    out = (torch.full((B, T), float("nan")), torch.full((B, T), float("nan")))
-    a, ret = adv_mod._advantage_triton(r, v, s, lv, 0.98, 0.93, lr, 1.2, 0.8, block_b=block_b, out=out)
+    out = to_kernel_device((torch.full((B, T), float("nan")), torch.full((B, T), float("nan"))))
+    a, ret = adv_mod._advantage_triton(*to_kernel_device((r, v, s, lv)), 0.98, 0.93, to_kernel_device(lr), 1.2, 0.8,
+                                       block_b=block_b, out=out)
     assert a is out[0] and ret is out[1]
     want_a, want_r = advantage_reference(r, v, s, lv, 0.98, 0.93, lr, 1.2, 0.8)
-    assert_close(a, want_a, "triton advantages")
-    assert_close(ret, want_r, "triton returns")
+    assert_close(a.cpu(), want_a, "triton advantages")
+    assert_close(ret.cpu(), want_r, "triton returns")
 
 
 def test_triton_via_public_dispatch():
@@ -253,7 +255,7 @@ def test_triton_via_public_dispatch():
         pytest.skip("no CUDA device and TRITON_INTERPRET is not set")
     r, v, s, lv, _ = make_inputs(21, 15, "episodes", seed=9)
     with use_backend("triton"):
-        a, ret = advantage(r, v, s, lv, 0.99, 0.95)
+        a, ret = to_cpu(advantage(*to_kernel_device((r, v, s, lv)), 0.99, 0.95))
     want = advantage_reference(r, v, s, lv, 0.99, 0.95)
     assert_close(a, want[0], "advantages")
     assert_close(ret, want[1], "returns")

@@ -3,8 +3,9 @@
 The kernels run under Triton's CPU interpreter everywhere else in the suite, and the interpreter
 accepts code the compiler rejects (DESIGN.md section 2). Here:
 
-1. the launchers run on small CPU inputs (the env on sample scenarios in four configurations,
-   expert actions, metrics, advantage, episode mask) under the interpreter, with the Triton
+1. the launchers run on small inputs (the env on sample scenarios in four configurations,
+   expert actions, metrics, advantage, episode mask) on ``synthetic.KERNEL_DEVICE`` (CPU tensors
+   under the interpreter; CUDA tensors and compiled kernels when a GPU exists), with the Triton
    backend and GPU launch sizes (``gpusim.backend.gpu_launch_sizes``), while
    ``gpusim.aot.record_specs`` records each launch's argument types, alignment, constexpr values
    and launch options, as Triton's launcher would specialise them;
@@ -32,6 +33,7 @@ import triton.language as tl
 
 from gpusim import aot
 from gpusim.backend import gpu_launch_sizes, interpreter_active, use_backend
+from synthetic import KERNEL_DEVICE
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or interpreter_active()),
                                 reason="no CUDA and no Triton interpreter to record launches with")
@@ -58,12 +60,18 @@ def _constexpr_global_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 
 def _run_own_kernels():
-    """Launch the two test kernels under the interpreter; both must compute 2 * x there."""
-    x = torch.arange(37, dtype=torch.float32)
+    """Launch the two test kernels on KERNEL_DEVICE. Under the interpreter both compute 2 * x; a
+    compiled launch (CUDA) rejects the plain float global at its first launch (recorded before the
+    compile, like every launch) and the constexpr kernel computes 2 * x."""
+    x = torch.arange(37, dtype=torch.float32, device=KERNEL_DEVICE)
     for kernel in (_plain_global_kernel, _constexpr_global_kernel):
         out = torch.full_like(x, float("nan"))
+        if kernel is _plain_global_kernel and not interpreter_active():
+            with pytest.raises(triton.CompilationError, match="SCALE"):
+                kernel[(triton.cdiv(37, 32),)](x, out, 37, BLOCK=32)
+            continue
         kernel[(triton.cdiv(37, 32),)](x, out, 37, BLOCK=32)
-        assert torch.equal(out, 2 * x), kernel
+        assert torch.equal(out.cpu(), 2 * x.cpu()), kernel
 
 
 # ----------------------------------------------------------------------------- exercising the launchers
@@ -103,18 +111,20 @@ def _exercise(files, configs, steps: int):
         key = cfg.data_config()
         if key not in packs:
             packs[key] = ScenarioPack.from_json(files, key)
-        env = DriveEnv(packs[key], worlds, cfg, seed=0)
+        env = DriveEnv(packs[key], worlds, cfg, seed=0, device=KERNEL_DEVICE)
         env.reset()
         for _ in range(steps):
             env.step(env.expert_actions())
         env.metrics()
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(0)  # CPU draws, moved to KERNEL_DEVICE
     B, T = 5, 7
-    r, v = torch.randn(B, T, generator=g), torch.randn(B, T, generator=g)
-    stop = torch.rand(B, T, generator=g) < 0.2
-    advantage(r, v, stop, torch.randn(B, generator=g), 0.99, 0.95)
-    advantage(r, v, stop, torch.randn(B, generator=g), 0.99, 0.95, log_rho=0.1 * torch.randn(B, T, generator=g))
-    episode_mask(stop, torch.rand(B, T, generator=g) < 0.1)
+    dev = KERNEL_DEVICE
+    r, v = torch.randn(B, T, generator=g).to(dev), torch.randn(B, T, generator=g).to(dev)
+    stop = (torch.rand(B, T, generator=g) < 0.2).to(dev)
+    advantage(r, v, stop, torch.randn(B, generator=g).to(dev), 0.99, 0.95)
+    advantage(r, v, stop, torch.randn(B, generator=g).to(dev), 0.99, 0.95,
+              log_rho=0.1 * torch.randn(B, T, generator=g).to(dev))
+    episode_mask(stop, (torch.rand(B, T, generator=g) < 0.1).to(dev))
 
 
 def _record(files, configs, steps):

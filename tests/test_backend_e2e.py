@@ -20,6 +20,7 @@ from gpusim.config import EnvConfig
 from gpusim.data import ScenarioPack
 from gpusim.env import DriveEnv
 from profiling.launches import count_launches
+from synthetic import KERNEL_DEVICE, torch_reference_config
 
 pytestmark = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
                                 reason="no CUDA and no Triton interpreter")
@@ -49,10 +50,11 @@ def pack(sample_dir):
 
 
 def mixed_actions(env, g):
-    """Expert actions (they reach goals) with half the slots replaced by random actions."""
+    """Expert actions (they reach goals) with half the slots replaced by random actions (drawn on
+    the CPU with ``g``, then moved to the env's device)."""
     a = env.expert_actions()
-    rnd = torch.randint(0, env.num_actions, a.shape, generator=g)
-    return torch.where(torch.rand(a.shape, generator=g) < 0.5, rnd, a)
+    rnd = torch.randint(0, env.num_actions, a.shape, generator=g).to(a.device)
+    return torch.where((torch.rand(a.shape, generator=g) < 0.5).to(a.device), rnd, a)
 
 
 def assert_obs_close(got, want, layout, tol=1e-5):
@@ -73,9 +75,11 @@ FIELDS = ("reward", "terminal", "truncation", "loss_mask", "slot_active", "remov
 
 
 def compare_rollout(pack, config, steps=STEPS, seed=SEED, num_worlds=W):
-    env_r = DriveEnv(pack, num_worlds, config, seed=seed)
-    env_t = DriveEnv(pack, num_worlds, config, seed=seed)
-    o_r = env_r.reset()
+    # both envs on KERNEL_DEVICE (the same env random numbers); the reference forces the torch backend
+    env_r = DriveEnv(pack, num_worlds, torch_reference_config(config), seed=seed, device=KERNEL_DEVICE)
+    env_t = DriveEnv(pack, num_worlds, config, seed=seed, device=KERNEL_DEVICE)
+    with use_backend("torch"):
+        o_r = env_r.reset()
     with use_backend("triton"), count_launches() as launches:
         o_t = env_t.reset()
     assert_obs_close(o_t, o_r, env_r.obs_layout)
@@ -83,8 +87,9 @@ def compare_rollout(pack, config, steps=STEPS, seed=SEED, num_worlds=W):
     seen = collections.Counter()
     per_step = []
     for t in range(steps):
-        a = mixed_actions(env_r, g)  # the same actions drive both envs
-        r_r = env_r.step(a)
+        with use_backend("torch"):
+            a = mixed_actions(env_r, g)  # the same actions drive both envs
+            r_r = env_r.step(a)
         with use_backend("triton"), count_launches() as launches:
             r_t = env_t.step(a)
         per_step.append(dict(launches))
@@ -98,7 +103,9 @@ def compare_rollout(pack, config, steps=STEPS, seed=SEED, num_worlds=W):
             seen[key] += int(r_r.info[key].sum())
         seen["terminal"] += int(r_r.terminal.sum())
         seen["removed"] += int(r_r.removed.sum())
-    m_r, m_t = env_r.metrics(), env_t.metrics()
+    with use_backend("torch"):
+        m_r = env_r.metrics()
+    m_t = env_t.metrics()
     assert m_r.keys() == m_t.keys() and m_r["n"] == m_t["n"] > 0
     for k in m_r:
         assert m_t[k] == pytest.approx(m_r[k], rel=1e-5, abs=1e-6), k

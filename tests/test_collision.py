@@ -7,31 +7,35 @@ import torch
 
 from gpusim.backend import use_backend
 from gpusim.kernels.collision import collisions, collisions_reference
+from synthetic import KERNEL_DEVICE, backend_device, to_cpu, to_kernel_device
 
 BACKENDS = ["torch", "triton"]
 
 
-def _boxes(*boxes, present=None):
-    """boxes: (x, y, heading, length, width) -> one world."""
+def _boxes(*boxes, present=None, device="cpu"):
+    """boxes: (x, y, heading, length, width) -> one world, on ``device``."""
     t = torch.tensor(boxes, dtype=torch.float32)[None]
     pres = torch.ones(1, len(boxes), dtype=torch.bool) if present is None else torch.tensor([present])
-    return t[..., :2].contiguous(), t[..., 2].contiguous(), t[..., 3].contiguous(), t[..., 4].contiguous(), pres
+    out = t[..., :2].contiguous(), t[..., 2].contiguous(), t[..., 3].contiguous(), t[..., 4].contiguous(), pres
+    return tuple(x.to(device) for x in out)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_overlap_and_far_apart(backend):
     with use_backend(backend):
-        hit = collisions(*_boxes((0, 0, 0, 4, 2), (3, 0.5, 0.3, 4, 2), (100, 100, 0, 4, 2)), 1.0)
+        hit = collisions(*_boxes((0, 0, 0, 4, 2), (3, 0.5, 0.3, 4, 2), (100, 100, 0, 4, 2),
+                                 device=backend_device(backend)), 1.0)
     assert hit.tolist() == [[True, True, False]]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_touching_counts(backend):
     # edges meet exactly at x = 2 (box half lengths 2 and 1), corners meet at (2, 1)
+    dev = backend_device(backend)
     with use_backend(backend):
-        assert collisions(*_boxes((0, 0, 0, 4, 2), (3, 0, 0, 2, 2)), 1.0).tolist() == [[True, True]]
-        assert collisions(*_boxes((0, 0, 0, 4, 2), (3, 2, 0, 2, 2)), 1.0).tolist() == [[True, True]]
-        assert collisions(*_boxes((0, 0, 0, 4, 2), (3.01, 0, 0, 2, 2)), 1.0).tolist() == [[False, False]]
+        assert collisions(*_boxes((0, 0, 0, 4, 2), (3, 0, 0, 2, 2), device=dev), 1.0).tolist() == [[True, True]]
+        assert collisions(*_boxes((0, 0, 0, 4, 2), (3, 2, 0, 2, 2), device=dev), 1.0).tolist() == [[True, True]]
+        assert collisions(*_boxes((0, 0, 0, 4, 2), (3.01, 0, 0, 2, 2), device=dev), 1.0).tolist() == [[False, False]]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -44,15 +48,15 @@ def test_rotated_near_miss(backend):
     """
     u = 1 / math.sqrt(2)
     with use_backend(backend):
-        far = _boxes((0, 0, 0, 2, 2), (2.5 * u, 2.5 * u, math.pi / 4, 2, 2))
+        far = _boxes((0, 0, 0, 2, 2), (2.5 * u, 2.5 * u, math.pi / 4, 2, 2), device=backend_device(backend))
         assert collisions(*far, 1.0).tolist() == [[False, False]]
-        near = _boxes((0, 0, 0, 2, 2), (2.35 * u, 2.35 * u, math.pi / 4, 2, 2))
+        near = _boxes((0, 0, 0, 2, 2), (2.35 * u, 2.35 * u, math.pi / 4, 2, 2), device=backend_device(backend))
         assert collisions(*near, 1.0).tolist() == [[True, True]]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_box_scale(backend):
-    args = _boxes((0, 0, 0, 4, 2), (3.5, 0, 0, 4, 2))  # overlap 0.5 m at full size
+    args = _boxes((0, 0, 0, 4, 2), (3.5, 0, 0, 4, 2), device=backend_device(backend))  # overlap 0.5 m at full size
     with use_backend(backend):
         assert collisions(*args, 1.0).tolist() == [[True, True]]
         assert collisions(*args, 0.7).tolist() == [[False, False]]
@@ -60,10 +64,11 @@ def test_box_scale(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_absent_agents_ignored(backend):
-    args = _boxes((0, 0, 0, 4, 2), (1, 0, 0, 4, 2), (-1, 0, 0, 4, 2), present=[True, False, False])
+    dev = backend_device(backend)
+    args = _boxes((0, 0, 0, 4, 2), (1, 0, 0, 4, 2), (-1, 0, 0, 4, 2), present=[True, False, False], device=dev)
     with use_backend(backend):
         assert collisions(*args, 1.0).tolist() == [[False, False, False]]
-    args = _boxes((0, 0, 0, 4, 2), (1, 0, 0, 4, 2), (50, 0, 0, 4, 2), present=[True, True, False])
+    args = _boxes((0, 0, 0, 4, 2), (1, 0, 0, 4, 2), (50, 0, 0, 4, 2), present=[True, True, False], device=dev)
     with use_backend(backend):
         assert collisions(*args, 1.0).tolist() == [[True, True, False]]
 
@@ -71,16 +76,17 @@ def test_absent_agents_ignored(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_degenerate_zero_size_boxes(backend):
     # a point inside a box collides; a point outside does not; two coincident points collide
-    args = _boxes((0, 0, 0, 4, 2), (1, 0.5, 0, 0, 0), (3, 3, 0, 0, 0), (3, 3, 1.0, 0, 0), (10, 0, 0, 0, 0))
+    args = _boxes((0, 0, 0, 4, 2), (1, 0.5, 0, 0, 0), (3, 3, 0, 0, 0), (3, 3, 1.0, 0, 0), (10, 0, 0, 0, 0),
+                  device=backend_device(backend))
     with use_backend(backend):
         assert collisions(*args, 1.0).tolist() == [[True, True, True, True, False]]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_worlds_are_independent(backend):
-    p, h, L, Wd, pres = _boxes((0, 0, 0, 4, 2), (100, 0, 0, 4, 2))
+    p, h, L, Wd, pres = _boxes((0, 0, 0, 4, 2), (100, 0, 0, 4, 2), device=backend_device(backend))
     p2 = p.repeat(2, 1, 1)
-    p2[1, 1] = torch.tensor([0.5, 0.0])  # world 1: both at the same place
+    p2[1, 1] = torch.tensor([0.5, 0.0], device=p2.device)  # world 1: both at the same place
     with use_backend(backend):
         hit = collisions(p2, h.repeat(2, 1), L.repeat(2, 1), Wd.repeat(2, 1), pres.repeat(2, 1), 1.0)
     assert hit.tolist() == [[False, False], [True, True]]
@@ -103,7 +109,7 @@ def test_kernel_matches_reference(W, A, Q):
     ref = collisions_reference(*args, 0.7, num_query=Q)
     assert ref.any() and not ref.all()
     with use_backend("triton"):
-        out = collisions(*args, 0.7, num_query=Q)
+        out = to_cpu(collisions(*to_kernel_device(args), 0.7, num_query=Q))
     assert out.dtype == torch.bool and torch.equal(out, ref)
 
 
@@ -116,7 +122,7 @@ def test_num_query_is_consistent_with_full():
 
 
 def test_kernel_rejects_bad_input():
-    pos, heading, length, width, present = _random(2, 5, seed=0)
+    pos, heading, length, width, present = to_kernel_device(_random(2, 5, seed=0))
     with use_backend("triton"):
         with pytest.raises(ValueError, match="present"):
             collisions(pos, heading, length, width, present.float(), 1.0)
@@ -161,8 +167,9 @@ def test_reference_equals_dense_all_pairs(W, A, scale):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_query_mask_flags_only_overlaps_with_query_agents(backend):
     # 0 (query) overlaps 1; 2 and 3 overlap each other but neither is a query agent
-    args = _boxes((0, 0, 0, 4, 2), (3, 0, 0, 4, 2), (50, 0, 0, 4, 2), (52, 0, 0, 4, 2))
-    query = torch.tensor([[True, False, False, False]])
+    dev = backend_device(backend)
+    args = _boxes((0, 0, 0, 4, 2), (3, 0, 0, 4, 2), (50, 0, 0, 4, 2), (52, 0, 0, 4, 2), device=dev)
+    query = torch.tensor([[True, False, False, False]], device=dev)
     with use_backend(backend):
         hit = collisions(*args, 1.0, query=query)
         assert hit.tolist() == [[True, True, False, False]]
@@ -175,14 +182,15 @@ def test_query_mask_kernel_matches_reference():
     ref = collisions_reference(*args, 0.8, query=query)
     assert ref.any()
     with use_backend("triton"):
-        assert torch.equal(collisions(*args, 0.8, query=query), ref)
+        assert torch.equal(to_cpu(collisions(*to_kernel_device(args), 0.8, query=query.to(KERNEL_DEVICE))), ref)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bad_query_raises(backend):
-    args = _random(2, 5, seed=0)
+    dev = backend_device(backend)
+    args = tuple(x.to(dev) for x in _random(2, 5, seed=0))
     with use_backend(backend):
         with pytest.raises(ValueError, match="query"):
-            collisions(*args, 1.0, query=torch.ones(2, 4, dtype=torch.bool))
+            collisions(*args, 1.0, query=torch.ones(2, 4, dtype=torch.bool, device=dev))
         with pytest.raises(ValueError, match="query"):
-            collisions(*args, 1.0, query=torch.ones(2, 5))
+            collisions(*args, 1.0, query=torch.ones(2, 5, device=dev))

@@ -17,6 +17,7 @@ from gpusim.backend import interpreting, use_backend
 from gpusim.config import EnvConfig
 from gpusim.data import ScenarioPack
 from gpusim.env import DriveEnv
+from synthetic import KERNEL_DEVICE
 
 BASE = dict(max_agents=24, max_controlled=4, num_partners=15, num_roads=32, init_steps=76, scenario_length=10,
             goal_radius=4.0, collision_box_scale=1.8, offroad_box_scale=1.5, goal_behavior="new_goal")
@@ -69,9 +70,9 @@ def test_select_gathers_each_scenario(pack):
         pack.select([pack.num_scenarios])
 
 
-def _rollout(pack, steps=14, seed=3):
-    """Expert-action rollout across an auto-reset; every StepResult tensor of every step."""
-    env = DriveEnv(pack, num_worlds=3, config=EnvConfig(**BASE), seed=seed)
+def _rollout(pack, steps=14, seed=3, device="cpu"):
+    """Expert-action rollout across an auto-reset on ``device``; every StepResult tensor of every step."""
+    env = DriveEnv(pack, num_worlds=3, config=EnvConfig(**BASE), seed=seed, device=device)
     out = [env.reset(seed=seed).clone()]
     for _ in range(steps):
         r = env.step(env.expert_actions())
@@ -93,4 +94,4 @@ def test_compact_equals_padded_rollout_torch(pack):
 @pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()), reason="no CUDA and no Triton interpreter")
 def test_compact_equals_padded_rollout_triton(pack):
     with use_backend("triton"):
-        _assert_same(_rollout(pack, steps=6), _rollout(pack.padded(), steps=6))
+        _assert_same(_rollout(pack, steps=6, device=KERNEL_DEVICE), _rollout(pack.padded(), steps=6, device=KERNEL_DEVICE))

@@ -11,6 +11,7 @@ from gpusim.backend import use_backend
 from gpusim.kernels import dynamics as D
 from gpusim.kernels import trimath
 from gpusim.kernels.trimath import wrap_angle_torch
+from synthetic import KERNEL_DEVICE, backend_device, to_cpu, to_kernel_device
 
 DT = 0.1
 
@@ -103,6 +104,9 @@ def test_action_coding_and_expert_path_build_no_tensors_per_call(backend):
     k = torch.randint(0, 91, (3, 5), generator=g)
     k32 = k.int()
     cont = torch.rand(3, 5, 2, generator=g) * 2 - 1
+    dev = backend_device(backend)
+    pos, heading, speed, length, tpos, valid, k, k32, cont = (
+        x.to(dev) for x in (pos, heading, speed, length, tpos, valid, k, k32, cont))
 
     def calls():
         D.decode_actions(k, 0)
@@ -114,7 +118,7 @@ def test_action_coding_and_expert_path_build_no_tensors_per_call(backend):
 
     with use_backend(backend):
         calls()  # first call: builds the cached tables
-        assert D.action_tables(torch.device("cpu")) is D.action_tables("cpu")
+        assert D.action_tables(torch.device(dev.type)) is D.action_tables(str(dev))
         with _SyncOps() as mode:
             calls()
     assert mode.seen == []
@@ -130,14 +134,15 @@ def test_decode_rejects_wrong_dtype():
 
 
 # ----------------------------------------------------------------------------- bicycle, by hand
-def _one(x=0.0, y=0.0, h=0.0, v=10.0, L=4.0, a=0.0, d=0.0, moving=True):
-    t = lambda val: torch.tensor([[val]], dtype=torch.float32)  # noqa: E731
-    return (torch.tensor([[[x, y]]]), t(h), t(v), t(L), t(a), t(d), torch.tensor([[moving]]))
+def _one(x=0.0, y=0.0, h=0.0, v=10.0, L=4.0, a=0.0, d=0.0, moving=True, device="cpu"):
+    t = lambda val: torch.tensor([[val]], dtype=torch.float32, device=device)  # noqa: E731
+    return (torch.tensor([[[x, y]]], device=device), t(h), t(v), t(L), t(a), t(d),
+            torch.tensor([[moving]], device=device))
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_straight_line_constant_speed(backend):
-    state = _one(h=0.3, v=10.0)
+    state = _one(h=0.3, v=10.0, device=backend_device(backend))
     pos, h, v = state[0], state[1], state[2]
     with use_backend(backend):
         for _ in range(10):
@@ -152,7 +157,7 @@ def test_constant_steer_yaw_rate(backend):
     v0, L, d = 5.0, 4.0, 0.4
     beta = math.atan(0.5 * math.tan(d))
     omega = v0 * math.cos(beta) * math.tan(d) / L
-    state = _one(v=v0, L=L, d=d)
+    state = _one(v=v0, L=L, d=d, device=backend_device(backend))
     pos, h, v = state[0], state[1], state[2]
     with use_backend(backend):
         p1, h1, v1 = D.bicycle_step(pos, h, v, *state[3:], DT)
@@ -176,13 +181,14 @@ def test_constant_steer_yaw_rate(backend):
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_speed_clipping_and_no_reverse(backend):
-    state = _one(v=0.2, a=-4.0)
+    dev = backend_device(backend)
+    state = _one(v=0.2, a=-4.0, device=dev)
     with use_backend(backend):
         p, h, v = D.bicycle_step(*state, DT)
         assert v.item() == 0.0 and torch.equal(p, state[0])  # braking stops the car, never reverses
-        p, h, v = D.bicycle_step(*_one(v=99.9, a=4.0), DT)
+        p, h, v = D.bicycle_step(*_one(v=99.9, a=4.0, device=dev), DT)
         assert v.item() == pytest.approx(D.MAX_SPEED)
-        p, h, v = D.bicycle_step(*_one(v=1.0, a=40.0), DT)  # accel clipped to +4
+        p, h, v = D.bicycle_step(*_one(v=1.0, a=40.0, device=dev), DT)  # accel clipped to +4
         assert v.item() == pytest.approx(1.4)
 
 
@@ -194,8 +200,9 @@ def test_not_moving_is_untouched(backend):
     moving = torch.rand(3, 37, generator=g) > 0.5
     pos[0, 0] = float("nan")  # a NaN in a still agent must not leak anywhere
     moving[0, 0] = False
+    dev = backend_device(backend)
     with use_backend(backend):
-        p, h, v = D.bicycle_step(pos, heading, speed, length, accel, steer, moving, DT)
+        p, h, v = to_cpu(D.bicycle_step(*(x.to(dev) for x in (pos, heading, speed, length, accel, steer, moving)), DT))
     still = ~moving
     assert torch.equal(p[still][1:], pos[still][1:]) and torch.equal(h[still], heading[still])
     assert torch.equal(v[still], speed[still])
@@ -266,7 +273,7 @@ def test_bicycle_kernel_matches_reference(shape):
     moving = torch.rand(W, A, generator=g) > 0.2
     ref = D.bicycle_step_reference(pos, heading, speed, length, accel, steer, moving, DT)
     with use_backend("triton"):
-        out = D.bicycle_step(pos, heading, speed, length, accel, steer, moving, DT)
+        out = to_cpu(D.bicycle_step(*to_kernel_device((pos, heading, speed, length, accel, steer, moving)), DT))
     for r, o in zip(ref, out):
         assert not torch.isnan(o).any()
         assert torch.allclose(o, r, atol=1e-4, rtol=1e-5)
@@ -282,16 +289,16 @@ def test_inverse_kernel_matches_reference(shape):
     valid = torch.rand(W, A, generator=g) > 0.2
     ref = D.inverse_bicycle_reference(pos, heading, speed, length, tpos, th, tv, valid, DT)
     with use_backend("triton"):
-        out = D.inverse_bicycle(pos, heading, speed, length, tpos, th, tv, valid, DT)
+        out = to_cpu(D.inverse_bicycle(*to_kernel_device((pos, heading, speed, length, tpos, th, tv, valid)), DT))
     for r, o in zip(ref, out):
         assert not torch.isnan(o).any()
         assert torch.allclose(o, r, atol=2e-4, rtol=1e-4)
 
 
 def test_kernel_launcher_rejects_bad_input():
-    g, pos, heading, speed, length = _state(2, 5)
-    z = torch.zeros(2, 5)
-    ok = torch.ones(2, 5, dtype=torch.bool)
+    g, pos, heading, speed, length = to_kernel_device(_state(2, 5))
+    z = torch.zeros(2, 5, device=KERNEL_DEVICE)
+    ok = torch.ones(2, 5, dtype=torch.bool, device=KERNEL_DEVICE)
     with use_backend("triton"):
         with pytest.raises(ValueError, match="speed"):
             D.bicycle_step(pos, heading, speed[:, :4], length, z, z, ok, DT)
@@ -322,8 +329,9 @@ def test_trimath_helpers_accuracy():
     x = torch.randn(n, generator=g) * 5
     y[:8] = torch.tensor([0.0, 0.0, 1.0, -1.0, 0.0, 2.0, -3.0, 1e-8])
     x[:8] = torch.tensor([0.0, -1.0, 0.0, 0.0, 2.0, -2.0, -1e-8, -5.0])
-    out = torch.full((n, 5), float("nan"))
-    _math_probe_kernel[(1,)](y, x, out, n, BLOCK=4096)
+    out = torch.full((n, 5), float("nan"), device=KERNEL_DEVICE)
+    _math_probe_kernel[(1,)](*to_kernel_device((y, x)), out, n, BLOCK=4096)
+    out = out.cpu()
     assert not torch.isnan(out).any()
     assert torch.allclose(out[:, 0], torch.atan2(y, x), atol=3e-7)
     assert torch.allclose(out[:, 1], torch.atan(y), atol=3e-7)

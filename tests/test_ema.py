@@ -9,6 +9,7 @@ import torch
 from gpusim.backend import interpreting, use_backend
 from gpusim.kernels import ema as ema_mod
 from gpusim.kernels.ema import EmaLog, ema_report, ema_report_reference, ema_update, ema_update_reference
+from synthetic import backend_device, to_cpu, to_kernel_device
 
 HAVE_TRITON = torch.cuda.is_available() or interpreting()
 BACKENDS = ["torch",
@@ -28,10 +29,12 @@ def python_ema(history, alpha):
 
 def run_steps(backend, N, M, steps, alpha, seed, p_done=0.2):
     """Random completions over several steps through the public API; returns the final state and
-    the oracle's history. Non-finished rows of `episode` hold NaN (they must be ignored)."""
+    the oracle's history. Non-finished rows of `episode` hold NaN (they must be ignored). Inputs are
+    drawn on the CPU; the state lives on the backend's device (backend_device)."""
     g = torch.Generator().manual_seed(seed)
-    slots = torch.full((N, M), float("nan"))
-    has = torch.zeros(N, dtype=torch.bool)
+    dev = backend_device(backend)
+    slots = torch.full((N, M), float("nan"), device=dev)
+    has = torch.zeros(N, dtype=torch.bool, device=dev)
     history = [[] for _ in range(N)]
     with use_backend(backend):
         for _ in range(steps):
@@ -40,7 +43,7 @@ def run_steps(backend, N, M, steps, alpha, seed, p_done=0.2):
             for i in torch.nonzero(done).flatten().tolist():
                 history[i].append(ep[i].tolist())
             ep[~done] = float("nan")
-            s_out, h_out = ema_update(slots, has, ep, done, alpha)
+            s_out, h_out = ema_update(slots, has, ep.to(dev), done.to(dev), alpha)
             assert s_out is slots and h_out is has  # in place on every backend
     return slots, has, history
 
@@ -48,7 +51,8 @@ def run_steps(backend, N, M, steps, alpha, seed, p_done=0.2):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("N,M,alpha", [(1, 1, 0.707), (37, 5, 0.707), (130, 7, 0.3), (19, 3, 0.0)])
 def test_update_matches_python_oracle(backend, N, M, alpha):
-    slots, has, history = run_steps(backend, N, M, steps=12, alpha=alpha, seed=N + M)
+    slots_dev, has_dev, history = run_steps(backend, N, M, steps=12, alpha=alpha, seed=N + M)
+    slots, has = to_cpu((slots_dev, has_dev))
     want = python_ema(history, alpha)
     for i in range(N):
         if want[i] is None:
@@ -58,7 +62,7 @@ def test_update_matches_python_oracle(backend, N, M, alpha):
             assert has[i]
             torch.testing.assert_close(slots[i], torch.tensor(want[i]), rtol=1e-5, atol=1e-6)
     with use_backend(backend):
-        mean, n = ema_report(slots, has)
+        mean, n = to_cpu(ema_report(slots_dev, has_dev))
     assert n.dtype == torch.int64 and n.shape == () and mean.shape == (M,) and mean.dtype == torch.float32
     done_rows = [w for w in want if w is not None]
     assert int(n) == len(done_rows)
@@ -69,17 +73,18 @@ def test_update_matches_python_oracle(backend, N, M, alpha):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_nothing_before_first_completion(backend):
-    log = EmaLog(11, ["episode_return", "goal_reached"], alpha=0.707)
+    dev = backend_device(backend)
+    log = EmaLog(11, ["episode_return", "goal_reached"], alpha=0.707, device=dev)
     with use_backend(backend):
         for _ in range(3):
-            log.update(torch.full((11, 2), float("nan")), torch.zeros(11, dtype=torch.bool))
+            log.update(torch.full((11, 2), float("nan"), device=dev), torch.zeros(11, dtype=torch.bool, device=dev))
             assert log.report() == {}
-        mean, n = ema_report(log.slots, log.has_data)
+        mean, n = to_cpu(ema_report(log.slots, log.has_data))
     assert int(n) == 0 and torch.equal(mean, torch.zeros(2))
     with use_backend(backend):
         done = torch.zeros(11, dtype=torch.bool)
         done[4] = True
-        log.update(torch.tensor([[2.5, 1.0]]).repeat(11, 1), done)
+        log.update(torch.tensor([[2.5, 1.0]]).repeat(11, 1).to(dev), done.to(dev))
         rep = log.report()
     assert rep == {"episode_return": 2.5, "goal_reached": 1.0, "n": 1.0}
 
@@ -87,14 +92,15 @@ def test_nothing_before_first_completion(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_n_counts_completed_slots_until_all(backend):
     N = 23
-    log = EmaLog(N, ["score"], alpha=0.5)
+    dev = backend_device(backend)
+    log = EmaLog(N, ["score"], alpha=0.5, device=dev)
     g = torch.Generator().manual_seed(0)
     finished: set[int] = set()
     with use_backend(backend):
         for _ in range(200):
             done = torch.rand(N, generator=g) < 0.1
             finished |= set(torch.nonzero(done).flatten().tolist())
-            log.update(torch.rand(N, 1, generator=g), done)
+            log.update(torch.rand(N, 1, generator=g).to(dev), done.to(dev))
             rep = log.report()
             assert rep.get("n", 0) == len(finished)
             if len(finished) == N:
@@ -105,10 +111,11 @@ def test_n_counts_completed_slots_until_all(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_reports_are_stable_without_completions(backend):
     slots, has, _ = run_steps(backend, 29, 4, steps=6, alpha=0.707, seed=3)
+    dev = backend_device(backend)
     with use_backend(backend):
         m1, n1 = ema_report(slots, has)
         before = slots.clone(), has.clone()
-        ema_update(slots, has, torch.randn(29, 4), torch.zeros(29, dtype=torch.bool), 0.707)
+        ema_update(slots, has, torch.randn(29, 4).to(dev), torch.zeros(29, dtype=torch.bool, device=dev), 0.707)
         m2, n2 = ema_report(slots, has)
     assert torch.equal(slots.nan_to_num(123.0), before[0].nan_to_num(123.0)) and torch.equal(has, before[1])
     assert torch.equal(m1, m2) and torch.equal(n1, n2)
@@ -117,15 +124,17 @@ def test_reports_are_stable_without_completions(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_alpha_zero_keeps_last_episode(backend):
     N, M = 9, 3
-    slots, has = torch.zeros(N, M), torch.zeros(N, dtype=torch.bool)
+    dev = backend_device(backend)
+    slots, has = torch.zeros(N, M, device=dev), torch.zeros(N, dtype=torch.bool, device=dev)
     g = torch.Generator().manual_seed(1)
     last = torch.full((N, M), float("nan"))
     with use_backend(backend):
         for _ in range(8):
             done = torch.rand(N, generator=g) < 0.5
             ep = torch.randn(N, M, generator=g)
-            ema_update(slots, has, ep, done, 0.0)
+            ema_update(slots, has, ep.to(dev), done.to(dev), 0.0)
             last[done] = ep[done]
+    slots, has = to_cpu((slots, has))
     assert torch.equal(slots[has], last[has])
 
 
@@ -133,11 +142,12 @@ def test_alpha_zero_keeps_last_episode(backend):
 def test_every_agent_weighs_the_same(backend):
     """Slot 0 finishes ten short episodes (score 1), slot 1 a single long one (score 0): the
     population mean is 0.5, not 10/11 as an average over episodes would give."""
-    log = EmaLog(2, ["score", "episode_length"], alpha=0.707)
+    dev = backend_device(backend)
+    log = EmaLog(2, ["score", "episode_length"], alpha=0.707, device=dev)
     with use_backend(backend):
         for k in range(10):
-            done = torch.tensor([True, k == 9])
-            ep = torch.tensor([[1.0, 9.0], [0.0, 91.0]])
+            done = torch.tensor([True, k == 9], device=dev)
+            ep = torch.tensor([[1.0, 9.0], [0.0, 91.0]], device=dev)
             log.update(ep, done)
         rep = log.report()
     assert rep["n"] == 2
@@ -162,17 +172,17 @@ def test_triton_matches_reference_with_nan_prefill(N, M, block_n):
     g = torch.Generator().manual_seed(N * M)
     s_ref = torch.full((N, M), float("nan"))
     h_ref = torch.zeros(N, dtype=torch.bool)
-    s_tri, h_tri = s_ref.clone(), h_ref.clone()
+    s_tri, h_tri = to_kernel_device((s_ref.clone(), h_ref.clone()))
     for _ in range(4):
         done = torch.rand(N, generator=g) < 0.4
         ep = torch.randn(N, M, generator=g)
         ep[~done] = float("nan")
         ema_update_reference(s_ref, h_ref, ep, done, 0.6)
-        ema_mod._ema_update_triton(s_tri, h_tri, ep, done, 0.6, block_n=block_n)
-        assert torch.equal(h_ref, h_tri)
-        torch.testing.assert_close(s_tri, s_ref, rtol=1e-6, atol=1e-6, equal_nan=True)
-        out = (torch.full((M,), float("nan")), torch.full((1,), -7, dtype=torch.int64))
-        mean, n = ema_mod._ema_report_triton(s_tri, h_tri, block_n=block_n, out=out)
+        ema_mod._ema_update_triton(s_tri, h_tri, *to_kernel_device((ep, done)), 0.6, block_n=block_n)
+        assert torch.equal(h_ref, h_tri.cpu())
+        torch.testing.assert_close(s_tri.cpu(), s_ref, rtol=1e-6, atol=1e-6, equal_nan=True)
+        out = to_kernel_device((torch.full((M,), float("nan")), torch.full((1,), -7, dtype=torch.int64)))
+        mean, n = to_cpu(ema_mod._ema_report_triton(s_tri, h_tri, block_n=block_n, out=out))
         m_ref, n_ref = ema_report_reference(s_ref, h_ref)
         assert int(n) == int(n_ref)
         torch.testing.assert_close(mean, m_ref, rtol=1e-5, atol=1e-6)
@@ -180,8 +190,9 @@ def test_triton_matches_reference_with_nan_prefill(N, M, block_n):
 
 def test_empty_population():
     for backend in ["torch"] + (["triton"] if HAVE_TRITON else []):
+        dev = backend_device(backend)
         with use_backend(backend):
-            mean, n = ema_report(torch.zeros(0, 3), torch.zeros(0, dtype=torch.bool))
+            mean, n = to_cpu(ema_report(torch.zeros(0, 3, device=dev), torch.zeros(0, dtype=torch.bool, device=dev)))
         assert int(n) == 0 and torch.equal(mean, torch.zeros(3))
 
 

@@ -10,7 +10,8 @@ from gpusim.config import EnvConfig, ObjectType, RoadType
 from gpusim.env import DriveEnv
 from gpusim.kernels.dynamics import NUM_STEER
 
-from synthetic import driver, lane, parked, small_config, straight_track, synthetic_pack
+from synthetic import (KERNEL_DEVICE, driver, lane, parked, small_config, straight_track, synthetic_pack,
+                       torch_reference_config)
 
 COAST = 3 * NUM_STEER + 6  # accel 0, steer 0: constant speed, straight on
 
@@ -384,18 +385,21 @@ def test_triton_backend_matches_torch():
     from gpusim.backend import use_backend
 
     config = cfg(collision_behavior="remove", offroad_behavior="stop", goal_behavior="respawn", scenario_length=8)
-    env_t = DriveEnv(mixed_pack(), 3, config, seed=1)
-    env_r = DriveEnv(mixed_pack(), 3, config, seed=1)
+    # both on KERNEL_DEVICE (the same env random numbers); the reference forces the torch backend
+    env_t = DriveEnv(mixed_pack(), 3, config, seed=1, device=KERNEL_DEVICE)
+    env_r = DriveEnv(mixed_pack(), 3, torch_reference_config(config), seed=1, device=KERNEL_DEVICE)
     with use_backend("triton"):
         o_t = env_t.reset()
-    o_r = env_r.reset()
+    with use_backend("torch"):
+        o_r = env_r.reset()
     assert torch.allclose(o_t, o_r, atol=1e-5)
     g = torch.Generator().manual_seed(0)
     for _ in range(10):  # crosses the auto-reset at step 8
-        a = torch.randint(0, 91, (3, 4), generator=g)
+        a = torch.randint(0, 91, (3, 4), generator=g).to(KERNEL_DEVICE)
         with use_backend("triton"):
             rt = env_t.step(a)
-        rr = env_r.step(a)
+        with use_backend("torch"):
+            rr = env_r.step(a)
         for name in ("terminal", "loss_mask", "removed", "stopped"):
             assert torch.equal(getattr(rt, name), getattr(rr, name)), name
         assert torch.allclose(rt.reward, rr.reward)

@@ -7,6 +7,7 @@ from gpusim.backend import use_backend
 from gpusim.config import ContactBehavior, GoalBehavior
 from gpusim.kernels.events import events, events_reference, hit_by
 from gpusim.kernels.replay import replay, replay_reference
+from synthetic import to_cpu, to_kernel_device
 
 
 def _replay_inputs(W, A, S, T, seed):
@@ -27,7 +28,7 @@ def test_replay_triton_matches_reference(W, A, S, T):
     inp = _replay_inputs(W, A, S, T, seed=W)
     ref = replay_reference(**inp)
     with use_backend("triton"):
-        out = replay(**inp)
+        out = to_cpu(replay(**to_kernel_device(inp)))
     for r, o in zip(ref, out):
         assert r.dtype == o.dtype and r.shape == o.shape
         assert torch.equal(r, o) if r.dtype == torch.bool else torch.allclose(r, o, atol=1e-6)
@@ -56,7 +57,7 @@ def test_replay_rejects_bad_input():
     inp = _replay_inputs(4, 3, 2, 5, seed=1)
     inp["traj_pos"] = inp["traj_pos"].double()
     with use_backend("triton"), pytest.raises(ValueError, match="traj_pos"):
-        replay(**inp)
+        replay(**to_kernel_device(inp))
 
 
 def _events_inputs(W, A, C, seed):
@@ -84,7 +85,7 @@ def test_events_triton_matches_reference(goal_b, col_b, off_b):
     params = (2.0, 1.0, -0.5, -0.25, int(goal_b), col_b, off_b, 0.5)
     ref = events_reference(*inp.values(), *params)
     with use_backend("triton"):
-        out = events(*inp.values(), *params)
+        out = to_cpu(events(*to_kernel_device(list(inp.values())), *params))
     for name, r, o in zip(ref._fields, ref, out):
         assert r.shape == o.shape and r.dtype == o.dtype, name
         assert torch.equal(r, o), name

@@ -8,6 +8,7 @@ import torch
 
 from gpusim.backend import use_backend
 from gpusim.kernels.episode_mask import _episode_mask_triton, episode_mask, episode_mask_reference
+from synthetic import KERNEL_DEVICE, to_cpu, to_kernel_device
 
 
 def _oracle(terminal, removed):
@@ -61,14 +62,14 @@ def test_known_example():
 def test_triton_kernel_matches_reference(B, T):
     term, rem = _inputs(B, T, 0.05, 0.2, seed=B * 1000 + T)
     ref_a, ref_p = episode_mask_reference(term, rem)
-    out_a = torch.full((B, T, T), 7, dtype=torch.int8)  # not a bool value: unwritten entries fail
-    out_p = torch.full((B, T), -1, dtype=torch.int64)
-    a, p = _episode_mask_triton(term, rem, out_a, out_p)
-    assert torch.equal(out_a, ref_a.to(torch.int8))
+    out_a = torch.full((B, T, T), 7, dtype=torch.int8, device=KERNEL_DEVICE)  # not a bool value: unwritten entries fail
+    out_p = torch.full((B, T), -1, dtype=torch.int64, device=KERNEL_DEVICE)
+    a, p = to_cpu(_episode_mask_triton(*to_kernel_device((term, rem)), out_a, out_p))
+    assert torch.equal(out_a.cpu(), ref_a.to(torch.int8))
     assert torch.equal(p, ref_p)
     assert torch.equal(a, ref_a)
     with use_backend("triton"):
-        a3, p3 = episode_mask(term, rem)
+        a3, p3 = to_cpu(episode_mask(*to_kernel_device((term, rem))))
     assert torch.equal(a3, ref_a) and torch.equal(p3, ref_p)
 
 

@@ -11,6 +11,7 @@ import torch
 from gpusim.backend import interpreting, use_backend
 from gpusim.kernels.collision import collisions_reference
 from gpusim.kernels.events import _hit_by_triton, hit_by, hit_by_reference
+from synthetic import KERNEL_DEVICE, backend_device, to_kernel_device
 
 HAVE_TRITON = torch.cuda.is_available() or interpreting()
 needs_triton = pytest.mark.skipif(not HAVE_TRITON, reason="no CUDA, no Triton interpreter")
@@ -34,13 +35,14 @@ def test_triton_matches_reference(W, A, S, block, block_s, box_scale):
     pos, heading, length, width, present, g = crowded(W, A, seed=W * 100 + A + S)
     source = torch.rand(W, S, generator=g) < 0.5
     want = hit_by_reference(pos, heading, length, width, present, source, box_scale)
-    out = torch.full((W, A), 7, dtype=torch.int8)  # sentinel: every element must be overwritten
-    got = _hit_by_triton(pos, heading, length, width, present, source, box_scale, block=block, block_s=block_s, out=out)
+    out = torch.full((W, A), 7, dtype=torch.int8, device=KERNEL_DEVICE)  # sentinel: every element must be overwritten
+    k_args = to_kernel_device((pos, heading, length, width, present, source))
+    got = _hit_by_triton(*k_args, box_scale, block=block, block_s=block_s, out=out)
     assert set(out.unique().tolist()) <= {0, 1}
-    assert torch.equal(got, want)
+    assert torch.equal(got.cpu(), want)
     assert want.any() and not want.all()  # the scene exercises both outcomes
     with use_backend("triton"):
-        assert torch.equal(hit_by(pos, heading, length, width, present, source, box_scale), want)
+        assert torch.equal(hit_by(*k_args, box_scale).cpu(), want)
 
 
 def test_reference_agrees_with_collision_test():
@@ -63,32 +65,35 @@ def test_geometry_and_masks(backend):
     length = torch.full((1, 5), 4.0)
     width = torch.full((1, 5), 2.0)
     present = torch.tensor([[True, True, True, True, False]])
+    dev = backend_device(backend)
+    pos, heading, length, width, present = (x.to(dev) for x in (pos, heading, length, width, present))
+    src_0, src_1, src_only0 = (torch.tensor(v, device=dev) for v in ([[True, False]], [[False, True]], [[True]]))
     with use_backend(backend):
-        hit = hit_by(pos, heading, length, width, present, torch.tensor([[True, False]]), 1.0)
+        hit = hit_by(pos, heading, length, width, present, src_0, 1.0)
         assert hit.tolist() == [[False, True, False, False, False]]
         # touching counts: move agent 1 so its near edge is exactly at x = 2 (centre 3.0)
         p2 = pos.clone()
         p2[0, 1, 0] = 3.0
-        assert hit_by(p2, heading, length, width, present, torch.tensor([[True]]), 1.0)[0, 1]
+        assert hit_by(p2, heading, length, width, present, src_only0, 1.0)[0, 1]
         p2[0, 1, 0] = 3.01
-        assert not hit_by(p2, heading, length, width, present, torch.tensor([[True]]), 1.0)[0, 1]
+        assert not hit_by(p2, heading, length, width, present, src_only0, 1.0)[0, 1]
         # smaller boxes: the near miss disappears (2.4 > 0.5 * 0.5 * 4 + 0.5 * 0.5 * 2)
-        assert not hit_by(pos, heading, length, width, present, torch.tensor([[True, False]]), 0.5).any()
+        assert not hit_by(pos, heading, length, width, present, src_0, 0.5).any()
         # an absent source hits nothing; sources are symmetric
         absent = present.clone()
         absent[0, 0] = False
-        assert not hit_by(pos, heading, length, width, absent, torch.tensor([[True, False]]), 1.0).any()
-        assert hit_by(pos, heading, length, width, present, torch.tensor([[False, True]]), 1.0).tolist() == \
+        assert not hit_by(pos, heading, length, width, absent, src_0, 1.0).any()
+        assert hit_by(pos, heading, length, width, present, src_1, 1.0).tolist() == \
             [[True, False, False, False, False]]
 
 
 @needs_triton
 def test_bad_input_raises():
-    pos, heading, length, width, present, _ = crowded(2, 6, seed=0)
-    src = torch.zeros(2, 3, dtype=torch.bool)
+    pos, heading, length, width, present = to_kernel_device(crowded(2, 6, seed=0)[:5])
+    src = torch.zeros(2, 3, dtype=torch.bool, device=KERNEL_DEVICE)
     with use_backend("triton"):
         with pytest.raises(ValueError, match="source"):
-            hit_by(pos, heading, length, width, present, torch.zeros(2, 7, dtype=torch.bool), 1.0)
+            hit_by(pos, heading, length, width, present, torch.zeros(2, 7, dtype=torch.bool, device=KERNEL_DEVICE), 1.0)
         with pytest.raises(ValueError, match="heading"):
             hit_by(pos, heading.double(), length, width, present, src, 1.0)
         with pytest.raises(ValueError, match="present"):

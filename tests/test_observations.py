@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gpusim.backend import use_backend
+from synthetic import backend_device, to_cpu, to_kernel_device
 from gpusim.kernels.observations import (
     EGO_EXTRA,
     GOAL_SCALE,
@@ -211,7 +212,11 @@ def test_exact_distance_ties_are_ordered_by_grid_position(backend):
     kw, (ex, ey) = tie_scene()
     g = torch.Generator().manual_seed(0)
     jitter = torch.randn(16, 2, generator=g, dtype=torch.float64) * 1e-3
-    fn = observations_reference if backend == "torch" else observations_triton
+    if backend == "torch":
+        fn = observations_reference
+    else:
+        def fn(**k):
+            return to_cpu(observations_triton(**to_kernel_device(k)))
     for j in jitter:
         kw["pos"][0, 0] = torch.tensor([ex + j[0].item(), ey + j[1].item()])
         kw["heading"][0, 0] = float(j[0]) * 100.0  # an arbitrary heading per trial
@@ -402,12 +407,13 @@ def test_triton_matches_reference(sizes):
     kw = random_scene(seed=11, **sizes)
     kw["ego_active"][0, 0] = False
     want = observations_reference(**kw)
-    out = torch.full_like(want, float("nan"))
-    got = observations_triton(**kw, out=out)
+    kkw = to_kernel_device(kw)
+    out = to_kernel_device(torch.full_like(want, float("nan")))
+    got = observations_triton(**kkw, out=out).cpu()
     assert not torch.isnan(got).any(), "kernel left elements unwritten"
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     with use_backend("triton"):
-        torch.testing.assert_close(observations(**kw), want, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(observations(**kkw).cpu(), want, atol=1e-5, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ rows (compaction)
@@ -417,11 +423,13 @@ def test_rows_write_only_listed_slots(backend):
     kw["ego_active"][1, 2] = False
     want = observations_reference(**kw)
     rows = torch.tensor([6, 0, 11, 5], dtype=torch.int64)  # any order; slot 6 = (1, 2) is inactive
-    out = torch.full_like(want, float("nan"))
+    dev = backend_device(backend)
+    out = torch.full_like(want, float("nan"), device=dev)
     with use_backend(backend):
-        got = observations(**kw, out=out, rows=rows)
+        got = observations(**{k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()},
+                           out=out, rows=rows.to(dev))
     assert got is out
-    flat, ref = got.view(12, -1), want.view(12, -1)
+    flat, ref = got.cpu().view(12, -1), want.view(12, -1)
     torch.testing.assert_close(flat[rows], ref[rows], atol=1e-5, rtol=1e-5)
     assert torch.all(flat[6] == 0)
     others = torch.ones(12, dtype=torch.bool)

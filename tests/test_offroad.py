@@ -10,6 +10,7 @@ import triton.language as tl
 from gpusim.backend import use_backend
 from gpusim.kernels.grid import cell_index_jit, cell_index_reference
 from gpusim.kernels.offroad import offroad, offroad_reference
+from synthetic import KERNEL_DEVICE, backend_device, to_cpu, to_kernel_device
 
 BACKENDS = ["torch", "triton"]
 CELL = 5.0
@@ -35,8 +36,10 @@ def _agents(*boxes, present=None):
 
 def _run(backend, agents, road_map, box_scale=1.0, scenario=None):
     scen = torch.zeros(agents[0].shape[0], dtype=torch.int64) if scenario is None else scenario
+    dev = backend_device(backend)
+    args = [x.to(dev) for x in (*agents, scen, *road_map)]
     with use_backend(backend):
-        return offroad(*agents, scen, *road_map, CELL, box_scale)
+        return offroad(*args, CELL, box_scale)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -108,13 +111,14 @@ def test_kernel_matches_reference(W, A, S, R, KE):
     if A > 1:
         assert ref.any() and not ref.all()
     with use_backend("triton"):
-        out = offroad(*args, CELL, 0.9)
+        out = to_cpu(offroad(*to_kernel_device(args), CELL, 0.9))
     assert out.dtype == torch.bool and torch.equal(out, ref)
 
 
 def test_kernel_rejects_bad_input():
     args = list(_random_case(2, 5, 1, 4, 2, seed=0))
     args[5] = args[5].to(torch.int32)  # scenario must be int64
+    args = to_kernel_device(args)
     with use_backend("triton"):
         with pytest.raises(ValueError, match="scenario"):
             offroad(*args, CELL, 1.0)
@@ -182,12 +186,13 @@ def test_cell_index_jit_matches_reference(W, A, S):
     flat[: min(4, flat.shape[0])] = special[: min(4, flat.shape[0])]
     flat[-1] = origin[scenario[-1]] + cell  # exactly on a cell corner
     want = cell_index_reference(pos, scenario, origin, dims, cell)
-    out = torch.full((W, A), -7, dtype=torch.int64)
+    out = torch.full((W, A), -7, dtype=torch.int64, device=KERNEL_DEVICE)
     n = W * A
+    k_pos, k_scenario, k_origin, k_dims = to_kernel_device((pos, scenario, origin, dims))
     _cell_probe_kernel[(triton.cdiv(n, 32),)](
-        pos_ptr=pos, scenario_ptr=scenario, origin_ptr=origin, dims_ptr=dims, out_ptr=out, n=n, A=A,
+        pos_ptr=k_pos, scenario_ptr=k_scenario, origin_ptr=k_origin, dims_ptr=k_dims, out_ptr=out, n=n, A=A,
         cell_size=cell, BLOCK=32,
     )
-    assert torch.equal(out, want)
+    assert torch.equal(out.cpu(), want)
     nx, ny = dims[scenario][:, None, 0].to(torch.int64), dims[scenario][:, None, 1].to(torch.int64)
     assert bool(((want >= 0) & (want < nx * ny)).all())

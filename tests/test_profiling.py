@@ -192,7 +192,10 @@ def test_count_ops_separates_triton_launches_from_torch_kernels():
         y.view(3, 2)       # a view: no kernel
         torch.empty(4)     # an allocation: no kernel
     assert c["torch"] == 1 and c["torch:add"] == 1 and c["triton"] == 0
-    h, pos, length, moving = torch.zeros(2, 3), torch.zeros(2, 3, 2), torch.full((2, 3), 4.0), torch.ones(2, 3).bool()
+    from synthetic import to_kernel_device
+
+    h, pos, length, moving = to_kernel_device(
+        (torch.zeros(2, 3), torch.zeros(2, 3, 2), torch.full((2, 3), 4.0), torch.ones(2, 3).bool()))
     with use_backend("triton"), count_ops() as c:
         D.bicycle_step(pos, h, h, length, h, h, moving, 0.1)
     # one launch and its three output allocations; the interpreter's own tensor work is not counted
@@ -203,10 +206,11 @@ def test_kernel_costs_launch_counts_small(json2):
     from gpusim.config import EnvConfig
     from gpusim.data import ScenarioPack
     from profiling import kernel_costs
+    from synthetic import KERNEL_DEVICE
 
     cfg = EnvConfig(max_agents=24, max_controlled=4, num_partners=15, num_roads=32, scenario_length=5)
     pack = ScenarioPack.from_json(sorted(json2.glob("*.json*")), cfg.data_config())
-    res = kernel_costs.launch_counts(pack, cfg, worlds=1, steps=2)
+    res = kernel_costs.launch_counts(pack, cfg, worlds=1, steps=2, device=KERNEL_DEVICE)
     assert len(res["triton"]) == len(res["torch"]) == 2
     assert all(n >= 7 for n in res["triton"]) and all(n > 0 for n in res["torch"])
     assert res["top"] and all(v > 0 for _, v in res["top"])

@@ -26,6 +26,7 @@ from gpusim.kernels.new_goal import (
 )
 from gpusim.kernels.reset import reset_agents, reset_agents_reference
 from profiling.launches import count_launches
+from synthetic import KERNEL_DEVICE, backend_device, to_cpu, to_kernel_device, torch_reference_config
 
 needs_triton = pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
                                   reason="no CUDA and no Triton interpreter")
@@ -100,15 +101,17 @@ def test_reset_kernel_matches_reference(W, A, S, T, kind, set_present, monkeypat
     inp = reset_inputs(W, A, S, T, kind, seed=W * 100 + A)
     ref = reset_agents_reference(**inp, set_present=set_present)
     made = garbage_outputs(monkeypatch, reset_mod)
+    kinp = to_kernel_device(inp)
     with use_backend("triton"):
-        out = reset_agents(**inp, set_present=set_present)
+        kout = reset_agents(**kinp, set_present=set_present)
     assert_all_written(made)
+    out = to_cpu(kout)
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
     torch.testing.assert_close(out[2], ref[2], rtol=2e-7, atol=0)  # sqrt(vx^2 + vy^2) vs torch's norm
     if set_present:
         assert out[3].dtype == torch.bool and torch.equal(out[3], ref[3])
     else:
-        assert out[3] is inp["present"] and ref[3] is inp["present"]  # presence untouched
+        assert kout[3] is kinp["present"] and ref[3] is inp["present"]  # presence untouched
 
 
 @pytest.mark.parametrize("set_present", [True, False])
@@ -155,7 +158,8 @@ def test_reset_fresh_state_is_the_log_at_init_steps(real_pack):
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_reset_errors(backend):
-    inp = reset_inputs(3, 5, 2, 9, "random", seed=0)
+    inp = {k: v.to(backend_device(backend)) if isinstance(v, torch.Tensor) else v
+           for k, v in reset_inputs(3, 5, 2, 9, "random", seed=0).items()}
     with use_backend(backend):
         for bad in (-1, 9):
             with pytest.raises(ValueError, match="log_index"):
@@ -235,7 +239,7 @@ def test_new_goal_kernel_matches_reference(W, A, S, K, kind, monkeypatch):
     ref = new_goal_reference(**inp)
     made = garbage_outputs(monkeypatch, ng_mod)
     with use_backend("triton"):
-        out = new_goal(**inp)
+        out = to_cpu(new_goal(**to_kernel_device(inp)))
     assert_all_written(made)
     n_lane, n_fb = assert_goals_match(out, ref, inp)
     if kind != "empty":
@@ -248,7 +252,7 @@ def test_new_goal_kernel_matches_reference_on_real_roads(real_pack, monkeypatch)
     ref = new_goal_reference(**inp)
     made = garbage_outputs(monkeypatch, ng_mod)
     with use_backend("triton"):
-        out = new_goal(**inp)
+        out = to_cpu(new_goal(**to_kernel_device(inp)))
     assert_all_written(made)
     n_lane, n_fb = assert_goals_match(out, ref, inp)
     assert n_lane > 10 and n_fb > 0
@@ -350,7 +354,8 @@ def test_new_goal_rule_edge_cases(backend):
         if backend == "reference":
             return new_goal_reference(**inp)
         with use_backend(backend):
-            return new_goal(**inp)
+            return to_cpu(new_goal(**{k: v.to(backend_device(backend)) if isinstance(v, torch.Tensor) else v
+                                      for k, v in inp.items()}))
 
     # segments: 0 lane behind, 1 lane 15 m ahead, 2 edge ahead, 3 lane 20 m ahead, 4 lane 60 m
     # ahead (too far), 5 lane 30 m ahead, 6 lane 5 m ahead (too close)
@@ -383,7 +388,8 @@ def test_lane_type_matches_config():
 
 @pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
 def test_new_goal_errors(backend):
-    inp = new_goal_inputs(2, 3, 1, 5, "random", seed=0)
+    inp = {k: v.to(backend_device(backend)) if isinstance(v, torch.Tensor) else v
+           for k, v in new_goal_inputs(2, 3, 1, 5, "random", seed=0).items()}
     with use_backend(backend):
         for key, val, match in (("cell_size", 0.0, "cell_size"), ("max_dist", float("nan"), "max_dist"),
                                 ("fallback", float("inf"), "fallback"), ("max_dist", -1.0, "max_dist")):
@@ -410,15 +416,19 @@ def test_env_launches_reset_and_goal_kernels(real_pack, goal_behavior, kernel):
     NEW_GOAL launches its kernel once (also in steps where no goal is reached: no host decision),
     with the same results as the torch backend."""
     config = EnvConfig(**SMALL, scenario_length=3, goal_behavior=goal_behavior)
-    env_r, env_t = DriveEnv(real_pack, 2, config, seed=4), DriveEnv(real_pack, 2, config, seed=4)
-    env_r.reset()
+    # both on KERNEL_DEVICE (same device: the same env random streams); the reference forces torch
+    env_r = DriveEnv(real_pack, 2, torch_reference_config(config), seed=4, device=KERNEL_DEVICE)
+    env_t = DriveEnv(real_pack, 2, config, seed=4, device=KERNEL_DEVICE)
+    with use_backend("torch"):
+        env_r.reset()
     with use_backend("triton"), count_launches() as at_reset:
         env_t.reset()
     assert at_reset["_reset_agents_kernel"] == 1
     assert torch.equal(env_t.state.pos, env_r.state.pos) and torch.equal(env_t.state.present, env_r.state.present)
     for t in range(3):  # the third step completes the episode and resets every world
-        a = env_r.expert_actions()
-        r_r = env_r.step(a)
+        with use_backend("torch"):
+            a = env_r.expert_actions()
+            r_r = env_r.step(a)
         with use_backend("triton"), count_launches() as launches:
             r_t = env_t.step(a)
         assert launches[kernel] == 1 + (t == 2 and kernel == "_reset_agents_kernel"), launches

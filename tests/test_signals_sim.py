@@ -22,7 +22,7 @@ from gpusim.kernels.signals import (
     signal_observations,
     signal_observations_reference,
 )
-from tests.synthetic import driver, lane, small_config, synthetic_pack
+from tests.synthetic import driver, lane, small_config, synthetic_pack, to_cpu, to_kernel_device
 
 ROOT = Path(__file__).resolve().parents[1]
 TFRECORD = ROOT / "data" / "womd_tfrecord" / "motion_data_one_scenario.tfrecord.gz"
@@ -58,7 +58,8 @@ def test_signal_observations_triton_matches_reference(W, C, N, L):
     D = 5 + N * SIGNAL_DIM + 4
     ref = signal_observations_reference(**args, out=torch.full((W, C, D), float("nan")), offset=5)
     with use_backend("triton"):
-        tri = signal_observations(**args, out=torch.full((W, C, D), float("nan")), offset=5)
+        tri = to_cpu(signal_observations(**to_kernel_device(args), out=to_kernel_device(torch.full((W, C, D), float("nan"))),
+                                         offset=5))
     blk = slice(5, 5 + N * SIGNAL_DIM)
     assert not ref[..., blk].isnan().any() and not tri[..., blk].isnan().any()  # every column written
     assert ref[..., :5].isnan().all() and tri[..., 5 + N * SIGNAL_DIM:].isnan().all()  # nothing else
@@ -129,7 +130,7 @@ def test_red_light_triton_matches_reference(W, C, L):
     ref = red_light_violation_reference(**args)
     assert ref.any() and not ref.all()
     with use_backend("triton"):
-        tri = red_light_violation(**args)
+        tri = to_cpu(red_light_violation(**to_kernel_device(args)))
     assert torch.equal(ref, tri)
 
 

@@ -1,8 +1,9 @@
 """No host sync in ``DriveEnv.step`` / ``expert_actions`` on the Triton path (issue 14, DESIGN.md §2).
 
 A :class:`TorchDispatchMode` watches every aten op while the env steps with
-``check_actions="async"`` on the Triton backend (CPU tensors under ``TRITON_INTERPRET=1``, the way
-every kernel runs on a machine without a GPU) and records the ops that force a host sync on CUDA:
+``check_actions="async"`` on the Triton backend (on ``synthetic.KERNEL_DEVICE``: CUDA tensors and
+compiled kernels with a GPU, else CPU tensors under ``TRITON_INTERPRET=1``, the way every kernel
+runs on a machine without a GPU) and records the ops that force a host sync on CUDA:
 
 * ``aten._local_scalar_dense`` (``.item()``, ``bool(t)``, ``int(t)``), ``aten.item``,
   ``aten.equal``, ``aten.is_nonzero``;
@@ -14,7 +15,7 @@ every kernel runs on a machine without a GPU) and records the ops that force a h
 Ops run by Triton's interpreter itself while it launches a kernel (it copies every argument to
 NumPy and back, on the host, because it *is* the host) are not the env's: an op whose Python call
 stack contains a frame of ``triton/runtime/interpreter.py`` is skipped. On a GPU those copies do
-not exist (the compiled kernel takes device pointers).
+not exist (the compiled kernel takes device pointers) and the real CUDA step is watched.
 
 The torch (CPU) backend's observation compaction uses ``nonzero`` on purpose (no sync on a CPU);
 it is not exercised here.
@@ -31,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gpusim.backend import use_backend
 from gpusim.config import EnvConfig
 from gpusim.env import DriveEnv
-from synthetic import driver, lane, parked, small_config, synthetic_pack
+from synthetic import KERNEL_DEVICE, driver, lane, parked, small_config, synthetic_pack
 
 SYNC_OPS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "unique",
             "_unique", "_unique2", "unique_dim", "unique_consecutive", "lift_fresh", "lift_fresh_copy"}
@@ -117,16 +118,16 @@ def test_step_and_expert_actions_make_no_host_sync(space, trial, count_tolist):
     """Steps across a trial restart and an episode end (auto-reset): zero sync-causing ops."""
     cfg = _config(space, trial)
     with use_backend("triton"):
-        env = DriveEnv(_pack(), 3, cfg, seed=1)
+        env = DriveEnv(_pack(), 3, cfg, seed=1, device=KERNEL_DEVICE)
         env.reset()
         assert env.check_actions == "async"
         g = torch.Generator().manual_seed(0)
         acts = [env.expert_actions()]  # outside the counter: warm-up
-        for _ in range(cfg.horizon + 1):
+        for _ in range(cfg.horizon + 1):  # drawn on the CPU, moved to the env's device before counting
             if space == "discrete":
-                acts.append(torch.randint(0, env.num_actions, (3, env.num_slots), generator=g))
+                acts.append(torch.randint(0, env.num_actions, (3, env.num_slots), generator=g).to(env.device))
             else:
-                acts.append(torch.rand(3, env.num_slots, 2, generator=g) * 2 - 1)
+                acts.append((torch.rand(3, env.num_slots, 2, generator=g) * 2 - 1).to(env.device))
         counter = SyncCounter()
         ended = []
         with counter:

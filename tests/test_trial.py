@@ -15,7 +15,7 @@ from gpusim.kernels.observations import EGO_FEATURES
 from gpusim.kernels.trial import trial_step, trial_step_reference
 from gpusim.state import STATE_FIELDS, TRIAL_KEEP
 
-from synthetic import driver, lane, parked, small_config, synthetic_pack
+from synthetic import backend_device, driver, lane, parked, small_config, synthetic_pack, to_cpu, to_kernel_device
 
 COAST = 3 * NUM_STEER + 6  # accel 0, steer 0
 BRAKE = 0 * NUM_STEER + 6  # accel -4 m/s^2, steer 0
@@ -54,7 +54,7 @@ def test_trial_kernel_matches_reference(W, A, C, K, monkeypatch):
     # outputs pre-filled with garbage: an element the kernel does not write fails the comparison
     monkeypatch.setattr(trial_mod, "_empty", lambda s, dt, dev: torch.full(s, 77, dtype=dt, device=dev))
     with use_backend("triton"):
-        out = trial_step(**inp)
+        out = to_cpu(trial_step(**to_kernel_device(inp)))
     for name, r, o in zip(ref._fields, ref, out):
         assert r.dtype == o.dtype and r.shape == o.shape, name
         assert torch.equal(r, o), name
@@ -103,7 +103,7 @@ def test_trial_kernel_rejects_bad_input():
     inp = _kernel_inputs(4, 5, 3, 2, seed=1)
     bad = dict(inp, step=inp["step"].long())
     with use_backend("triton"), pytest.raises(ValueError, match="step"):
-        trial_step(**bad)
+        trial_step(**to_kernel_device(bad))
     with pytest.raises(ValueError, match="k_trials"):
         trial_step_reference(**dict(inp, k_trials=3))  # K = 2 trial slots < 3
     with pytest.raises(ValueError, match="per_trial_timeout"):
@@ -131,7 +131,9 @@ def crafted_pack():
 
 
 def env_on(scenarios, config, backend="torch"):
-    env = DriveEnv(crafted_pack(), len(scenarios), config)
+    """An env of the crafted pack pinned to ``scenarios``, on the device that ``backend`` runs on
+    (:func:`synthetic.backend_device`)."""
+    env = DriveEnv(crafted_pack(), len(scenarios), config, device=backend_device(backend))
     env.reset(scenarios=torch.tensor(scenarios))  # pin the scenarios
     return env
 
@@ -147,7 +149,7 @@ def steps(env, n, action=COAST):
 
 
 def full(env, action):
-    return torch.full((env.num_worlds, env.num_slots), action, dtype=torch.int64)
+    return torch.full((env.num_worlds, env.num_slots), action, dtype=torch.int64, device=env.device)
 
 
 def _bits(t):
@@ -165,7 +167,7 @@ def assert_trial_start(state, ref):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_goal_removes_without_flags_then_trial_ends_on_timeout(backend):
     with use_backend(backend):
-        env = env_on([1, 1] if backend == "torch" else [1], cfg(k_trials=2))
+        env = env_on([1, 1] if backend == "torch" else [1], cfg(k_trials=2), backend)
         res = steps(env, 20)
     # step 16: car 0 reaches its goal: reward, normal step, then removed; no terminal / truncation
     r16 = res[16]
@@ -186,7 +188,7 @@ def test_goal_removes_without_flags_then_trial_ends_on_timeout(backend):
 def test_trial_ends_when_all_removed_and_episode_ends_after_k_trials(backend):
     k = 3 if backend == "torch" else 2
     with use_backend(backend):
-        env = env_on([0], cfg(k_trials=k))
+        env = env_on([0], cfg(k_trials=k), backend)
         res = steps(env, 17 * k + 2)
     # a single car: its goal step (index 16) removes it, which ends the trial in the same step
     ends = [i for i, r in enumerate(res) if r.trial_ended[0, 0]]
@@ -210,11 +212,11 @@ def test_trial_starts_are_bit_identical_to_reset(backend):
     W = len(worlds)
     g = torch.Generator().manual_seed(0)
     with use_backend(backend):
-        env = env_on(worlds, cfg(k_trials=k, scenario_length=L, collision_behavior="stop"))
+        env = env_on(worlds, cfg(k_trials=k, scenario_length=L, collision_behavior="stop"), backend)
         ref, obs0 = env.state.clone(), env.observe().clone()
         starts = 0
         for t in range(k * L):
-            res = env.step(torch.randint(0, env.num_actions, (W, env.num_slots), generator=g))
+            res = env.step(torch.randint(0, env.num_actions, (W, env.num_slots), generator=g).to(env.device))
             w_new = res.truncation.any(1)
             if w_new.any():
                 for w in torch.nonzero(w_new).flatten().tolist():
@@ -222,7 +224,7 @@ def test_trial_starts_are_bit_identical_to_reset(backend):
                     assert_trial_start(sub(env.state), sub(ref))
                     o, o0 = res.obs[w].clone(), obs0[w].clone()
                     n = int(env.state.trial_count[w])
-                    assert torch.allclose(o[env.state.slot_active[w], TRIAL_INDEX], torch.tensor(n / k))
+                    assert torch.allclose(o[env.state.slot_active[w], TRIAL_INDEX], torch.tensor(n / k, device=o.device))
                     o[:, TRIAL_INDEX] = 0
                     assert torch.equal(_bits(o), _bits(o0))
                     starts += 1
@@ -232,14 +234,14 @@ def test_trial_starts_are_bit_identical_to_reset(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_trial_features_in_observation(backend):
     with use_backend(backend):
-        env = env_on([1], cfg(k_trials=2, scenario_length=10))
+        env = env_on([1], cfg(k_trials=2, scenario_length=10), backend)
         obs = env.observe()
         assert (obs[0, :2, TIME_IN_TRIAL] == 0).all() and (obs[0, :2, TRIAL_INDEX] == 0).all()
         for t in range(1, 14):
             r = env.step(full(env, COAST))
             tt = (t % 10) / 10.0
-            assert torch.allclose(r.obs[0, :2, TIME_IN_TRIAL], torch.tensor(tt)), t
-            assert torch.allclose(r.obs[0, :2, TRIAL_INDEX], torch.tensor(0.0 if t < 10 else 0.5)), t
+            assert torch.allclose(r.obs[0, :2, TIME_IN_TRIAL], torch.tensor(tt, device=env.device)), t
+            assert torch.allclose(r.obs[0, :2, TRIAL_INDEX], torch.tensor(0.0 if t < 10 else 0.5, device=env.device)), t
             assert (r.obs[0, 2:] == 0).all()  # inactive slots
         # last reward: 0 at a trial start (as at reset)
         assert (r.obs[0, :2, LAST_REWARD] == 0).all()
@@ -316,7 +318,7 @@ def test_per_trial_scores_and_ada_delta(backend):
     misses its goal. Scores: car 0 (1, 0), car 1 (0, 0) -> trial_0_score 0.5, trial_1_score 0,
     ada_delta_trial_1_minus_0 -0.5."""
     with use_backend(backend):
-        env = env_on([1], cfg(k_trials=2, scenario_length=20))
+        env = env_on([1], cfg(k_trials=2, scenario_length=20), backend)
         env.metrics("mean")
         for t in range(40):
             a = full(env, COAST)
