@@ -75,6 +75,74 @@ def _unflatten(spec, leaves: list):
     return body
 
 
+def capture_graph(graph, fn: Callable[[], Any], device, generators=()) -> None:  # pragma: no cover  (CUDA)
+    """Record one call of ``fn()`` into ``graph`` (a ``torch.cuda.CUDAGraph``) on ``device``.
+
+    ``generators`` (CUDA generators) must already be registered with ``graph``. A
+    capture that fails (a host sync invalidates it, say) is ended inside torch before the
+    generators leave capture mode, after which every eager draw from them raises "Offset increment
+    outside graph capture encountered unexpectedly" (seen on an H100 with torch 2.11: the trainer's
+    eager fallback died at its first ``torch.rand_like``). So the states of the device's default
+    generator and of ``generators`` are cloned first (``Generator.clone_state``) and put back
+    (``graphsafe_set_state``) when the capture raises; the error is re-raised.
+
+    Raises:
+        whatever the capture raised (RuntimeError from torch for a non-capturable ``fn``).
+    """
+    device = torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    gens = (torch.cuda.default_generators[index],) + tuple(generators)
+    saved = [g.clone_state() for g in gens]
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except BaseException:
+        for g, state in zip(gens, saved):
+            g.graphsafe_set_state(state)
+        raise
+
+
+def host_syncs(call: Callable[[], Any]) -> list[str]:  # pragma: no cover  (needs a CUDA device)
+    """Run ``call()`` with ``torch.cuda.set_sync_debug_mode("warn")`` and return where it synchronised
+    with the host: for each synchronising op (``.item()``, a blocking copy, ``nonzero``, ...) the
+    innermost frame of the project's code (``gpusim``, ``train``, ``policy``, ``profiling``) on
+    the Python stack at that moment, as ``"path:line"`` relative to the repository (with the
+    library frame that issued it after ``via`` when that is not the project's), in order,
+    deduplicated. Such an op invalidates a CUDA-graph capture (torch then reports only
+    ``cudaErrorStreamCaptureInvalidated``, not where), so the CUDA-graph rollout runs its last
+    warm-up step through this and names the place in its fallback reason. The call runs to the
+    end (warnings, not errors); the previous debug mode and warning settings are restored.
+    """
+    import pathlib
+    import traceback
+    import warnings
+
+    root = str(pathlib.Path(__file__).resolve().parents[1]) + "/"
+    ours = tuple(root + d + "/" for d in ("gpusim", "train", "policy", "profiling"))
+    where: list[str] = []
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "called a synchronizing cuda operation" not in str(message).lower():
+            return  # torch's sync-debug warning (c10 warn_or_error_on_sync); not other warnings
+        stack = [f for f in traceback.extract_stack() if not f.filename.endswith("warnings.py")]
+        mine = [f for f in stack if f.filename.startswith(ours) and f.filename != __file__]
+        loc = f"{mine[-1].filename[len(root):]}:{mine[-1].lineno}" if mine else f"{filename}:{lineno}"
+        if mine and not filename.startswith(ours):
+            loc += f" via {pathlib.Path(filename).name}:{lineno}"
+        if loc not in where:
+            where.append(loc)
+
+    previous = torch.cuda.get_sync_debug_mode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            call()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    return where
+
 class GraphedStep:
     """A callable of tensors, run eagerly or replayed from a CUDA graph (module docstring).
 
@@ -161,10 +229,11 @@ class GraphedStep:
     def _capture(self, inputs):  # pragma: no cover  (needs a CUDA device)
         self._static_in = [x.clone() for x in inputs]
         graph = torch.cuda.CUDAGraph()
+        box: list = []
         try:
             torch.cuda.synchronize(inputs[0].device)
-            with torch.cuda.graph(graph):
-                out = self.fn(*self._static_in)
+            capture_graph(graph, lambda: box.append(self.fn(*self._static_in)), inputs[0].device)
+            out = box[0]
         except Exception as e:  # capture is best effort: fall back to eager, say why
             self.fallback_reason = f"capture failed: {type(e).__name__}: {e}"
             self._static_in = []
@@ -209,7 +278,8 @@ class CudaGraphCapture:
 
     Raises:
         RuntimeError (from torch): a non-capturable step (host sync, unregistered generator, ...);
-        the caller turns it into an eager fallback.
+        the caller turns it into an eager fallback. The default and registered generators are
+        left as they were before the failed capture, so eager draws go on working.
     """
 
     name = "cuda"
@@ -238,8 +308,7 @@ class CudaGraphCapture:
                     raise RuntimeError("this torch cannot register a user CUDA generator with a graph "
                                        "(CUDAGraph.register_generator_state is missing)")
                 register(g)
-        with torch.cuda.graph(graph):
-            fn()
+        capture_graph(graph, fn, self.device, self.generators)
         return graph
 
 

@@ -77,3 +77,30 @@ def test_disabled_or_failed_capture_falls_back_to_eager():
     for _ in range(3):
         assert torch.equal(step(torch.ones(2, device="cuda")), torch.full((2,), 2.0, device="cuda"))
     assert not step.captured and step.fallback_reason.startswith("capture failed")
+
+
+@needs_cuda
+def test_failed_capture_leaves_the_generators_usable():
+    """A capture that fails after a draw from the default generator must not leave it in capture
+    mode: the eager fallback samples (torch 2.11 raised "Offset increment outside graph capture
+    encountered unexpectedly" at the next ``rand_like`` before gpusim.cuda_graph.capture_graph)."""
+    user = torch.Generator(device="cuda").manual_seed(1)
+
+    def draws_then_syncs(x):
+        y = x + torch.rand_like(x) + torch.rand(x.shape, device=x.device, generator=user)
+        return y * float(y.sum().item())
+
+    step = GraphedStep(draws_then_syncs, enabled=True, warmup=1)
+    for _ in range(3):
+        assert torch.isfinite(step(torch.ones(4, device="cuda"))).all()
+    assert not step.captured and step.fallback_reason.startswith("capture failed")
+    from gpusim.cuda_graph import CudaGraphCapture
+
+    cap = CudaGraphCapture("cuda", (user,))
+    x = torch.ones(4, device="cuda")
+    cap.warm(lambda: draws_then_syncs(x))
+    with pytest.raises(RuntimeError):
+        cap.capture(lambda: draws_then_syncs(x))
+    a = torch.rand(3, device="cuda")
+    b = torch.rand(3, device="cuda", generator=user)
+    assert torch.isfinite(a).all() and torch.isfinite(b).all()

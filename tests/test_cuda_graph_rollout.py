@@ -287,6 +287,30 @@ def test_cuda_default_rollout_is_graphed():  # pragma: no cover  (needs a CUDA d
     assert roll.fallback_reason is None and roll.stats["captures"] == 1 and roll.stats["replays"] > 0
 
 
+@needs_cuda
+def test_cuda_trainer_default_run_is_graphed(tmp_path, monkeypatch):  # pragma: no cover  (needs CUDA)
+    """train/run.py's defaults on CUDA (ProgressShaping, async action check, sampled actions):
+    the rollout is captured and replayed, and training goes on (an H100 run once died here)."""
+    import train.graphed_rollout as gr
+    from train.config import TrainConfig
+    from train.run import train
+
+    made = []
+
+    class Recording(gr.GraphedRollout):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            made.append(self)
+
+    monkeypatch.setattr(gr, "GraphedRollout", Recording)
+    tc = TrainConfig(num_worlds=4, total_timesteps=2 * 4 * 32 * 91, device="cuda", seed=0,
+                     log_dir=str(tmp_path), run_name="cuda", quiet=True)  # the bundled scenarios
+    out = train(tc)
+    assert out["update"] >= 2 and len(made) == 1
+    assert made[0].fallback_reason is None, made[0].fallback_reason
+    assert made[0].stats["captures"] >= 1 and made[0].stats["replays"] > 0
+
+
 def test_async_bad_action_is_raised_after_a_graphed_rollout():
     """The async action check's first-error record survives the replays (it is pinned)."""
     cfg = _config(space="continuous", check_actions="async")

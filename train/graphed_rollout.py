@@ -37,7 +37,9 @@ How the step is made replayable (a graph replays fixed addresses and no Python):
   (``CUDAGraph.register_generator_state``). A registered generator's Philox offset advances by
   the graph's total on each replay, so replays draw fresh numbers; the scenario draws of the
   auto-reset run in the eager episode-end step.
-* **Fallback.** Capture failure (a host sync, an unregistered generator, anything torch
+* **Fallback.** A host sync seen in the last warm-up step (run under
+  ``torch.cuda.set_sync_debug_mode("warn")``, :func:`gpusim.cuda_graph.host_syncs`: the reason
+  names the file and line), capture failure (an unregistered generator, anything torch
   rejects), an audit finding, or co-players (their partner policies are not captured) switch
   the rollout to eager for good, with one warning naming the reason
   (:attr:`GraphedRollout.fallback_reason`).
@@ -57,7 +59,7 @@ import warnings
 
 import torch
 
-from gpusim.cuda_graph import CudaGraphCapture, graph_decision, reachable_values
+from gpusim.cuda_graph import CudaGraphCapture, graph_decision, host_syncs, reachable_values
 from train.rollout import RolloutBatch, begin_rollout, collect_rollout, rollout_step
 
 _HOST_TYPES = (int, float, bool, str)
@@ -192,7 +194,16 @@ class GraphedRollout:
             self._graph.replay()
             self.stats["replays"] += 1
         elif self._warm < self.warmup:
-            problem = self._audited(lambda: self.capture.warm(self._body), capturing=False)
+            syncs: list[str] = []
+            if self.capture.name == "cuda" and self._warm == self.warmup - 1:
+                # the last warm-up step (lazy one-time set-up is done by then): name the host
+                # syncs a capture would fail on
+                warm = lambda: syncs.extend(host_syncs(lambda: self.capture.warm(self._body)))  # noqa: E731
+            else:
+                warm = lambda: self.capture.warm(self._body)  # noqa: E731
+            problem = self._audited(warm, capturing=False)
+            if not problem and syncs:
+                problem = f"the step synchronises with the host at {', '.join(syncs[:3])}"
             self._warm += 1
             self.stats["warm_steps"] += 1
             if problem:  # this step ran (eagerly); later ones cannot be graphed

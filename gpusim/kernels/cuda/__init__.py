@@ -81,23 +81,30 @@ def as_cupy(t: torch.Tensor):
 
 
 def _launch(t: torch.Tensor, kern, grid: int, block: int, args: tuple) -> None:
-    """Launch ``kern`` on ``t``'s device and torch's current stream."""
+    """Launch ``kern`` on ``t``'s device and torch's current stream; ``args`` holds torch tensors
+    (viewed through :func:`as_cupy` here) and NumPy scalars.
+
+    The tensors are handed to CuPy *inside* the stream context: DLPack's export makes the
+    consumer's current stream wait on torch's, and outside the context that is CuPy's legacy
+    default stream, a dependency that invalidates a CUDA-graph capture (seen on an H100: the
+    trainer's graphed rollout failed in the accounting stage's EMA update)."""
     import cupy
 
     with cupy.cuda.Device(t.device.index):
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream)
         with stream:
-            kern((grid,), (block,), args)
+            kern((grid,), (block,), tuple(as_cupy(a) if isinstance(a, torch.Tensor) else a for a in args))
 
 
 def advantage_args(rewards, values, bootstrap_stop, last_value, gamma, gae_lambda, log_rho, rho_clip, c_clip,
                    adv, ret) -> tuple:
-    """Argument tuple of ``gpusim_advantage_kernel`` (order and C types of its signature)."""
+    """Argument tuple of ``gpusim_advantage_kernel`` (order and C types of its signature; tensors
+    stay torch tensors until :func:`_launch`)."""
     import numpy as np
 
     B, T = rewards.shape
     rho = log_rho if log_rho is not None else rewards  # dummy pointer, ignored when has_rho = 0
-    return tuple(as_cupy(x) for x in (rewards, values, bootstrap_stop, last_value, rho, adv, ret)) + (
+    return (rewards, values, bootstrap_stop, last_value, rho, adv, ret) + (
         np.int64(B), np.int64(T), np.float32(gamma), np.float32(gae_lambda), np.float32(rho_clip),
         np.float32(c_clip), np.int32(log_rho is not None))
 
@@ -124,7 +131,7 @@ def ema_update_args(slots, has_data, episode, done, alpha) -> tuple:
     import numpy as np
 
     N, M = slots.shape
-    return tuple(as_cupy(x) for x in (slots, has_data, episode, done)) + (np.int64(N), np.int64(M), np.float32(alpha))
+    return (slots, has_data, episode, done) + (np.int64(N), np.int64(M), np.float32(alpha))
 
 
 def ema_update_cupy(slots, has_data, episode, done, alpha):
@@ -144,7 +151,7 @@ def ema_report_args(slots, has_data, mean, n) -> tuple:
     import numpy as np
 
     N, M = slots.shape
-    return tuple(as_cupy(x) for x in (slots, has_data, mean, n)) + (np.int64(N), np.int64(M))
+    return (slots, has_data, mean, n) + (np.int64(N), np.int64(M))
 
 
 def ema_report_cupy(slots, has_data):
