@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import warnings
+import weakref
 from pathlib import Path
 from typing import Callable
 
@@ -133,3 +134,26 @@ class CLibrary:
         """Forget the loaded library and any build failure, so the next call builds/loads again
         (tests: a changed ``CC`` or cache directory). A loaded library stays mapped in the process."""
         self._state.clear()
+
+
+#: index tensors already checked by :func:`check_index_range`: id -> (weak reference, version, bound)
+_RANGE_OK: dict = {}
+
+
+def check_index_range(index, bound: int, what: str) -> None:
+    """Raise ``ValueError(what)`` unless every value of the integer tensor ``index`` lies in
+    ``[0, bound)``. A tensor that passed once is not read again while unchanged (the same object,
+    same in-place version counter, same bound): the env's ``scenario`` tensor keeps its object
+    between resets, so the C kernels' per-call range checks cost no torch op on the step's path.
+
+    Raises:
+        ValueError: naming ``what``.
+    """
+    hit = _RANGE_OK.get(id(index))
+    if hit is not None and hit[0]() is index and hit[1] == index._version and hit[2] == bound:
+        return
+    if index.numel() and (int(index.min()) < 0 or int(index.max()) >= bound):
+        raise ValueError(what)
+    if len(_RANGE_OK) > 256:  # dead entries of freed tensors
+        _RANGE_OK.clear()
+    _RANGE_OK[id(index)] = (weakref.ref(index), index._version, bound)

@@ -36,7 +36,7 @@ import torch
 
 from gpusim.enums import RED_SIGNAL_STATES, ContactBehavior, GoalBehavior
 from gpusim.kernels import dynamics
-from gpusim.kernels.cbuild import CLibrary
+from gpusim.kernels.cbuild import CLibrary, check_index_range
 from gpusim.kernels.collision import CIRCLE_MARGIN, collisions_reference
 from gpusim.kernels.events import EventsOut, events_reference, hit_by_reference
 from gpusim.kernels.grid import grid_table_rows
@@ -84,12 +84,13 @@ def forget_step_library() -> None:
     _LIB.forget()
 
 
-def _c(t: torch.Tensor, name: str, dtype, shape) -> torch.Tensor:
-    """``t`` as a contiguous CPU tensor of ``dtype`` and ``shape`` (a copy only when not already)."""
-    if t.device.type != "cpu" or t.dtype != dtype or tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name} must be a CPU {dtype} tensor of shape {tuple(shape)}, "
+def _c(t: torch.Tensor, fn: str, name: str, dtype, shape) -> torch.Tensor:
+    """``t`` as a contiguous CPU tensor of ``dtype`` and ``shape`` (a copy only when not already).
+    Called ~60 times a step, so the test is cheap and the message is built only on failure."""
+    if t.dtype is not dtype or t.shape != shape or not t.is_cpu:
+        raise ValueError(f"{fn}: {name} must be a CPU {dtype} tensor of shape {tuple(shape)}, "
                          f"got {t.dtype} {tuple(t.shape)} on {t.device}")
-    return t.contiguous()
+    return t if t.is_contiguous() else t.contiguous()
 
 
 def _bool_out(out, W: int, A: int, name: str) -> torch.Tensor:
@@ -108,10 +109,10 @@ def _trig(heading, cos_h, sin_h):
 
 def _box_inputs(fn: str, pos, heading, length, width, present):
     W, A = heading.shape
-    return (W, A, _c(pos, f"{fn}: pos", torch.float32, (W, A, 2)),
-            _c(heading, f"{fn}: heading", torch.float32, (W, A)),
-            _c(length, f"{fn}: length", torch.float32, (W, A)), _c(width, f"{fn}: width", torch.float32, (W, A)),
-            _c(present, f"{fn}: present", torch.bool, (W, A)))
+    return (W, A, _c(pos, fn, "pos", torch.float32, (W, A, 2)),
+            _c(heading, fn, "heading", torch.float32, (W, A)),
+            _c(length, fn, "length", torch.float32, (W, A)), _c(width, fn, "width", torch.float32, (W, A)),
+            _c(present, fn, "present", torch.bool, (W, A)))
 
 
 def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
@@ -128,7 +129,7 @@ def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_q
         Q = A if num_query is None else max(0, min(int(num_query), A))
         query = torch.zeros(W, A, dtype=torch.bool)
         query[:, :Q] = True
-    query = _c(query, "collisions: query", torch.bool, (W, A))
+    query = _c(query, "collisions", "query", torch.bool, (W, A))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         ref = collisions_reference(pos, heading, length, width, present, box_scale, query=query)
@@ -152,7 +153,7 @@ def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, c
     if source.dim() != 2 or source.shape[0] != W or source.shape[1] > A:
         raise ValueError(f"hit_by: source must be [W, S] bool with S <= {A}, got {tuple(source.shape)}")
     S = source.shape[1]
-    source = _c(source, "hit_by: source", torch.bool, (W, S))
+    source = _c(source, "hit_by", "source", torch.bool, (W, S))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         ref = hit_by_reference(pos, heading, length, width, present, source, box_scale)
@@ -181,11 +182,11 @@ def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_e
     if not 0 <= C <= A:
         raise ValueError(f"offroad: num_slots must lie in [0, {A}], got {num_slots}")
     S, R = road_seg.shape[:2]
-    road_seg = _c(road_seg, "offroad: road_seg", torch.float32, (S, R, 4))
+    road_seg = _c(road_seg, "offroad", "road_seg", torch.float32, (S, R, 4))
     edge2, start = grid_table_rows(grid_edge, grid_start, "offroad: grid_edge")
-    scenario = _c(scenario, "offroad: scenario", torch.int64, (W,))
-    grid_origin = _c(grid_origin, "offroad: grid_origin", torch.float32, (S, 2))
-    grid_dims = _c(grid_dims, "offroad: grid_dims", torch.int32, (S, 2))
+    scenario = _c(scenario, "offroad", "scenario", torch.int64, (W,))
+    grid_origin = _c(grid_origin, "offroad", "grid_origin", torch.float32, (S, 2))
+    grid_dims = _c(grid_dims, "offroad", "grid_dims", torch.int32, (S, 2))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         sl = (slice(None), slice(0, C))
@@ -194,8 +195,7 @@ def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_e
                                     grid_edge, grid_origin, grid_dims, cell_size, box_scale, grid_start)
         return ref if out is None else out.copy_(ref)
     out = _bool_out(out, W, A, "offroad")
-    if W and (int(scenario.min()) < 0 or int(scenario.max()) >= S):
-        raise ValueError(f"offroad: scenario indices must lie in [0, S = {S})")
+    check_index_range(scenario, S, f"offroad: scenario indices must lie in [0, S = {S})")
     edge2, start = edge2.contiguous(), start.contiguous()
     c, s = _trig(heading, cos_h, sin_h)
     lib.gpusim_offroad(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
@@ -217,7 +217,7 @@ def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj
     """
     W, A = present.shape
     S, _, T = traj_valid.shape
-    args = [_c(t, f"replay: {n}", d, sh) for t, n, d, sh in (
+    args = [_c(t, "replay", n, d, sh) for t, n, d, sh in (
         (pos, "pos", torch.float32, (W, A, 2)), (heading, "heading", torch.float32, (W, A)),
         (speed, "speed", torch.float32, (W, A)), (present, "present", torch.bool, (W, A)),
         (replayed, "replayed", torch.bool, (W, A)), (scenario, "scenario", torch.int64, (W,)),
@@ -225,7 +225,7 @@ def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj
     if tuple(log_index.shape) != (W,) or log_index.dtype not in (torch.int32, torch.int64):
         raise ValueError("replay: log_index must be a [W] int32/int64 tensor")
     args.append(log_index.to(torch.int64).contiguous())
-    args += [_c(t, f"replay: {n}", d, sh) for t, n, d, sh in (
+    args += [_c(t, "replay", n, d, sh) for t, n, d, sh in (
         (traj_pos, "traj_pos", torch.float32, (S, A, T, 2)), (traj_heading, "traj_heading", torch.float32, (S, A, T)),
         (traj_vel, "traj_vel", torch.float32, (S, A, T, 2)), (traj_valid, "traj_valid", torch.bool, (S, A, T)),
     )]
@@ -238,8 +238,7 @@ def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj
     for o, ref_t in zip(out, args[:4]):
         if o.dtype != ref_t.dtype or o.shape != ref_t.shape or not o.is_contiguous() or o.device.type != "cpu":
             raise ValueError(f"replay: out tensors must be contiguous CPU {ref_t.dtype} {tuple(ref_t.shape)}")
-    if W and (int(args[5].min()) < 0 or int(args[5].max()) >= S):
-        raise ValueError(f"replay: scenario indices must lie in [0, S = {S})")
+    check_index_range(args[5], S, f"replay: scenario indices must lie in [0, S = {S})")
     lib.gpusim_replay(*(t.data_ptr() for t in args + list(out)), W, A, T, torch.get_num_threads())
     return tuple(out)
 
@@ -258,7 +257,7 @@ def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad
     W, A = present.shape
     C = slot_active.shape[1]
     f32, b = torch.float32, torch.bool
-    ins = [_c(t, f"events: {n}", d, sh) for t, n, d, sh in (
+    ins = [_c(t, "events", n, d, sh) for t, n, d, sh in (
         (pos, "pos", f32, (W, A, 2)), (goal, "goal", f32, (W, A, 2)), (speed, "speed", f32, (W, A)),
         (controlled, "controlled", b, (W, A)), (in_play, "in_play", b, (W, A)), (present, "present", b, (W, A)),
         (collided, "collided", b, (W, A)), (offroad, "offroad", b, (W, A)), (hit, "hit", b, (W, A)),
@@ -297,7 +296,7 @@ def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_
     """
     W, C = heading.shape
     S, T, L = signal_state.shape
-    ins = [_c(t, f"red_light: {n}", d, sh) for t, n, d, sh in (
+    ins = [_c(t, "red_light", n, d, sh) for t, n, d, sh in (
         (pos_before, "pos_before", torch.float32, (W, C, 2)), (pos, "pos", torch.float32, (W, C, 2)),
         (heading, "heading", torch.float32, (W, C)), (moving, "moving", torch.bool, (W, C)),
         (scenario, "scenario", torch.int64, (W,)),
@@ -312,8 +311,7 @@ def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_
         ref = red_light_violation_reference(*ins[:5], log_index, *ins[5:])
         return ref if out is None else out.copy_(ref)
     out = _bool_out(out, W, C, "red_light")
-    if W and (int(scenario.min()) < 0 or int(scenario.max()) >= S):
-        raise ValueError(f"red_light: scenario indices must lie in [0, S = {S})")
+    check_index_range(ins[4], S, f"red_light: scenario indices must lie in [0, S = {S})")
     c, s = _trig(ins[2], cos_h, sin_h)
     pb, p, _, mv, sc, sp, sd, st, sv, ns = ins
     red = [int(v) for v in RED_SIGNAL_STATES]
@@ -350,11 +348,11 @@ def bicycle_slots_cpu(pos, heading, speed, length, accel, steer, moving, dt: flo
     if not 0 <= C <= A:
         raise ValueError(f"bicycle_slots: accel must be [W, C] with C <= {A}, got {tuple(accel.shape)}")
     f32 = torch.float32
-    pos, heading, speed, length = (_c(t, f"bicycle_slots: {n}", f32, sh) for t, n, sh in (
+    pos, heading, speed, length = (_c(t, "bicycle_slots", n, f32, sh) for t, n, sh in (
         (pos, "pos", (W, A, 2)), (heading, "heading", (W, A)), (speed, "speed", (W, A)), (length, "length", (W, A))))
-    accel = _c(accel, "bicycle_slots: accel", f32, (W, C))
-    steer = _c(steer, "bicycle_slots: steer", f32, (W, C))
-    moving = _c(moving, "bicycle_slots: moving", torch.bool, (W, C))
+    accel = _c(accel, "bicycle_slots", "accel", f32, (W, C))
+    steer = _c(steer, "bicycle_slots", "steer", f32, (W, C))
+    moving = _c(moving, "bicycle_slots", "moving", torch.bool, (W, C))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         p2, h2, v2 = dynamics.bicycle_step_reference(pos[:, :C], heading[:, :C], speed[:, :C], length[:, :C],

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.backend import backend_for
 from gpusim.metrics import episode_values
-from gpusim.sim.context import SimContext, StepVars
+from gpusim.sim.context import SimContext, StepVars, on_torch
 from gpusim.state import EnvState
 
 
@@ -36,7 +35,7 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         "ever_red_light": state.ever_red_light | state.red_light_now,  # in-play slots only (stage signals)
     }
     cfg = ctx.config
-    if not cfg.compile and backend_for(step.terminal) == "torch" and step.terminal.device.type == "cpu" \
+    if not cfg.compile and on_torch(state, step) and step.terminal.device.type == "cpu" \
             and not bool(step.terminal.any()):
         return changes
     values = episode_values(

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.backend import backend_for
 from gpusim.config import ContactBehavior
 from gpusim.kernels.collision import collisions
 from gpusim.kernels.events import hit_by
 from gpusim.kernels.offroad import offroad
-from gpusim.kernels.step_cpu import collisions_cpu, hit_by_cpu, offroad_cpu, step_kernels_available
-from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.kernels.step_cpu import collisions_cpu, hit_by_cpu, offroad_cpu
+from gpusim.sim.context import SimContext, StepVars, heading_trig, slots, use_step_c
 from gpusim.state import EnvState
 
 
@@ -31,7 +30,7 @@ def contacts(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ``collided_now``, ``offroad_now``."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     live = state.present & state.controlled
-    if cfg.cpu_kernels and backend_for(state.pos) == "torch" and step_kernels_available():
+    if use_step_c(ctx, state, step, eager_only=False):
         return _contacts_c(ctx, state, step, live)
     collided = collisions(
         pos=state.pos,
@@ -78,8 +77,9 @@ def contacts(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
 def _contacts_c(ctx: SimContext, state: EnvState, step: StepVars, live) -> dict:
     """:func:`contacts` through the C kernels (``kernels.step_cpu``); same results."""
     cfg, p = ctx.config, ctx.pack
+    cos_h, sin_h = heading_trig(step, state.heading)  # shared with the observation (same headings)
     box = dict(pos=state.pos, heading=state.heading, length=state.length, width=state.width,
-               cos_h=torch.cos(state.heading), sin_h=torch.sin(state.heading))
+               cos_h=cos_h, sin_h=sin_h)
     collided = collisions_cpu(**box, present=state.present, box_scale=cfg.collision_box_scale, query=live)
     off = offroad_cpu(**box, present=live, scenario=state.scenario, road_seg=p.road_seg, grid_edge=p.grid_edge,
                       grid_start=p.grid_start, grid_origin=p.grid_origin, grid_dims=p.grid_dims,

@@ -10,11 +10,14 @@ changes (the pipeline applies them with ``state.replace(**changes)``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
+from gpusim.backend import backend_for
 from gpusim.config import EnvConfig
 from gpusim.data.pack import ScenarioPack
+from gpusim.kernels.step_cpu import step_kernels_available
 
 
 def slots(t: torch.Tensor, num_slots: int) -> torch.Tensor:
@@ -25,6 +28,33 @@ def slots(t: torch.Tensor, num_slots: int) -> torch.Tensor:
 def with_slots(t: torch.Tensor, slot_values: torch.Tensor) -> torch.Tensor:
     """``t`` [W, A, ...] with its first C columns replaced by ``slot_values`` [W, C, ...] (new tensor)."""
     return torch.cat([slot_values, t[:, slot_values.shape[1]:]], dim=1)
+
+
+def on_torch(state, step: "StepVars") -> bool:
+    """True when the step runs on the torch backend (``backend_for(state.pos)``, evaluated once
+    per step and kept in ``step.backend``: it reads ``GPUSIM_BACKEND`` from the environment)."""
+    if step.backend is None:
+        step.backend = backend_for(state.pos)
+    return step.backend == "torch"
+
+
+def use_step_c(ctx: "SimContext", state, step: "StepVars", eager_only: bool = True) -> bool:
+    """True when a stage runs the C kernels of ``kernels.step_cpu``: ``EnvConfig.cpu_kernels``, the
+    torch backend, the library built (and, with ``eager_only``, no ``EnvConfig.compile``)."""
+    cfg = ctx.config
+    return (cfg.cpu_kernels and not (eager_only and cfg.compile) and on_torch(state, step)
+            and step_kernels_available())
+
+
+def heading_trig(step: "StepVars", heading: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(torch.cos(heading), torch.sin(heading))`` of a [W, A] float32 heading tensor, computed
+    once per step for the same tensor (object and in-place version): stage ``contacts`` and the
+    C observation share them while no stage in between changed the headings."""
+    t = step.trig
+    if t is None or t[0] is not heading or t[1] != heading._version:
+        t = (heading, heading._version, torch.cos(heading), torch.sin(heading))
+        step.trig = t
+    return t[2], t[3]
 
 
 @dataclass
@@ -40,7 +70,8 @@ class SimContext:
         ``episode_end`` argument (no per-step host->device copy), obs_buf / obs_written: the
         reused observation buffer [W, C, D] and the [W*C] bool slots that may be non-zero, obs_core:
         the partner/road kernel's own [W, C, D0] buffer when observations have a signal block,
-        coplayer_metrics: the co-player slots' metrics log (None without co-players).
+        coplayer_metrics: the co-player slots' metrics log (None without co-players),
+        pack_facts: host values derived from the pack, per pack object (:meth:`pack_fact`).
     """
 
     config: EnvConfig
@@ -58,11 +89,23 @@ class SimContext:
     obs_core: torch.Tensor | None = None
     coplayer_metrics: object = None
     pool: object = None  # gpusim.data.pool.ScenarioPool when streaming (issue 21), else None
+    pack_facts: tuple = (None, {})  # (pack, {name: value}): host facts of the pack (pack_fact)
 
     def __post_init__(self):
         W = self.num_worlds
         self.end_flags = (torch.zeros(W, dtype=torch.bool, device=self.device),
                           torch.ones(W, dtype=torch.bool, device=self.device))
+
+    def pack_fact(self, name: str, compute: Callable):
+        """``compute(pack)`` for the current pack, computed once per pack object (a host read of a
+        static pack tensor, e.g. whether any scenario has a traffic signal, off the step's path)."""
+        pack, facts = self.pack_facts
+        if pack is not self.pack:
+            pack, facts = self.pack, {}
+            self.pack_facts = (pack, facts)
+        if name not in facts:
+            facts[name] = compute(pack)
+        return facts[name]
 
     @property
     def sizes(self) -> dict[str, int]:
@@ -89,6 +132,8 @@ class StepVars:
         restart: [W] bool, the world starts a new trial (trial mode) or None.
         info: extra result entries (``trial_end`` in trial mode).
         obs: [W, C, D] float32 observation of the new state (observe).
+        backend: ``"torch"`` / ``"triton"`` of this step, set at first use (:func:`on_torch`).
+        trig: ``(heading, version, cos, sin)`` shared by the C stages (:func:`heading_trig`).
     """
 
     actions: torch.Tensor
@@ -107,3 +152,5 @@ class StepVars:
     restart: torch.Tensor | None = None
     info: dict = field(default_factory=dict)
     obs: torch.Tensor | None = None
+    backend: str | None = None
+    trig: tuple | None = None

@@ -24,11 +24,10 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from gpusim.backend import backend_for
 from gpusim.config import Dynamics
 from gpusim.kernels import dynamics
-from gpusim.kernels.step_cpu import bicycle_slots_cpu, step_kernels_available
-from gpusim.sim.context import SimContext, StepVars, slots, with_slots
+from gpusim.kernels.step_cpu import bicycle_slots_cpu
+from gpusim.sim.context import SimContext, StepVars, slots, use_step_c, with_slots
 from gpusim.state import EnvState, in_play
 
 
@@ -70,8 +69,7 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     cfg = ctx.config
     accel, steer = dynamics.decode_actions(step.actions, int(cfg.action_space))
     model = model_for(ctx)
-    if (cfg.cpu_kernels and not cfg.compile and model.forward is dynamics.bicycle_step
-            and backend_for(state.pos) == "torch" and step_kernels_available()):
+    if model.forward is dynamics.bicycle_step and use_step_c(ctx, state, step):
         pos, heading, speed = bicycle_slots_cpu(pos=state.pos, heading=state.heading, speed=state.speed,
                                                 length=state.length, accel=accel.contiguous(),
                                                 steer=steer.contiguous(), moving=step.loss_mask, dt=cfg.dt)

@@ -31,7 +31,7 @@ import torch
 from gpusim.backend import backend_for
 from gpusim.kernels.observations import cpu_kernel_available, observations, observations_compiled, observations_cpu
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
-from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.sim.context import SimContext, StepVars, heading_trig, slots
 from gpusim.sim.signals import signal_log_index
 from gpusim.state import EnvState
 
@@ -62,8 +62,9 @@ def _observe_inputs(ctx: SimContext, state: EnvState, active: torch.Tensor) -> d
     )
 
 
-def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
-    """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned)."""
+def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None) -> torch.Tensor:
+    """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned). ``step``: the
+    running step, whose cos/sin of the headings the C kernel reuses (:func:`heading_trig`)."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     active = (state.slot_active & state.present[:, :C]).contiguous()
     full = ctx.obs_buf
@@ -75,9 +76,10 @@ def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
         flat = active.view(-1)
         rows = (flat | ctx.obs_written).nonzero().squeeze(1)
         # scenarios without signals: the signal block is all zero, written by the same kernel call
-        no_signals = cfg.num_signals > 0 and int(p.num_signals.max()) == 0
+        no_signals = cfg.num_signals > 0 and ctx.pack_fact("no_signals", lambda pk: int(pk.num_signals.max()) == 0)
+        cos_h, sin_h = heading_trig(step, state.heading) if step is not None else (None, None)
         observations_cpu(**_observe_inputs(ctx, state, active), out=full[..., :d0], rows=rows,
-                         zero_tail=full.shape[-1] - d0 if no_signals else 0)
+                         zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h)
     else:
         no_signals = False
         if cfg.num_signals > 0:  # the torch/Triton kernels write their own [W, C, D0] buffer (docstring)
@@ -97,7 +99,7 @@ def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
         obs_fn(**_observe_inputs(ctx, state, active), out=buf, rows=rows)
         if cfg.num_signals > 0:
             full[..., :d0].copy_(buf)
-    ctx.obs_written = active.view(-1).clone()  # inactive slots are all zero now
+    ctx.obs_written = active.view(-1)  # inactive slots are all zero now (``active`` is this call's own)
     if cfg.num_signals > 0 and not no_signals:
         signal_observations(
             pos=slots(state.pos, C),
@@ -120,5 +122,5 @@ def observe_state(ctx: SimContext, state: EnvState) -> torch.Tensor:
 
 def observe(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Sets ``step.obs``; changes no state field."""
-    step.obs = observe_state(ctx, state)
+    step.obs = observe_state(ctx, state, step)
     return {}

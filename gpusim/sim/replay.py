@@ -11,10 +11,9 @@ CPU kernel: on the torch backend with ``EnvConfig.cpu_kernels`` (default) and wi
 
 from __future__ import annotations
 
-from gpusim.backend import backend_for
 from gpusim.kernels.replay import replay as replay_kernel
-from gpusim.kernels.step_cpu import replay_cpu, step_kernels_available
-from gpusim.sim.context import SimContext, StepVars
+from gpusim.kernels.step_cpu import replay_cpu
+from gpusim.sim.context import SimContext, StepVars, use_step_c
 from gpusim.state import EnvState
 
 
@@ -22,8 +21,7 @@ def replay(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``step`` (+1), ``pos``, ``heading``, ``speed``, ``present`` of the experts."""
     p = ctx.pack
     new_step = state.step + 1
-    cfg = ctx.config
-    use_c = cfg.cpu_kernels and not cfg.compile and backend_for(state.pos) == "torch" and step_kernels_available()
+    use_c = use_step_c(ctx, state, step)
     pos, heading, speed, present = (replay_cpu if use_c else replay_kernel)(
         pos=state.pos,
         heading=state.heading,

@@ -20,10 +20,9 @@ results bit for bit; the reference where no C compiler is available).
 
 from __future__ import annotations
 
-from gpusim.backend import backend_for
 from gpusim.kernels.events import events
-from gpusim.kernels.step_cpu import events_cpu, step_kernels_available
-from gpusim.sim.context import SimContext, StepVars
+from gpusim.kernels.step_cpu import events_cpu
+from gpusim.sim.context import SimContext, StepVars, use_step_c
 from gpusim.state import EnvState
 
 
@@ -32,7 +31,7 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ``step.terminal`` [W, C]; changes ``speed``, ``present``, ``stopped``, ``contact_stopped``,
     ``removed``, ``last_reward`` (and ``world_done``, ``slot_done`` outside trial mode)."""
     cfg = ctx.config
-    use_c = cfg.cpu_kernels and not cfg.compile and backend_for(state.pos) == "torch" and step_kernels_available()
+    use_c = use_step_c(ctx, state, step)
     ev = (events_cpu if use_c else events)(
         pos=state.pos.contiguous(),
         goal=state.goal,

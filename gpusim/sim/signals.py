@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.backend import backend_for
 from gpusim.kernels.signals import red_light_violation
-from gpusim.kernels.step_cpu import red_light_cpu, step_kernels_available
-from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.kernels.step_cpu import red_light_cpu
+from gpusim.sim.context import SimContext, StepVars, slots, use_step_c
 from gpusim.state import EnvState
 
 
@@ -42,8 +41,8 @@ def signals_before(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
 
 def signals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``red_light_now`` [W, C] (in-play slots that crossed a red stop line this step)."""
-    p, C, cfg = ctx.pack, ctx.num_slots, ctx.config
-    use_c = cfg.cpu_kernels and not cfg.compile and backend_for(state.pos) == "torch" and step_kernels_available()
+    p, C = ctx.pack, ctx.num_slots
+    use_c = use_step_c(ctx, state, step)
     now = (red_light_cpu if use_c else red_light_violation)(
         pos_before=state.pos_before,
         pos=slots(state.pos, C),

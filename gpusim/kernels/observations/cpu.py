@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from gpusim.kernels.cbuild import CFLAGS, CLibrary, cache_dir  # noqa: F401  (re-exported)
+from gpusim.kernels.cbuild import CFLAGS, CLibrary, cache_dir, check_index_range  # noqa: F401  (re-exported)
 from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.obs_layout import GOAL_SCALE, SIZE_SCALE, SPEED_SCALE
 from gpusim.kernels.observations.naive import observations_reference
@@ -95,10 +95,16 @@ def _check_out_rows(out, rows, W: int, C: int, D: int, device) -> None:
             raise ValueError(f"observations: rows must lie in [0, W*C = {W * C})")
 
 
+def _trig_input(t, name: str, W: int, A: int) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor) or t.dtype is not torch.float32 or t.shape != (W, A) or not t.is_cpu:
+        raise ValueError(f"observations_cpu: {name} must be a CPU float32 tensor of shape {(W, A)}")
+    return t.contiguous()
+
+
 def observations_cpu(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None, rows=None, grid_start=None, zero_tail=0,
+    road_radius, out=None, rows=None, grid_start=None, zero_tail=0, cos_h=None, sin_h=None,
 ):
     """C implementation of :func:`gpusim.kernels.observations.observations` on CPU tensors (same
     arguments, result and errors; the full docstring is there), with one relaxation: ``out`` may
@@ -106,7 +112,8 @@ def observations_cpu(
     row stride >= D), which the kernel writes in place, so the traffic-signal stage can share the
     buffer without a copy. ``zero_tail``: that many columns after the D written ones in each
     written row are set to zero too (they must lie inside the row stride); the env uses it for an
-    all-zero traffic-signal block when its scenarios have no signals.
+    all-zero traffic-signal block when its scenarios have no signals. ``cos_h``, ``sin_h``: [W, A]
+    float32 ``torch.cos/sin(heading)`` when the caller has them (else computed here).
 
     Falls back to the torch reference (one warning) when the C library cannot be built.
 
@@ -142,15 +149,18 @@ def observations_cpu(
             wide.index_fill_(0, torch.arange(W * C) if rows is None else rows, 0.0)
         return out
     S, R = road_seg.shape[:2]
-    if W and (int(scenario.min()) < 0 or int(scenario.max()) >= S):
-        raise ValueError(f"observations: scenario indices must lie in [0, S = {S})")
+    check_index_range(scenario, S, f"observations: scenario indices must lie in [0, S = {S})")
     obs = out if out is not None else torch.empty(W, C, D, device=pos.device, dtype=torch.float32)
     n = W * C if rows is None else rows.numel()
     if n == 0:
         return obs
     grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
     geo, feat = road_table(road_seg, road_type)
-    cos_h, sin_h = torch.cos(heading), torch.sin(heading)
+    if cos_h is None or sin_h is None:
+        cos_h, sin_h = torch.cos(heading), torch.sin(heading)
+    else:
+        cos_h = _trig_input(cos_h, "cos_h", W, A)
+        sin_h = _trig_input(sin_h, "sin_h", W, A)
     ptr = lambda t: t.data_ptr()  # noqa: E731  (all checked contiguous above)
     pr, rr = float(partner_radius), float(road_radius)
     rc = lib.gpusim_observations(
