@@ -23,7 +23,10 @@ from gpusim.env import DriveEnv
 from gpusim.kernels import dynamics
 from gpusim.kernels.events import events_reference
 from gpusim.kernels.signals import red_light_violation_reference
-from gpusim.kernels.step_cpu import bicycle_slots_cpu, events_cpu, red_light_cpu, step_kernels_status
+from gpusim.kernels.replay import replay_reference
+from gpusim.kernels.step_cpu import (bicycle_slots_cpu, events_cpu, in_play_cpu, red_light_cpu, replay_state_cpu,
+                                    step_kernels_status)
+from gpusim.state import in_play
 from tests.synthetic import driver, lane, small_config, synthetic_pack
 
 TFRECORD = Path(__file__).resolve().parents[1] / "data" / "womd_tfrecord" / "motion_data_one_scenario.tfrecord.gz"
@@ -187,6 +190,42 @@ def test_bicycle_slots_match_reference(pack, worlds, C):
         for x, y, full in zip(got, want, args.values()):
             assert torch.equal(bits(x[:, :C]), bits(y)) and torch.equal(bits(x[:, C:]), bits(full[:, C:]))
         assert (got[1][:, :C] != heading[:, :C]).any()
+
+
+@pytest.mark.parametrize("worlds,C", [(1, 8), (13, 8), (40, 3)])
+def test_in_play_and_replay_state_match_reference(pack, worlds, C):
+    """Random flags on real states, logs past their end and before their start: ``in_play_cpu``
+    equals ``state.in_play`` (and its first C columns), ``replay_state_cpu`` equals the reference
+    replay with ``replayed = ~controlled & ~removed`` and ``log_index = init + step - trial_start``."""
+    env = DriveEnv(pack, worlds, EnvConfig(max_controlled=8, num_signals=0), seed=worlds)
+    g = torch.Generator().manual_seed(worlds)
+    st = env.state
+    W, A = st.present.shape
+    T = pack.traj_valid.shape[-1]
+    for t in range(6):
+        rnd = lambda p, *shape: torch.rand(*(shape or (W, A)), generator=g) < p  # noqa: E731
+        flags = dict(controlled=rnd(0.6), present=rnd(0.8), stopped=rnd(0.2), removed=rnd(0.15))
+        world_done = rnd(0.3, W)
+        play, mask = in_play_cpu(**flags, world_done=world_done, num_slots=C)
+        want = in_play(dataclasses.replace(st, **flags, world_done=world_done))
+        assert torch.equal(play, want) and torch.equal(mask, want[:, :C]) and mask.is_contiguous()
+        step = torch.randint(-3, T + 5, (W,), generator=g, dtype=torch.int32)
+        trial_start = torch.randint(0, 4, (W,), generator=g, dtype=torch.int32)
+        common = dict(pos=st.pos, heading=st.heading, speed=st.speed + t, present=flags["present"],
+                      scenario=st.scenario)
+        traj = dict(traj_pos=pack.traj_pos, traj_heading=pack.traj_heading, traj_vel=pack.traj_vel,
+                    traj_valid=pack.traj_valid)
+        got = replay_state_cpu(**common, controlled=flags["controlled"], removed=flags["removed"], step=step,
+                               trial_start=trial_start, init_steps=10, **traj)
+        ref = replay_reference(**common, replayed=~flags["controlled"] & ~flags["removed"],
+                               log_index=10 + (step - trial_start), **traj)
+        for x, y in zip(got, ref):
+            assert torch.equal(bits(x), bits(y))
+    with pytest.raises(ValueError, match="in_play: world_done"):
+        in_play_cpu(**flags, world_done=world_done.int(), num_slots=C)
+    with pytest.raises(ValueError, match="replay: step"):
+        replay_state_cpu(**common, controlled=flags["controlled"], removed=flags["removed"], step=step.long(),
+                         trial_start=trial_start, init_steps=10, **traj)
 
 
 # ----------------------------------------------------------------------------- env level

@@ -2,7 +2,8 @@
  * no torch headers): agent-agent collisions (gpusim.kernels.collision), who was hit
  * (gpusim.kernels.events.hit_by), offroad (gpusim.kernels.offroad), log replay
  * (gpusim.kernels.replay), the events of stage rewards (gpusim.kernels.events.events) and the
- * red-light test of stage signals (gpusim.kernels.signals.red_light_violation).
+ * red-light test of stage signals (gpusim.kernels.signals.red_light_violation), and the in-play
+ * flags of stage motion (gpusim.state.in_play).
  *
  * The oracles are the torch references of those modules. This file repeats their float32
  * arithmetic operation by operation, in the same order, built with -ffp-contract=off (no FMA
@@ -23,7 +24,7 @@
 #endif
 
 /* Bumped whenever an argument list below changes (step_cpu.py checks it). */
-#define GPUSIM_STEP_ABI 3
+#define GPUSIM_STEP_ABI 4
 
 int gpusim_step_abi(void) { return GPUSIM_STEP_ABI; }
 
@@ -193,6 +194,37 @@ void gpusim_offroad(const float *pos, const float *cos_h, const float *sin_h, co
     }
 }
 
+/* One world of replay.replay_reference at log index li: replayed slots take the log (or leave the
+ * scene), the others are copied. replayed [W, A], or NULL: replayed = ~controlled & ~removed. */
+static inline void replay_world(int64_t w, int64_t li, const float *pos, const float *heading,
+                                const float *speed, const uint8_t *present, const uint8_t *replayed,
+                                const uint8_t *controlled, const uint8_t *removed, const int64_t *scenario,
+                                const float *traj_pos, const float *traj_heading, const float *traj_vel,
+                                const uint8_t *traj_valid, float *out_pos, float *out_heading,
+                                float *out_speed, uint8_t *out_present, int64_t A, int64_t T) {
+    const int64_t s = scenario[w];
+    const int in_range = li >= 0 && li < T;
+    const int64_t i = li < 0 ? 0 : (li > T - 1 ? T - 1 : li);
+    for (int64_t a = 0; a < A; a++) {
+        const int64_t g = w * A + a, t = (s * A + a) * T + i;
+        const int valid = in_range && traj_valid[t];
+        const int rep = replayed ? replayed[g] != 0 : (!controlled[g] && !removed[g]);
+        if (rep && valid) {
+            float vx = traj_vel[2 * t], vy = traj_vel[2 * t + 1];
+            out_pos[2 * g] = traj_pos[2 * t];
+            out_pos[2 * g + 1] = traj_pos[2 * t + 1];
+            out_heading[g] = traj_heading[t];
+            out_speed[g] = sqrtf(fmaf(vy, vy, vx * vx));
+        } else {
+            out_pos[2 * g] = pos[2 * g];
+            out_pos[2 * g + 1] = pos[2 * g + 1];
+            out_heading[g] = heading[g];
+            out_speed[g] = rep ? 0.0f : speed[g];
+        }
+        out_present[g] = (uint8_t)(rep ? valid : present[g] != 0);
+    }
+}
+
 /* replay.replay_reference: replayed slots take the log at log_index[w] (or leave the scene), the
  * others are copied. Outputs fully written. */
 void gpusim_replay(const float *pos, const float *heading, const float *speed, const uint8_t *present,
@@ -202,27 +234,42 @@ void gpusim_replay(const float *pos, const float *heading, const float *speed, c
                    uint8_t *out_present, int64_t W, int64_t A, int64_t T, int num_threads) {
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++)
+        replay_world(w, log_index[w], pos, heading, speed, present, replayed, NULL, NULL, scenario, traj_pos,
+                     traj_heading, traj_vel, traj_valid, out_pos, out_heading, out_speed, out_present, A, T);
+}
+
+/* gpusim_replay with its two derived inputs computed in the pass (stage replay): replayed =
+ * ~controlled & ~removed, log_index[w] = init_steps + (step[w] - trial_start[w]) (int32 clocks,
+ * step the new one). */
+void gpusim_replay_state(const float *pos, const float *heading, const float *speed, const uint8_t *present,
+                         const uint8_t *controlled, const uint8_t *removed, const int64_t *scenario,
+                         const int32_t *step, const int32_t *trial_start, int64_t init_steps,
+                         const float *traj_pos, const float *traj_heading, const float *traj_vel,
+                         const uint8_t *traj_valid, float *out_pos, float *out_heading, float *out_speed,
+                         uint8_t *out_present, int64_t W, int64_t A, int64_t T, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++)
+        replay_world(w, init_steps + ((int64_t)step[w] - (int64_t)trial_start[w]), pos, heading, speed, present,
+                     NULL, controlled, removed, scenario, traj_pos, traj_heading, traj_vel, traj_valid, out_pos,
+                     out_heading, out_speed, out_present, A, T);
+}
+
+/* state.in_play: controlled & present & ~stopped & ~removed & ~world_done[w]; loss_mask = its first
+ * C columns. in_play [W, A] and loss_mask [W, C] fully written. */
+void gpusim_in_play(const uint8_t *controlled, const uint8_t *present, const uint8_t *stopped,
+                    const uint8_t *removed, const uint8_t *world_done, uint8_t *in_play, uint8_t *loss_mask,
+                    int64_t W, int64_t A, int64_t C, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {
-        const int64_t s = scenario[w], li = log_index[w];
-        const int in_range = li >= 0 && li < T;
-        const int64_t i = li < 0 ? 0 : (li > T - 1 ? T - 1 : li);
+        const int live = world_done[w] == 0;
         for (int64_t a = 0; a < A; a++) {
-            const int64_t g = w * A + a, t = (s * A + a) * T + i;
-            const int valid = in_range && traj_valid[t];
-            const int rep = replayed[g] != 0;
-            if (rep && valid) {
-                float vx = traj_vel[2 * t], vy = traj_vel[2 * t + 1];
-                out_pos[2 * g] = traj_pos[2 * t];
-                out_pos[2 * g + 1] = traj_pos[2 * t + 1];
-                out_heading[g] = traj_heading[t];
-                out_speed[g] = sqrtf(fmaf(vy, vy, vx * vx));
-            } else {
-                out_pos[2 * g] = pos[2 * g];
-                out_pos[2 * g + 1] = pos[2 * g + 1];
-                out_heading[g] = heading[g];
-                out_speed[g] = rep ? 0.0f : speed[g];
-            }
-            out_present[g] = (uint8_t)(rep ? valid : present[g] != 0);
+            const int64_t g = w * A + a;
+            const uint8_t p = (uint8_t)(live && controlled[g] && present[g] && !stopped[g] && !removed[g]);
+            in_play[g] = p;
+            if (a < C) loss_mask[w * C + a] = p;
         }
     }
 }

@@ -8,7 +8,9 @@ kernels (CPU)" and "C kernels of the small CPU stages"):
   separating-axis test, same bounding-circle pre-check and margin),
 * :func:`hit_by_cpu` = :func:`gpusim.kernels.events.hit_by_reference`,
 * :func:`offroad_cpu` = :func:`gpusim.kernels.offroad.offroad_reference` on the first ``C`` slots,
-* :func:`replay_cpu` = :func:`gpusim.kernels.replay.replay_reference`,
+* :func:`replay_cpu` = :func:`gpusim.kernels.replay.replay_reference` (and :func:`replay_state_cpu`,
+  the same with ``replayed`` and ``log_index`` derived from the state in the C pass),
+* :func:`in_play_cpu` = :func:`gpusim.state.in_play` and its first C columns (stage ``motion``),
 * :func:`events_cpu` = :func:`gpusim.kernels.events.events_reference` (stage ``rewards``),
 * :func:`red_light_cpu` = :func:`gpusim.kernels.signals.red_light_violation_reference` (stage
   ``signals``),
@@ -46,12 +48,12 @@ from gpusim.kernels.signals import STOP_LINE_HALF_WIDTH, STOP_LINE_MAX_ANGLE, re
 from gpusim.kernels.trimath import PI, TWO_PI
 
 #: Version of the C argument lists (``gpusim_step_abi()`` in step_cpu.c must return it).
-ABI = 3
+ABI = 4
 SOURCE = Path(__file__).with_name("step_cpu.c")
 
 
 def _declare(lib) -> None:
-    """ctypes signatures of the seven kernels (step_cpu.c)."""
+    """ctypes signatures of the nine kernels (step_cpu.c)."""
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     for fn, args in (
         (lib.gpusim_collisions, [p] * 8 + [i64, i64, f32, f32, i32]),
@@ -61,6 +63,8 @@ def _declare(lib) -> None:
         (lib.gpusim_events, [p] * 27 + [i64] * 3 + [f32] * 4 + [i32] * 5 + [f32, i32]),
         (lib.gpusim_red_light, [p] * 13 + [i64] * 4 + [i32, i32, f32, f32, i32]),
         (lib.gpusim_motion, [p] * 13 + [i64] * 3 + [f32] * 7 + [i32]),
+        (lib.gpusim_replay_state, [p] * 9 + [i64] + [p] * 8 + [i64] * 3 + [i32]),
+        (lib.gpusim_in_play, [p] * 7 + [i64] * 3 + [i32]),
     ):
         fn.restype, fn.argtypes = None, args
 
@@ -241,6 +245,74 @@ def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj
     check_index_range(args[5], S, f"replay: scenario indices must lie in [0, S = {S})")
     lib.gpusim_replay(*(t.data_ptr() for t in args + list(out)), W, A, T, torch.get_num_threads())
     return tuple(out)
+
+
+def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario, step, trial_start,
+                     init_steps: int, traj_pos, traj_heading, traj_vel, traj_valid):
+    """Stage ``replay``'s call of :func:`replay_cpu` with the two derived inputs computed in the C
+    pass: the result equals ``replay_cpu(..., replayed=~controlled & ~removed, log_index=init_steps
+    + (step - trial_start), ...)`` (new tensors), without the four torch ops that build them.
+
+    Args:
+        controlled, removed: [W, A] bool. step, trial_start: [W] int32 (``step`` the new clock).
+        init_steps: log index of step 0. The rest as :func:`replay_cpu`.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    W, A = present.shape
+    S, _, T = traj_valid.shape
+    f32, b = torch.float32, torch.bool
+    args = [_c(t, "replay", n, d, sh) for t, n, d, sh in (
+        (pos, "pos", f32, (W, A, 2)), (heading, "heading", f32, (W, A)), (speed, "speed", f32, (W, A)),
+        (present, "present", b, (W, A)), (controlled, "controlled", b, (W, A)), (removed, "removed", b, (W, A)),
+        (scenario, "scenario", torch.int64, (W,)), (step, "step", torch.int32, (W,)),
+        (trial_start, "trial_start", torch.int32, (W,)),
+    )]
+    traj = [_c(t, "replay", n, d, sh) for t, n, d, sh in (
+        (traj_pos, "traj_pos", f32, (S, A, T, 2)), (traj_heading, "traj_heading", f32, (S, A, T)),
+        (traj_vel, "traj_vel", f32, (S, A, T, 2)), (traj_valid, "traj_valid", b, (S, A, T)),
+    )]
+    lib = _LIB.load(stacklevel=3)
+    if lib is None or T == 0:
+        pos, heading, speed, present, controlled, removed, scenario, step, trial_start = args
+        return replay_reference(pos, heading, speed, present, ~controlled & ~removed, scenario,
+                                init_steps + (step - trial_start), *traj)
+    check_index_range(args[6], S, f"replay: scenario indices must lie in [0, S = {S})")
+    out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A), torch.empty(W, A, dtype=b))
+    ptrs = [t.data_ptr() for t in args]
+    lib.gpusim_replay_state(*ptrs[:9], int(init_steps), *(t.data_ptr() for t in traj + list(out)), W, A, T,
+                            torch.get_num_threads())
+    return out
+
+
+def in_play_cpu(controlled, present, stopped, removed, world_done, num_slots: int):
+    """:func:`gpusim.state.in_play` from its five flag tensors, plus its first ``num_slots`` columns,
+    in one C pass (stage ``motion``): ``(in_play [W, A] bool, loss_mask [W, C] bool)``, new
+    contiguous tensors, equal to ``in_play`` and ``in_play[:, :C]``.
+
+    Args:
+        controlled, present, stopped, removed: [W, A] bool. world_done: [W] bool. num_slots: C <= A.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device; C outside [0, A].
+    """
+    W, A = present.shape
+    C = int(num_slots)
+    if not 0 <= C <= A:
+        raise ValueError(f"in_play: num_slots must lie in [0, {A}], got {num_slots}")
+    b = torch.bool
+    ins = [_c(t, "in_play", n, b, sh) for t, n, sh in (
+        (controlled, "controlled", (W, A)), (present, "present", (W, A)), (stopped, "stopped", (W, A)),
+        (removed, "removed", (W, A)), (world_done, "world_done", (W,)))]
+    lib = _LIB.load(stacklevel=3)
+    if lib is None:
+        play = ins[0] & ins[1] & ~ins[2] & ~ins[3] & ~ins[4][:, None]
+        return play, play[:, :C].contiguous()
+    play, mask = torch.empty(W, A, dtype=b), torch.empty(W, C, dtype=b)
+    lib.gpusim_in_play(*(t.data_ptr() for t in ins), play.data_ptr(), mask.data_ptr(), W, A, C,
+                       torch.get_num_threads())
+    return play, mask
 
 
 def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped,

@@ -28,10 +28,10 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     C = ctx.num_slots
     changes = {
         "ep_return": state.ep_return + step.reward,
-        "ep_length": state.ep_length + step.loss_mask.to(torch.int32),
+        "ep_length": state.ep_length + step.loss_mask,  # int32 + bool -> int32
         "goal_reached": state.goal_reached | step.goal_now,
-        "ever_collided": state.ever_collided | (step.in_play & step.collided),
-        "ever_offroad": state.ever_offroad | (step.in_play & step.offroad),
+        "ever_collided": state.ever_collided | step.collided_in_play(),
+        "ever_offroad": state.ever_offroad | step.offroad_in_play(),
         "ever_red_light": state.ever_red_light | state.red_light_now,  # in-play slots only (stage signals)
     }
     cfg = ctx.config

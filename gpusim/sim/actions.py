@@ -84,9 +84,12 @@ class ActionCheck:
 
     def _check_sync(self, a: torch.Tensor) -> torch.Tensor:
         if self.discrete:
-            if bool(self._bad(a).any()):
-                lo, hi = int(a.min()), int(a.max())
-                raise ValueError(f"discrete actions must be in [0, {dynamics.NUM_ACTIONS}), got values in [{lo}, {hi}]")
+            if a.numel():  # one reduction (min and max), one host read
+                lo, hi = torch.aminmax(a)
+                lo, hi = torch.stack([lo, hi]).tolist() if a.is_cuda else (int(lo), int(hi))
+                if lo < 0 or hi >= dynamics.NUM_ACTIONS:
+                    raise ValueError(f"discrete actions must be in [0, {dynamics.NUM_ACTIONS}), got values in "
+                                     f"[{lo}, {hi}]")
             return a
         flags = torch.stack([torch.isnan(a).any(), (a.abs() > 1.0).any()]).tolist()
         if flags[0]:

@@ -134,6 +134,8 @@ class StepVars:
         obs: [W, C, D] float32 observation of the new state (observe).
         backend: ``"torch"`` / ``"triton"`` of this step, set at first use (:func:`on_torch`).
         trig: ``(heading, version, cos, sin)`` shared by the C stages (:func:`heading_trig`).
+
+    ``collided_in_play()`` / ``offroad_in_play()``: the contacts of agents in play, computed once.
     """
 
     actions: torch.Tensor
@@ -154,3 +156,17 @@ class StepVars:
     obs: torch.Tensor | None = None
     backend: str | None = None
     trig: tuple | None = None
+    _in_play_contacts: tuple | None = None
+
+    def collided_in_play(self) -> torch.Tensor:
+        """[W, A] bool ``in_play & collided`` (computed once per step: accounting and the result)."""
+        return self._contacts_in_play()[0]
+
+    def offroad_in_play(self) -> torch.Tensor:
+        """[W, A] bool ``in_play & offroad`` (computed once per step: accounting and the result)."""
+        return self._contacts_in_play()[1]
+
+    def _contacts_in_play(self) -> tuple:
+        if self._in_play_contacts is None:
+            self._in_play_contacts = (self.in_play & self.collided, self.in_play & self.offroad)
+        return self._in_play_contacts

@@ -15,7 +15,8 @@ Adding a model = one kernel module (gpusim/kernels/) and one entry here (docs/ar
 CPU kernel: for the classic model (``forward`` is ``dynamics.bicycle_step``) on the torch backend with ``EnvConfig.cpu_kernels`` (default)
 and without ``compile``, the step runs ``kernels.step_cpu.bicycle_slots_cpu`` (torch's
 tan/atan/cos/sin, the rest in one C pass writing the full [W, A] tensors; bit-equal to the
-reference; the reference where no C compiler is available).
+reference; the reference where no C compiler is available), and the in-play flags come from one
+C pass too (``kernels.step_cpu.in_play_cpu``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from gpusim.config import Dynamics
 from gpusim.kernels import dynamics
-from gpusim.kernels.step_cpu import bicycle_slots_cpu
+from gpusim.kernels.step_cpu import bicycle_slots_cpu, in_play_cpu
 from gpusim.sim.context import SimContext, StepVars, slots, use_step_c, with_slots
 from gpusim.state import EnvState, in_play
 
@@ -62,14 +63,18 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     Sets ``step.in_play`` [W, A] and ``step.loss_mask`` [W, C]; changes ``pos``, ``heading``,
     ``speed`` (experts' columns unchanged here; the ``replay`` stage moves them).
     """
-    C = ctx.num_slots
-    play = in_play(state)
-    step.in_play = play
-    step.loss_mask = slots(play, C)
-    cfg = ctx.config
-    accel, steer = dynamics.decode_actions(step.actions, int(cfg.action_space))
+    C, cfg = ctx.num_slots, ctx.config
     model = model_for(ctx)
-    if model.forward is dynamics.bicycle_step and use_step_c(ctx, state, step):
+    use_c = model.forward is dynamics.bicycle_step and use_step_c(ctx, state, step)
+    if use_c:  # the same flags in one C pass (kernels.step_cpu.in_play_cpu)
+        step.in_play, step.loss_mask = in_play_cpu(controlled=state.controlled, present=state.present,
+                                                   stopped=state.stopped, removed=state.removed,
+                                                   world_done=state.world_done, num_slots=C)
+    else:
+        step.in_play = in_play(state)
+        step.loss_mask = slots(step.in_play, C)
+    accel, steer = dynamics.decode_actions(step.actions, int(cfg.action_space))
+    if use_c:
         pos, heading, speed = bicycle_slots_cpu(pos=state.pos, heading=state.heading, speed=state.speed,
                                                 length=state.length, accel=accel.contiguous(),
                                                 steer=steer.contiguous(), moving=step.loss_mask, dt=cfg.dt)
