@@ -437,6 +437,47 @@ def test_rows_write_only_listed_slots(backend):
     assert torch.isnan(flat[others]).all()  # not listed: left as they were
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("W,C,extra", [(3, 4, 0), (5, 3, 7), (1, 1, 3)])
+def test_written_skips_empty_zero_slots_and_out_may_be_a_column_slice(backend, W, C, extra):
+    """``written`` (the GPU path's compaction): an active slot or a written one is computed (a
+    written inactive slot is zeroed), a slot neither active nor written is left untouched (NaN
+    here); ``out`` may be the first D columns of a wider buffer, whose other columns stay as
+    they were. Odd sizes, NaN-prefilled output."""
+    kw = random_scene(seed=17 + W, W=W, A=9, C=C, K=13, R=17, P=4)
+    g = torch.Generator().manual_seed(W * 10 + C)
+    active = torch.rand(W, C, generator=g) < 0.5
+    active.view(-1)[0] = True
+    kw["ego_active"] = active
+    written = torch.rand(W * C, generator=g) < 0.5
+    want = observations_reference(**kw).view(W * C, -1)
+    D = want.shape[-1]
+    dev = backend_device(backend)
+    wide = torch.full((W, C, D + extra), float("nan"), device=dev)
+    with use_backend(backend):
+        got = observations(**{k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()},
+                           out=wide[..., :D], written=written.to(dev))
+    assert got.data_ptr() == wide.data_ptr()
+    flat = wide.cpu().view(W * C, D + extra)
+    todo = active.view(-1) | written
+    torch.testing.assert_close(flat[todo, :D], want[todo], atol=1e-5, rtol=1e-5)
+    assert torch.isnan(flat[~todo]).all()  # neither active nor written: untouched
+    assert torch.isnan(flat[:, D:]).all()  # beyond the slice: untouched
+
+
+def test_written_bad_input():
+    kw = random_scene(seed=0)
+    out = torch.zeros(2, 3, obs_layout(4, 6).obs_dim)
+    with pytest.raises(ValueError, match="written needs out"):
+        observations_reference(**kw, written=torch.zeros(6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="excludes rows"):
+        observations_reference(**kw, out=out, rows=torch.tensor([0]), written=torch.zeros(6, dtype=torch.bool))
+    with pytest.raises(ValueError, match="written must be"):
+        observations_reference(**kw, out=out, written=torch.zeros(5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="column slice"):
+        observations_reference(**kw, out=torch.zeros(2, 4, obs_layout(4, 6).obs_dim)[:, :3])
+
+
 def test_rows_bad_input():
     kw = random_scene(seed=0)
     with pytest.raises(ValueError, match="rows needs out"):

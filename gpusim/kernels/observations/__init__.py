@@ -127,6 +127,7 @@ def observations(
     out: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
     grid_start: torch.Tensor | None = None,
+    written: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Ego-centric observation of every policy slot (layout: :func:`obs_layout`, module docstring).
 
@@ -153,15 +154,23 @@ def observations(
         num_partners: P partner slots.
         partner_radius: partners farther than this (centre distance, m) are not observed.
         road_radius: segments farther than this (point-to-segment distance, m) are invalid.
-        out: optional preallocated [W, C, D] float32 contiguous output; reusing one buffer avoids
-            re-faulting a large fresh allocation each step. Without ``rows`` every element is
-            written.
+        out: optional preallocated [W, C, D] float32 output, contiguous or a column slice
+            ``buf[..., :D]`` of a contiguous [W, C, D'] buffer (the env writes the first D columns
+            of its observation buffer in place; the signal block follows); reusing one buffer
+            avoids re-faulting a large fresh allocation each step. Without ``rows`` / ``written``
+            every element is written.
         rows: optional [N] int64 flat slot indices ``w * C + c`` (unique, any order; requires
             ``out``): only these slots are written (an inactive listed slot gets zeros), every
             other element of ``out`` is left as it is. The env uses it to rewrite only the slots
             whose content can change and keep the rest of a zeroed buffer (see docs/performance.md).
         grid_start: [S] int64 first row of each scenario in a compact ``grid_road`` (None for
             the padded layout).
+        written: optional [W, C] or [W*C] bool (requires ``out``, excludes ``rows``): the slots
+            whose row in ``out`` may be non-zero. A slot neither active nor written is left as it
+            is (its row is already zero); the others are written as without it. The GPU path's
+            way to skip empty slots with no host sync (``rows`` needs ``nonzero``): at 16,384
+            worlds on an H100 the kernel wrote all 32 slots' rows although 4.3 per world are in
+            play.
 
     Returns:
         [W, C, D] float32 observations, D = ``obs_layout(num_partners, K).obs_dim``
@@ -170,7 +179,9 @@ def observations(
     Raises:
         ValueError: on inconsistent shapes, wrong dtypes or devices, non-contiguous tensors,
             C > A, num_partners < 1, non-positive radii / cell size, or ``rows`` that is not a
-            1-D int64 tensor on the same device, or is given without ``out``.
+            1-D int64 tensor on the same device, or is given without ``out``; ``written`` that
+            is not a contiguous bool tensor of W*C elements on the same device, or is given
+            without ``out`` or with ``rows``.
     """
     impl = observations_triton if backend_for(pos) == "triton" else observations_reference
     return impl(
@@ -197,4 +208,5 @@ def observations(
         out=out,
         rows=rows,
         grid_start=grid_start,
+        written=written,
     )

@@ -18,13 +18,14 @@ from gpusim.kernels.grid import cell_index_jit
 def _observations_kernel(
     pos_ptr, heading_ptr, speed_ptr, length_ptr, width_ptr, type_ptr, present_ptr,
     goal_ptr, extra_ptr, active_ptr, scenario_ptr,
-    seg_ptr, rtype_ptr, grid_ptr, start_ptr, origin_ptr, dims_ptr, out_ptr, rows_ptr,
-    cell_size, partner_r2, inv_pr, road_r2, inv_rr, two_inv_rr,
+    seg_ptr, rtype_ptr, grid_ptr, start_ptr, origin_ptr, dims_ptr, out_ptr, rows_ptr, written_ptr,
+    out_stride, cell_size, partner_r2, inv_pr, road_r2, inv_rr, two_inv_rr,
     A: tl.constexpr, C: tl.constexpr, K: tl.constexpr, R: tl.constexpr,
     P: tl.constexpr, D: tl.constexpr, EGO_DIM: tl.constexpr, NEXTRA: tl.constexpr,
     PDIM: tl.constexpr, RDIM: tl.constexpr, ABITS: tl.constexpr, RBITS: tl.constexpr,
     BLOCK_A: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_F: tl.constexpr,
     SPEED_S: tl.constexpr, SIZE_S: tl.constexpr, GOAL_S: tl.constexpr, HAS_ROWS: tl.constexpr,
+    HAS_WRITTEN: tl.constexpr,
 ):
     """One program per policy slot: ego block, nearest partners, nearest road segments.
 
@@ -36,17 +37,20 @@ def _observations_kernel(
         pid = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
     else:
         pid = tl.program_id(0).to(tl.int64)
+    act_i = (tl.load(active_ptr + pid) != 0).to(tl.int32)
+    if HAS_WRITTEN:  # an empty slot whose row is already zero: nothing to write
+        if (act_i == 0) & (tl.load(written_ptr + pid) == 0):
+            return
+    act = act_i != 0
     w = pid // C
     c = pid % C
-    out_base = out_ptr + pid * D
+    out_base = out_ptr + pid * out_stride
     ego = w * A + c
     ex = tl.load(pos_ptr + ego * 2)
     ey = tl.load(pos_ptr + ego * 2 + 1)
     h = tl.load(heading_ptr + ego)
     ec = tl.cos(h)
     es = tl.sin(h)
-    act_i = (tl.load(active_ptr + pid) != 0).to(tl.int32)
-    act = act_i != 0
 
     # ---------------------------------------------------------------- ego block
     gx = tl.load(goal_ptr + pid * 2) - ex

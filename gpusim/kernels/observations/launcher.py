@@ -17,7 +17,7 @@ BLOCK_F = 16
 def observations_triton(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None, rows=None, grid_start=None,
+    road_radius, out=None, rows=None, grid_start=None, written=None,
 ):
     """Triton implementation of :func:`gpusim.kernels.observations.observations` (same arguments,
     result and errors; one program per slot, or per listed row with ``rows``)."""
@@ -27,6 +27,7 @@ def observations_triton(
         road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
         grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
         partner_radius=partner_radius, road_radius=road_radius, out=out, rows=rows, grid_start=grid_start,
+        written=written,
     )
     grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
     W, A = heading.shape
@@ -59,6 +60,8 @@ def observations_triton(
         dims_ptr=grid_dims,
         out_ptr=obs,
         rows_ptr=obs if rows is None else rows,  # unused without rows
+        written_ptr=obs if written is None else written.view(torch.uint8),  # unused without written
+        out_stride=obs.stride(1),  # row stride: out may be a column slice of a wider buffer
         cell_size=float(cell_size),
         partner_r2=float(partner_radius) ** 2,
         inv_pr=1.0 / float(partner_radius),
@@ -85,6 +88,7 @@ def observations_triton(
         SIZE_S=SIZE_SCALE,
         GOAL_S=GOAL_SCALE,
         HAS_ROWS=rows is not None,
+        HAS_WRITTEN=written is not None,
         num_warps=4,
     )
     return obs

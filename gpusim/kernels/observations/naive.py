@@ -204,7 +204,7 @@ def block_arguments(*, pos, heading, speed, length, width, agent_type, present, 
 def observations_reference(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None, rows=None, grid_start=None,
+    road_radius, out=None, rows=None, grid_start=None, written=None,
 ):
     """Torch reference of :func:`gpusim.kernels.observations.observations` (same arguments, result
     and errors; the full docstring is there). Slot rows are computed in blocks of about
@@ -216,9 +216,11 @@ def observations_reference(
         cell_size=cell_size, num_partners=num_partners, partner_radius=partner_radius,
         road_radius=road_radius, grid_start=grid_start,
     )
-    lay = check_inputs(**inputs, ego_active=ego_active, out=out, rows=rows)
+    lay = check_inputs(**inputs, ego_active=ego_active, out=out, rows=rows, written=written)
     W, A = heading.shape
     C = goal.shape[1]
+    if written is not None:  # the rows that can change: in play now, or written before
+        rows = (ego_active.reshape(-1) | written.reshape(-1)).nonzero().squeeze(1)
     obs = out if out is not None else torch.empty(W, C, lay.obs_dim, device=pos.device, dtype=torch.float32)
     obs2d = obs.view(W * C, lay.obs_dim)
     live = live_rows(obs2d, ego_active.view(W * C), rows)

@@ -172,7 +172,7 @@ def live_rows(obs2d: torch.Tensor, act: torch.Tensor, rows: torch.Tensor | None)
 def check_inputs(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out, rows=None, grid_start=None,
+    road_radius, out, rows=None, grid_start=None, written=None,
 ) -> ObsLayout:
     """Validate the arguments of :func:`gpusim.kernels.observations.observations` (host-side
     metadata only, no device sync) and return the :class:`ObsLayout`. One check per argument, in
@@ -244,8 +244,9 @@ def check_inputs(
                 f"observations: out must be float32 [W, C, D] = {(W, C, lay.obs_dim)} on {pos.device}, "
                 f"got {out.dtype} {tuple(out.shape)} on {out.device}"
             )
-        if not out.is_contiguous():
-            raise ValueError("observations: out must be contiguous")
+        if out.numel() and (out.stride(-1) != 1 or out.stride(0) != C * out.stride(1)):
+            raise ValueError("observations: out must be contiguous, or a column slice out[..., :D] of a "
+                             "contiguous [W, C, D'] buffer (rows equally strided)")
     if rows is not None:
         if out is None:
             raise ValueError("observations: rows needs out (the slots not listed are left as they are in out)")
@@ -253,4 +254,11 @@ def check_inputs(
             raise ValueError("observations: rows must be a 1-D int64 tensor of flat slot indices w * C + c")
         if rows.device != pos.device:
             raise ValueError(f"observations: rows is on {rows.device}, pos on {pos.device}")
+    if written is not None:
+        if out is None or rows is not None:
+            raise ValueError("observations: written needs out and excludes rows (it selects the rows itself)")
+        if (not isinstance(written, torch.Tensor) or written.dtype != torch.bool or written.numel() != W * C
+                or written.device != pos.device or not written.is_contiguous()):
+            raise ValueError(f"observations: written must be a contiguous bool tensor of W * C = {W * C} "
+                             f"elements on {pos.device}")
     return lay
