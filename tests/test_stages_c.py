@@ -229,6 +229,30 @@ def test_in_play_and_replay_state_match_reference(pack, worlds, C):
 
 
 # ----------------------------------------------------------------------------- env level
+def test_env_skips_checks_only_on_a_state_it_checked(pack):
+    """The C kernels skip their argument checks only on the state the previous built-in step
+    returned (``StepVars.checked``). A state set from outside with a non-contiguous field that every
+    stage carries over unchanged (``controlled``, which the kernels' checks copy) keeps the checks on
+    at every step and steps exactly like the contiguous one; a wrong dtype set after checked steps
+    raises."""
+    cfg = EnvConfig(max_controlled=8, num_signals=0)
+    a, b = DriveEnv(pack, 5, cfg, seed=3), DriveEnv(pack, 5, cfg, seed=3)
+    wide = torch.stack([b.state.controlled, ~b.state.controlled], -1)  # [W, A, 2]
+    b.state = b.state.replace(controlled=wide[..., 0])
+    assert not b.state.controlled.is_contiguous()
+    g = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        act = torch.randint(0, 91, (5, 8), generator=g)
+        ra, rb = a.step(act), b.step(act)
+        assert torch.equal(bits(ra.obs), bits(rb.obs))
+        for name, t in a.state.tensors().items():
+            assert torch.equal(bits(t), bits(getattr(b.state, name))), name
+    assert a.sim.step_checked(a.state) and not b.sim.step_checked(b.state)
+    a.state = a.state.replace(width=a.state.width.double())
+    with pytest.raises(ValueError, match="width"):
+        a.step(act)
+
+
 def run_env(pack, config, worlds, steps, seed=5):
     env = DriveEnv(pack, worlds, config, seed=seed)
     g = torch.Generator().manual_seed(seed)

@@ -97,6 +97,11 @@ def _c(t: torch.Tensor, fn: str, name: str, dtype, shape) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _trusted(t: torch.Tensor, fn: str, name: str, dtype, shape) -> torch.Tensor:
+    """:func:`_c` without the checks (``check=False``: the caller guarantees the layout)."""
+    return t
+
+
 def _bool_out(out, W: int, A: int, name: str) -> torch.Tensor:
     if out is None:
         return torch.empty(W, A, dtype=torch.bool)
@@ -111,29 +116,34 @@ def _trig(heading, cos_h, sin_h):
     return cos_h.contiguous(), sin_h.contiguous()
 
 
-def _box_inputs(fn: str, pos, heading, length, width, present):
+def _box_inputs(cc, fn: str, pos, heading, length, width, present):
     W, A = heading.shape
-    return (W, A, _c(pos, fn, "pos", torch.float32, (W, A, 2)),
-            _c(heading, fn, "heading", torch.float32, (W, A)),
-            _c(length, fn, "length", torch.float32, (W, A)), _c(width, fn, "width", torch.float32, (W, A)),
-            _c(present, fn, "present", torch.bool, (W, A)))
+    return (W, A, cc(pos, fn, "pos", torch.float32, (W, A, 2)),
+            cc(heading, fn, "heading", torch.float32, (W, A)),
+            cc(length, fn, "length", torch.float32, (W, A)), cc(width, fn, "width", torch.float32, (W, A)),
+            cc(present, fn, "present", torch.bool, (W, A)))
 
 
 def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
-                   query: torch.Tensor | None = None, cos_h=None, sin_h=None, out=None):
+                   query: torch.Tensor | None = None, cos_h=None, sin_h=None, out=None, check: bool = True):
     """C version of :func:`gpusim.kernels.collision.collisions` (same arguments and result; see
     there). Extra keywords: ``cos_h``, ``sin_h`` [W, A] float32 ``torch.cos/sin(heading)`` when the
     caller has them; ``out`` [W, A] bool contiguous, every element overwritten.
 
+    Args:
+        check: False skips the argument checks (the env's pipeline, on a state whose layout an
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
+
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
-    W, A, pos, heading, length, width, present = _box_inputs("collisions", pos, heading, length, width, present)
+    cc = _c if check else _trusted
+    W, A, pos, heading, length, width, present = _box_inputs(cc, "collisions", pos, heading, length, width, present)
     if query is None:
         Q = A if num_query is None else max(0, min(int(num_query), A))
         query = torch.zeros(W, A, dtype=torch.bool)
         query[:, :Q] = True
-    query = _c(query, "collisions", "query", torch.bool, (W, A))
+    query = cc(query, "collisions", "query", torch.bool, (W, A))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         ref = collisions_reference(pos, heading, length, width, present, box_scale, query=query)
@@ -146,18 +156,24 @@ def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_q
     return out
 
 
-def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, cos_h=None, sin_h=None, out=None):
+def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, cos_h=None, sin_h=None, out=None,
+               check: bool = True):
     """C version of :func:`gpusim.kernels.events.hit_by` (same arguments and result; ``source``
     [W, S] bool, S <= A). ``cos_h``, ``sin_h``, ``out`` as in :func:`collisions_cpu`.
+
+    Args:
+        check: False skips the argument checks (the env's pipeline, on a state whose layout an
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
 
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
-    W, A, pos, heading, length, width, present = _box_inputs("hit_by", pos, heading, length, width, present)
+    cc = _c if check else _trusted
+    W, A, pos, heading, length, width, present = _box_inputs(cc, "hit_by", pos, heading, length, width, present)
     if source.dim() != 2 or source.shape[0] != W or source.shape[1] > A:
         raise ValueError(f"hit_by: source must be [W, S] bool with S <= {A}, got {tuple(source.shape)}")
     S = source.shape[1]
-    source = _c(source, "hit_by", "source", torch.bool, (W, S))
+    source = cc(source, "hit_by", "source", torch.bool, (W, S))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         ref = hit_by_reference(pos, heading, length, width, present, source, box_scale)
@@ -172,25 +188,30 @@ def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, c
 
 def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
                 cell_size: float, box_scale: float, grid_start=None, num_slots: int | None = None,
-                cos_h=None, sin_h=None, out=None):
+                cos_h=None, sin_h=None, out=None, check: bool = True):
     """C version of :func:`gpusim.kernels.offroad.offroad` (same arguments; see there), tested for
     the first ``num_slots`` agents of each world only (default all A): the result [W, A] bool is
     False in the other columns, and equals ``offroad_reference`` on ``[:, :num_slots]`` views of
     the inputs there. ``cos_h``, ``sin_h``, ``out`` as in :func:`collisions_cpu`.
 
+    Args:
+        check: False skips the argument checks (the env's pipeline, on a state whose layout an
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
+
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device; a grid table of the wrong layout.
     """
-    W, A, pos, heading, length, width, present = _box_inputs("offroad", pos, heading, length, width, present)
+    cc = _c if check else _trusted
+    W, A, pos, heading, length, width, present = _box_inputs(cc, "offroad", pos, heading, length, width, present)
     C = A if num_slots is None else int(num_slots)
     if not 0 <= C <= A:
         raise ValueError(f"offroad: num_slots must lie in [0, {A}], got {num_slots}")
     S, R = road_seg.shape[:2]
-    road_seg = _c(road_seg, "offroad", "road_seg", torch.float32, (S, R, 4))
+    road_seg = cc(road_seg, "offroad", "road_seg", torch.float32, (S, R, 4))
     edge2, start = grid_table_rows(grid_edge, grid_start, "offroad: grid_edge")
-    scenario = _c(scenario, "offroad", "scenario", torch.int64, (W,))
-    grid_origin = _c(grid_origin, "offroad", "grid_origin", torch.float32, (S, 2))
-    grid_dims = _c(grid_dims, "offroad", "grid_dims", torch.int32, (S, 2))
+    scenario = cc(scenario, "offroad", "scenario", torch.int64, (W,))
+    grid_origin = cc(grid_origin, "offroad", "grid_origin", torch.float32, (S, 2))
+    grid_dims = cc(grid_dims, "offroad", "grid_dims", torch.int32, (S, 2))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         sl = (slice(None), slice(0, C))
@@ -199,7 +220,8 @@ def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_e
                                     grid_edge, grid_origin, grid_dims, cell_size, box_scale, grid_start)
         return ref if out is None else out.copy_(ref)
     out = _bool_out(out, W, A, "offroad")
-    check_index_range(scenario, S, f"offroad: scenario indices must lie in [0, S = {S})")
+    if check:
+        check_index_range(scenario, S, f"offroad: scenario indices must lie in [0, S = {S})")
     edge2, start = edge2.contiguous(), start.contiguous()
     c, s = _trig(heading, cos_h, sin_h)
     lib.gpusim_offroad(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
@@ -248,7 +270,7 @@ def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj
 
 
 def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario, step, trial_start,
-                     init_steps: int, traj_pos, traj_heading, traj_vel, traj_valid):
+                     init_steps: int, traj_pos, traj_heading, traj_vel, traj_valid, check: bool = True):
     """Stage ``replay``'s call of :func:`replay_cpu` with the two derived inputs computed in the C
     pass: the result equals ``replay_cpu(..., replayed=~controlled & ~removed, log_index=init_steps
     + (step - trial_start), ...)`` (new tensors), without the four torch ops that build them.
@@ -256,20 +278,23 @@ def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario
     Args:
         controlled, removed: [W, A] bool. step, trial_start: [W] int32 (``step`` the new clock).
         init_steps: log index of step 0. The rest as :func:`replay_cpu`.
+        check: False skips the argument checks (the env's pipeline, on a state whose layout an
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
 
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
+    cc = _c if check else _trusted
     W, A = present.shape
     S, _, T = traj_valid.shape
     f32, b = torch.float32, torch.bool
-    args = [_c(t, "replay", n, d, sh) for t, n, d, sh in (
+    args = [cc(t, "replay", n, d, sh) for t, n, d, sh in (
         (pos, "pos", f32, (W, A, 2)), (heading, "heading", f32, (W, A)), (speed, "speed", f32, (W, A)),
         (present, "present", b, (W, A)), (controlled, "controlled", b, (W, A)), (removed, "removed", b, (W, A)),
         (scenario, "scenario", torch.int64, (W,)), (step, "step", torch.int32, (W,)),
         (trial_start, "trial_start", torch.int32, (W,)),
     )]
-    traj = [_c(t, "replay", n, d, sh) for t, n, d, sh in (
+    traj = [cc(t, "replay", n, d, sh) for t, n, d, sh in (
         (traj_pos, "traj_pos", f32, (S, A, T, 2)), (traj_heading, "traj_heading", f32, (S, A, T)),
         (traj_vel, "traj_vel", f32, (S, A, T, 2)), (traj_valid, "traj_valid", b, (S, A, T)),
     )]
@@ -278,7 +303,8 @@ def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario
         pos, heading, speed, present, controlled, removed, scenario, step, trial_start = args
         return replay_reference(pos, heading, speed, present, ~controlled & ~removed, scenario,
                                 init_steps + (step - trial_start), *traj)
-    check_index_range(args[6], S, f"replay: scenario indices must lie in [0, S = {S})")
+    if check:
+        check_index_range(args[6], S, f"replay: scenario indices must lie in [0, S = {S})")
     out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A), torch.empty(W, A, dtype=b))
     ptrs = [t.data_ptr() for t in args]
     lib.gpusim_replay_state(*ptrs[:9], int(init_steps), *(t.data_ptr() for t in traj + list(out)), W, A, T,
@@ -286,23 +312,26 @@ def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario
     return out
 
 
-def in_play_cpu(controlled, present, stopped, removed, world_done, num_slots: int):
+def in_play_cpu(controlled, present, stopped, removed, world_done, num_slots: int, check: bool = True):
     """:func:`gpusim.state.in_play` from its five flag tensors, plus its first ``num_slots`` columns,
     in one C pass (stage ``motion``): ``(in_play [W, A] bool, loss_mask [W, C] bool)``, new
     contiguous tensors, equal to ``in_play`` and ``in_play[:, :C]``.
 
     Args:
         controlled, present, stopped, removed: [W, A] bool. world_done: [W] bool. num_slots: C <= A.
+        check: False skips the argument checks (the env's pipeline, on a state whose layout an
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
 
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device; C outside [0, A].
     """
+    cc = _c if check else _trusted
     W, A = present.shape
     C = int(num_slots)
     if not 0 <= C <= A:
         raise ValueError(f"in_play: num_slots must lie in [0, {A}], got {num_slots}")
     b = torch.bool
-    ins = [_c(t, "in_play", n, b, sh) for t, n, sh in (
+    ins = [cc(t, "in_play", n, b, sh) for t, n, sh in (
         (controlled, "controlled", (W, A)), (present, "present", (W, A)), (stopped, "stopped", (W, A)),
         (removed, "removed", (W, A)), (world_done, "world_done", (W,)))]
     lib = _LIB.load(stacklevel=3)
@@ -318,18 +347,23 @@ def in_play_cpu(controlled, present, stopped, removed, world_done, num_slots: in
 def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped,
                removed, world_done, episode_end, slot_active, slot_done, goal_radius: float, reward_goal: float,
                reward_collision: float, reward_offroad: float, goal_behavior: int, collision_behavior: int,
-               offroad_behavior: int, stop_truncate_fraction: float) -> EventsOut:
+               offroad_behavior: int, stop_truncate_fraction: float, check: bool = True) -> EventsOut:
     """C version of :func:`gpusim.kernels.events.events` (same arguments and result, new tensors;
     see there): one pass per world instead of ~50 torch ops. Scalars enter as float32, as in
     torch's tensor-scalar ops, so every output equals the reference's bit for bit.
 
+    Args:
+        check: False skips the argument checks (the env's pipeline, on a state whose layout an
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
+
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
+    cc = _c if check else _trusted
     W, A = present.shape
     C = slot_active.shape[1]
     f32, b = torch.float32, torch.bool
-    ins = [_c(t, "events", n, d, sh) for t, n, d, sh in (
+    ins = [cc(t, "events", n, d, sh) for t, n, d, sh in (
         (pos, "pos", f32, (W, A, 2)), (goal, "goal", f32, (W, A, 2)), (speed, "speed", f32, (W, A)),
         (controlled, "controlled", b, (W, A)), (in_play, "in_play", b, (W, A)), (present, "present", b, (W, A)),
         (collided, "collided", b, (W, A)), (offroad, "offroad", b, (W, A)), (hit, "hit", b, (W, A)),
@@ -357,18 +391,23 @@ def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad
 
 
 def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_pos, signal_dir, signal_state,
-                  signal_valid, num_signals, cos_h=None, sin_h=None, out=None) -> torch.Tensor:
+                  signal_valid, num_signals, cos_h=None, sin_h=None, out=None, check: bool = True) -> torch.Tensor:
     """C version of :func:`gpusim.kernels.signals.red_light_violation` with the default stop-line
     half width and angle (same arguments and [W, C] bool result; see there). ``cos_h``, ``sin_h``
     [W, C] float32 ``torch.cos/sin(heading)`` when the caller has them; ``out`` [W, C] bool
     contiguous, every element overwritten.
 
+    Args:
+        check: False skips the argument checks (the env's pipeline, on a state whose layout an
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
+
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
+    cc = _c if check else _trusted
     W, C = heading.shape
     S, T, L = signal_state.shape
-    ins = [_c(t, "red_light", n, d, sh) for t, n, d, sh in (
+    ins = [cc(t, "red_light", n, d, sh) for t, n, d, sh in (
         (pos_before, "pos_before", torch.float32, (W, C, 2)), (pos, "pos", torch.float32, (W, C, 2)),
         (heading, "heading", torch.float32, (W, C)), (moving, "moving", torch.bool, (W, C)),
         (scenario, "scenario", torch.int64, (W,)),
@@ -383,7 +422,8 @@ def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_
         ref = red_light_violation_reference(*ins[:5], log_index, *ins[5:])
         return ref if out is None else out.copy_(ref)
     out = _bool_out(out, W, C, "red_light")
-    check_index_range(ins[4], S, f"red_light: scenario indices must lie in [0, S = {S})")
+    if check:
+        check_index_range(ins[4], S, f"red_light: scenario indices must lie in [0, S = {S})")
     c, s = _trig(ins[2], cos_h, sin_h)
     pb, p, _, mv, sc, sp, sd, st, sv, ns = ins
     red = [int(v) for v in RED_SIGNAL_STATES]
@@ -395,7 +435,7 @@ def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_
     return out
 
 
-def bicycle_slots_cpu(pos, heading, speed, length, accel, steer, moving, dt: float):
+def bicycle_slots_cpu(pos, heading, speed, length, accel, steer, moving, dt: float, check: bool = True):
     """:func:`gpusim.kernels.dynamics.bicycle_step` of the first ``C`` agent slots, returned as
     full tensors: the result equals ``with_slots(t, bicycle_step_reference(t[:, :C] ...))`` for
     each of pos, heading, speed, bit for bit (columns >= C copied unchanged).
@@ -408,6 +448,8 @@ def bicycle_slots_cpu(pos, heading, speed, length, accel, steer, moving, dt: flo
         pos: [W, A, 2] float32 (m). heading, speed, length: [W, A] float32 (rad, m/s, m).
         accel, steer: [W, C] float32 controls (m/s^2, rad), C <= A. moving: [W, C] bool.
         dt: step (s).
+        check: False skips the argument checks (the env's pipeline, on a state whose layout an
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
 
     Returns:
         ``(pos [W, A, 2], heading [W, A], speed [W, A])`` float32, new tensors.
@@ -415,16 +457,17 @@ def bicycle_slots_cpu(pos, heading, speed, length, accel, steer, moving, dt: flo
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
+    cc = _c if check else _trusted
     W, A = heading.shape
     C = accel.shape[1] if accel.dim() == 2 else -1
     if not 0 <= C <= A:
         raise ValueError(f"bicycle_slots: accel must be [W, C] with C <= {A}, got {tuple(accel.shape)}")
     f32 = torch.float32
-    pos, heading, speed, length = (_c(t, "bicycle_slots", n, f32, sh) for t, n, sh in (
+    pos, heading, speed, length = (cc(t, "bicycle_slots", n, f32, sh) for t, n, sh in (
         (pos, "pos", (W, A, 2)), (heading, "heading", (W, A)), (speed, "speed", (W, A)), (length, "length", (W, A))))
-    accel = _c(accel, "bicycle_slots", "accel", f32, (W, C))
-    steer = _c(steer, "bicycle_slots", "steer", f32, (W, C))
-    moving = _c(moving, "bicycle_slots", "moving", torch.bool, (W, C))
+    accel = cc(accel, "bicycle_slots", "accel", f32, (W, C))
+    steer = cc(steer, "bicycle_slots", "steer", f32, (W, C))
+    moving = cc(moving, "bicycle_slots", "moving", torch.bool, (W, C))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         p2, h2, v2 = dynamics.bicycle_step_reference(pos[:, :C], heading[:, :C], speed[:, :C], length[:, :C],

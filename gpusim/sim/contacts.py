@@ -80,13 +80,15 @@ def _contacts_c(ctx: SimContext, state: EnvState, step: StepVars, live) -> dict:
     cos_h, sin_h = heading_trig(step, state.heading)  # shared with the observation (same headings)
     box = dict(pos=state.pos, heading=state.heading, length=state.length, width=state.width,
                cos_h=cos_h, sin_h=sin_h)
-    collided = collisions_cpu(**box, present=state.present, box_scale=cfg.collision_box_scale, query=live)
+    check = not step.checked
+    collided = collisions_cpu(**box, present=state.present, box_scale=cfg.collision_box_scale, query=live,
+                              check=check)
     off = offroad_cpu(**box, present=live, scenario=state.scenario, road_seg=p.road_seg, grid_edge=p.grid_edge,
                       grid_start=p.grid_start, grid_origin=p.grid_origin, grid_dims=p.grid_dims,
-                      cell_size=p.cell_size, box_scale=cfg.offroad_box_scale, num_slots=ctx.num_slots)
+                      cell_size=p.cell_size, box_scale=cfg.offroad_box_scale, num_slots=ctx.num_slots, check=check)
     if cfg.collision_behavior == ContactBehavior.REMOVE:
         step.hit = hit_by_cpu(**box, present=state.present, source=step.in_play & collided,
-                              box_scale=cfg.collision_box_scale)
+                              box_scale=cfg.collision_box_scale, check=check)
     else:
         step.hit = torch.zeros_like(collided)
     step.collided, step.offroad = collided, off

@@ -71,7 +71,9 @@ class SimContext:
         reused observation buffer [W, C, D] and the [W*C] bool slots that may be non-zero, obs_core:
         the partner/road kernel's own [W, C, D0] buffer when observations have a signal block,
         coplayer_metrics: the co-player slots' metrics log (None without co-players),
-        pack_facts: host values derived from the pack, per pack object (:meth:`pack_fact`).
+        pack_facts: host values derived from the pack, per pack object (:meth:`pack_fact`),
+        last_checked: ``(state, pack)`` after the last eager step of the built-in pipeline whose
+        input was :meth:`checkable` (:meth:`step_checked`).
     """
 
     config: EnvConfig
@@ -90,11 +92,27 @@ class SimContext:
     coplayer_metrics: object = None
     pool: object = None  # gpusim.data.pool.ScenarioPool when streaming (issue 21), else None
     pack_facts: tuple = (None, {})  # (pack, {name: value}): host facts of the pack (pack_fact)
+    last_checked: tuple = (None, None)  # (state, pack) of the last eager built-in step (step_checked)
 
     def __post_init__(self):
         W = self.num_worlds
         self.end_flags = (torch.zeros(W, dtype=torch.bool, device=self.device),
                           torch.ones(W, dtype=torch.bool, device=self.device))
+
+    def step_checked(self, state) -> bool:
+        """True when ``state`` is what the last eager step of the built-in pipeline returned and
+        the pack is the one it ran on, and that step's input was :meth:`checkable`
+        (``StepVars.checked``)."""
+        last_state, last_pack = self.last_checked
+        return state is last_state and self.pack is last_pack
+
+    def checkable(self, state) -> bool:
+        """True when a step with the checks on, on ``state`` and the current pack, establishes the
+        layout for the steps after it: every state and pack tensor is contiguous (the kernels'
+        checks raise on a wrong dtype or shape but copy a non-contiguous tensor, which a field
+        carried over unchanged would stay). Metadata only, no device sync."""
+        return (all(t.is_contiguous() for t in state.__dict__.values())
+                and self.pack_fact("contiguous", lambda pk: all(t.is_contiguous() for t in pk.tensors().values())))
 
     def pack_fact(self, name: str, compute: Callable):
         """``compute(pack)`` for the current pack, computed once per pack object (a host read of a
@@ -134,6 +152,11 @@ class StepVars:
         obs: [W, C, D] float32 observation of the new state (observe).
         backend: ``"torch"`` / ``"triton"`` of this step, set at first use (:func:`on_torch`).
         trig: ``(heading, version, cos, sin)`` shared by the C stages (:func:`heading_trig`).
+        checked: the C kernels may skip their argument checks (``check=False``): the state is the
+        one the previous eager step of the built-in pipeline returned, on the same pack, so the
+        tensors the kernels read were checked by an earlier step and every tensor the stages
+        produced since comes from the stages themselves (contiguous, declared dtype and shape).
+        Set by ``DriveEnv.advance`` (:meth:`SimContext.step_checked`); False by default.
 
     ``collided_in_play()`` / ``offroad_in_play()``: the contacts of agents in play, computed once.
     """
@@ -156,6 +179,7 @@ class StepVars:
     obs: torch.Tensor | None = None
     backend: str | None = None
     trig: tuple | None = None
+    checked: bool = False
     _in_play_contacts: tuple | None = None
 
     def collided_in_play(self) -> torch.Tensor:

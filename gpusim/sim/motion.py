@@ -69,7 +69,7 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     if use_c:  # the same flags in one C pass (kernels.step_cpu.in_play_cpu)
         step.in_play, step.loss_mask = in_play_cpu(controlled=state.controlled, present=state.present,
                                                    stopped=state.stopped, removed=state.removed,
-                                                   world_done=state.world_done, num_slots=C)
+                                                   world_done=state.world_done, num_slots=C, check=not step.checked)
     else:
         step.in_play = in_play(state)
         step.loss_mask = slots(step.in_play, C)
@@ -77,7 +77,8 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     if use_c:
         pos, heading, speed = bicycle_slots_cpu(pos=state.pos, heading=state.heading, speed=state.speed,
                                                 length=state.length, accel=accel.contiguous(),
-                                                steer=steer.contiguous(), moving=step.loss_mask, dt=cfg.dt)
+                                                steer=steer.contiguous(), moving=step.loss_mask, dt=cfg.dt,
+                                                check=not step.checked)
         return {"pos": pos, "heading": heading, "speed": speed}
     pos, heading, speed = model.forward(
         pos=slots(state.pos, C),

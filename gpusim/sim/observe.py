@@ -81,7 +81,8 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         no_signals = cfg.num_signals > 0 and ctx.pack_fact("no_signals", lambda pk: int(pk.num_signals.max()) == 0)
         cos_h, sin_h = heading_trig(step, state.heading) if step is not None else (None, None)
         observations_cpu(**_observe_inputs(ctx, state, active), out=full[..., :d0], rows=rows,
-                         zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h)
+                         zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h,
+                         check=step is None or not step.checked)
     elif not on_cpu:
         # Triton: the kernel writes the first d0 columns of the full buffer in place and skips the
         # slots neither in play nor written before (their rows are zero): no host sync, no copy

@@ -28,7 +28,7 @@ def replay(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
             pos=state.pos, heading=state.heading, speed=state.speed, present=state.present,
             controlled=state.controlled, removed=state.removed, scenario=state.scenario, step=new_step,
             trial_start=state.trial_start, init_steps=ctx.config.init_steps, traj_pos=p.traj_pos,
-            traj_heading=p.traj_heading, traj_vel=p.traj_vel, traj_valid=p.traj_valid)
+            traj_heading=p.traj_heading, traj_vel=p.traj_vel, traj_valid=p.traj_valid, check=not step.checked)
         return {"step": new_step, "pos": pos, "heading": heading, "speed": speed, "present": present}
     pos, heading, speed, present = replay_kernel(
         pos=state.pos,

@@ -20,6 +20,8 @@ results bit for bit; the reference where no C compiler is available).
 
 from __future__ import annotations
 
+from functools import partial
+
 from gpusim.kernels.events import events
 from gpusim.kernels.step_cpu import events_cpu
 from gpusim.sim.context import SimContext, StepVars, use_step_c
@@ -32,7 +34,7 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ``removed``, ``last_reward`` (and ``world_done``, ``slot_done`` outside trial mode)."""
     cfg = ctx.config
     use_c = use_step_c(ctx, state, step)
-    ev = (events_cpu if use_c else events)(
+    ev = (partial(events_cpu, check=not step.checked) if use_c else events)(
         pos=state.pos.contiguous(),
         goal=state.goal,
         speed=state.speed.contiguous(),

@@ -21,6 +21,8 @@ reference where no C compiler is available).
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from gpusim.kernels.signals import red_light_violation
@@ -43,7 +45,7 @@ def signals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``red_light_now`` [W, C] (in-play slots that crossed a red stop line this step)."""
     p, C = ctx.pack, ctx.num_slots
     use_c = use_step_c(ctx, state, step)
-    now = (red_light_cpu if use_c else red_light_violation)(
+    now = (partial(red_light_cpu, check=not step.checked) if use_c else red_light_violation)(
         pos_before=state.pos_before,
         pos=slots(state.pos, C),
         heading=slots(state.heading, C),

@@ -104,7 +104,7 @@ def _trig_input(t, name: str, W: int, A: int) -> torch.Tensor:
 def observations_cpu(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
-    road_radius, out=None, rows=None, grid_start=None, zero_tail=0, cos_h=None, sin_h=None,
+    road_radius, out=None, rows=None, grid_start=None, zero_tail=0, cos_h=None, sin_h=None, check=True,
 ):
     """C implementation of :func:`gpusim.kernels.observations.observations` on CPU tensors (same
     arguments, result and errors; the full docstring is there), with one relaxation: ``out`` may
@@ -113,7 +113,9 @@ def observations_cpu(
     buffer without a copy. ``zero_tail``: that many columns after the D written ones in each
     written row are set to zero too (they must lie inside the row stride); the env uses it for an
     all-zero traffic-signal block when its scenarios have no signals. ``cos_h``, ``sin_h``: [W, A]
-    float32 ``torch.cos/sin(heading)`` when the caller has them (else computed here).
+    float32 ``torch.cos/sin(heading)`` when the caller has them (else computed here). ``check``:
+    False skips the argument checks (the env's observation stage on a state whose layout an
+    earlier checked step established, ``gpusim.sim.context.StepVars.checked``; needs ``out``).
 
     Falls back to the torch reference (one warning) when the C library cannot be built.
 
@@ -128,15 +130,19 @@ def observations_cpu(
         cell_size=cell_size, num_partners=num_partners, partner_radius=partner_radius,
         road_radius=road_radius, grid_start=grid_start,
     )
-    lay = check_inputs(**inputs, ego_active=ego_active, out=None, rows=None)
-    if pos.device.type != "cpu":
-        raise ValueError(f"observations_cpu: tensors must be on the CPU, got {pos.device}")
     W, A = heading.shape
-    C, K, D = goal.shape[1], grid_road.shape[-1], lay.obs_dim
-    _check_out_rows(out, rows, W, C, D, pos.device)
+    C, K = goal.shape[1], grid_road.shape[-1]
     zero_tail = int(zero_tail)
-    if zero_tail < 0 or (zero_tail and (out is None or D + zero_tail > out.stride(1))):
-        raise ValueError(f"observations_cpu: zero_tail = {zero_tail} columns do not fit in the rows of out")
+    if check or out is None:
+        lay = check_inputs(**inputs, ego_active=ego_active, out=None, rows=None)
+        if pos.device.type != "cpu":
+            raise ValueError(f"observations_cpu: tensors must be on the CPU, got {pos.device}")
+        D, P = lay.obs_dim, lay.num_partners
+        _check_out_rows(out, rows, W, C, D, pos.device)
+        if zero_tail < 0 or (zero_tail and (out is None or D + zero_tail > out.stride(1))):
+            raise ValueError(f"observations_cpu: zero_tail = {zero_tail} columns do not fit in the rows of out")
+    else:
+        D, P = out.shape[2], int(num_partners)
     lib = load_library()
     if lib is None:
         if out is None or out.is_contiguous():
@@ -149,7 +155,8 @@ def observations_cpu(
             wide.index_fill_(0, torch.arange(W * C) if rows is None else rows, 0.0)
         return out
     S, R = road_seg.shape[:2]
-    check_index_range(scenario, S, f"observations: scenario indices must lie in [0, S = {S})")
+    if check:
+        check_index_range(scenario, S, f"observations: scenario indices must lie in [0, S = {S})")
     obs = out if out is not None else torch.empty(W, C, D, device=pos.device, dtype=torch.float32)
     n = W * C if rows is None else rows.numel()
     if n == 0:
@@ -158,7 +165,7 @@ def observations_cpu(
     geo, feat = road_table(road_seg, road_type)
     if cos_h is None or sin_h is None:
         cos_h, sin_h = torch.cos(heading), torch.sin(heading)
-    else:
+    elif check:
         cos_h = _trig_input(cos_h, "cos_h", W, A)
         sin_h = _trig_input(sin_h, "sin_h", W, A)
     ptr = lambda t: t.data_ptr()  # noqa: E731  (all checked contiguous above)
@@ -168,7 +175,7 @@ def observations_cpu(
         ptr(present), ptr(goal), ptr(ego_extra), ptr(ego_active), ptr(scenario), ptr(geo), ptr(feat),
         ptr(grid2), int(grid2.dtype == torch.int16), ptr(start), ptr(grid_origin), ptr(grid_dims),
         None if rows is None else ptr(rows), n, ptr(obs), obs.stride(1), zero_tail,
-        A, C, K, R, lay.num_partners, index_bits(A), index_bits(K),
+        A, C, K, R, P, index_bits(A), index_bits(K),
         float(cell_size), pr * pr, 1.0 / pr, rr * rr, 1.0 / rr, 2.0 * (1.0 / rr),
         1.0 / SPEED_SCALE, 1.0 / SIZE_SCALE, GOAL_SCALE, torch.get_num_threads(),
     )
