@@ -140,6 +140,16 @@ def test_gpu_check_needs_cuda_or_dry_run(tmp_path, capsys):
     assert e.value.code == 2 and "--dry-run" in capsys.readouterr().err
 
 
+def test_graph_doctor_needs_cuda(capsys):
+    from profiling import graph_doctor
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the no-GPU message does not apply")
+    with pytest.raises(SystemExit) as e:
+        graph_doctor.main([])
+    assert e.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def json2(sample_dir, tmp_path_factory):
     """A directory with 2 sample scenarios as WOMD JSON (any max_controlled can load it)."""
