@@ -34,6 +34,10 @@ Usage (from the repository root)::
 
 ``--threads`` sets torch's intra-op threads (default 1: on a shared 2-core machine the step is many
 small ops, and two threads that wait for each other at every op are often slower than one).
+``--backend torch`` (default) is the CPU step as the env runs it by default: ``EnvConfig.cpu_kernels``
+True, i.e. the hand-written C kernels (``gpusim/kernels/step_cpu.c``, ``observations/cpu.c``, built
+at first use) with the remaining torch ops around them. ``--scenarios balanced`` gives every size the
+same scenario mix (world ``w`` runs scenario ``w mod S``), so per-agent costs compare across sizes.
 ``--backend triton`` needs CUDA (Triton's CPU interpreter is a test tool, far too slow to time).
 ``--backend torch-compiled`` is the torch backend with ``EnvConfig(compile=True)``: observations
 through ``torch.compile`` (``gpusim.kernels.observations.observations_compiled``).
@@ -91,16 +95,23 @@ def _sync(device: torch.device):
 
 
 def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, device: str, seed: int = 0,
-          breakdown: bool = False, episode_end: bool = False) -> dict:
-    """Measure one configuration (see the module docstring for the keys of the returned dict)."""
+          breakdown: bool = False, episode_end: bool = False, scenarios: str = "drawn",
+          clock: str = "wall") -> dict:
+    """Measure one configuration (see the module docstring for the keys of the returned dict).
+    ``scenarios``: ``"drawn"`` (the env's seeded draw) or ``"balanced"`` (world ``w`` runs scenario
+    ``w mod S``, the same mix at every size; see ``--scenarios``). ``clock``: ``"wall"``
+    (``time.perf_counter``) or ``"cpu"`` (``time.process_time``: this process's CPU time, all its
+    threads; for the CPU backends on a machine shared with other jobs) for the timed steps (the
+    ``breakdown`` is always wall clock, as :class:`profiling.timers.KernelTimer`)."""
     from gpusim.env import DriveEnv
 
     from profiling.timers import KernelTimer, instrument_env
 
     env = DriveEnv(pack, num_worlds, config, device=device, seed=seed)
+    chosen = (torch.arange(num_worlds, device=env.device) % pack.num_scenarios) if scenarios == "balanced" else None
     _sync(env.device)
     t_reset = time.perf_counter()
-    env.reset()
+    env.reset(scenarios=chosen)
     _sync(env.device)
     t_reset = time.perf_counter() - t_reset
     g = torch.Generator(device=env.device).manual_seed(seed)
@@ -118,17 +129,18 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
     t_first = time.perf_counter() - t_first
     for _ in range(warmup):
         env.step(actions())
+    timer = time.process_time if clock == "cpu" else time.perf_counter
     rates, per_step, agents = [], [], []
     for _ in range(repeats):
         count = torch.zeros((), dtype=torch.int64, device=env.device)
         acts = [actions() for _ in range(steps)]
         _sync(env.device)
-        t0 = time.perf_counter()
+        t0 = timer()
         for a in acts:
             count += env.state.slot_active.sum()  # the agents that act in this step
             env.step(a)
         _sync(env.device)
-        dt = time.perf_counter() - t0
+        dt = timer() - t0
         n = int(count)
         rates.append(n / dt)
         per_step.append(dt / steps)
@@ -151,16 +163,17 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
     if episode_end:
         row.update(_episode_end_times(env, actions, repeats))
     if breakdown:
-        timer = KernelTimer(sync_cuda=env.device.type == "cuda")
+        clock_fn = time.perf_counter  # wall clock, as KernelTimer's per-stage times
+        ktimer = KernelTimer(sync_cuda=env.device.type == "cuda")
         acts = [actions() for _ in range(steps)]
-        with instrument_env(timer, env):  # per-stage times (gpusim.sim.pipeline.PIPELINE)
+        with instrument_env(ktimer, env):  # per-stage times (gpusim.sim.pipeline.PIPELINE)
             _sync(env.device)
-            t0 = time.perf_counter()
+            t0 = clock_fn()
             for a in acts:
                 env.step(a)
             _sync(env.device)
-            total = 1000 * (time.perf_counter() - t0) / steps
-        rep = timer.report(steps)
+            total = 1000 * (clock_fn() - t0) / steps
+        rep = ktimer.report(steps)
         rep["other"] = max(0.0, total - sum(rep.values()))
         row["breakdown_ms"] = rep
         row["breakdown_total_ms"] = total
@@ -203,9 +216,19 @@ def parse_args(argv=None):
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = leave torch's default)")
     ap.add_argument("--device", default=None, help="default: cuda for --backend triton, else cpu")
     ap.add_argument("--backend", default="torch", choices=["torch", "torch-compiled", "triton"],
-                    help="torch: the vectorised reference (CPU); torch-compiled: the same with "
-                         "EnvConfig(compile=True); triton: the kernels (needs CUDA)")
+                    help="torch: the CPU step (EnvConfig.cpu_kernels=True, the default: the hand-written C "
+                         "kernels of gpusim/kernels/step_cpu.c and observations/cpu.c, built at first use, torch "
+                         "ops around them); torch-compiled: EnvConfig(compile=True); triton: the kernels (needs CUDA)")
     ap.add_argument("--action-space", default="discrete", choices=["discrete", "continuous"])
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                    help="wall: wall-clock time of the timed steps; cpu: this process's CPU time (time.process_time, "
+                         "all threads): on a CPU machine shared with other jobs it leaves out the time other "
+                         "processes hold the cores (CPU backends only: GPU time is not CPU time)")
+    ap.add_argument("--scenarios", default="drawn", choices=["drawn", "balanced"],
+                    help="drawn: the env's seeded draw at reset (the mix differs between sizes: with 10 "
+                         "scenarios, 64 worlds may draw more of the heavy ones); balanced: world w runs scenario "
+                         "w mod S at reset, the same mix at every size (compare per-agent costs across sizes; "
+                         "auto-resets still draw)")
     ap.add_argument("--breakdown", action="store_true", help="also time each stage of the step (per-stage ms/step)")
     ap.add_argument("--episode-end", action="store_true",
                     help="also time the step that ends an episode (auto-reset) against the other steps")
@@ -245,8 +268,10 @@ def main(argv=None) -> dict:
             pack_bytes[mc] = pack.nbytes()
             for w in args.worlds:
                 rows.append(bench(pack, config, w, args.steps, args.repeats, args.warmup, device,
-                                  breakdown=args.breakdown, episode_end=args.episode_end))
+                                  breakdown=args.breakdown, episode_end=args.episode_end, scenarios=args.scenarios,
+                                  clock=args.clock))
     meta = {"device": device, "backend": args.backend, "threads": torch.get_num_threads(),
+            "mix": args.scenarios, "clock": args.clock,
             "scenarios": pack.num_scenarios, "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup,
             "torch": torch.__version__, "data": str(args.data or "data/womd_sample"),
             "loadavg_1min": _loadavg()}
