@@ -319,3 +319,18 @@ def test_env_red_light_penalty_equal_reference():
     assert sum(int(x[1].sum()) for x in runs[0]) == 2  # both worlds, once
     for (r1, f1), (r2, f2) in zip(*runs):
         assert torch.equal(bits(r1), bits(r2)) and torch.equal(f1, f2)
+
+
+def test_c_kernels_only_for_cpu_tensors():
+    """``use_backend("torch")`` on a CUDA env must run the torch reference, not hand CUDA tensors to
+    the C kernels (a GPU run raised "tensors must be on the CPU"); ``meta`` stands in for CUDA here."""
+    from types import SimpleNamespace
+
+    from gpusim.backend import use_backend
+    from gpusim.sim.context import StepVars, use_step_c
+
+    ctx = SimpleNamespace(config=EnvConfig())
+    with use_backend("torch"):
+        assert use_step_c(ctx, SimpleNamespace(pos=torch.zeros(1, 1, 2)), StepVars(actions=None, episode_end=False))
+        meta = SimpleNamespace(pos=torch.zeros(1, 1, 2, device="meta"))
+        assert not use_step_c(ctx, meta, StepVars(actions=None, episode_end=False))

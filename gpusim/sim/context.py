@@ -40,10 +40,11 @@ def on_torch(state, step: "StepVars") -> bool:
 
 def use_step_c(ctx: "SimContext", state, step: "StepVars", eager_only: bool = True) -> bool:
     """True when a stage runs the C kernels of ``kernels.step_cpu``: ``EnvConfig.cpu_kernels``, the
-    torch backend, the library built (and, with ``eager_only``, no ``EnvConfig.compile``)."""
+    torch backend on CPU tensors (``use_backend("torch")`` on a CUDA env runs the torch reference),
+    the library built (and, with ``eager_only``, no ``EnvConfig.compile``)."""
     cfg = ctx.config
     return (cfg.cpu_kernels and not (eager_only and cfg.compile) and on_torch(state, step)
-            and step_kernels_available())
+            and state.pos.device.type == "cpu" and step_kernels_available())
 
 
 def heading_trig(step: "StepVars", heading: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

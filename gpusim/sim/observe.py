@@ -72,7 +72,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     full = ctx.obs_buf
     d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
     on_cpu = backend_for(state.pos) == "torch"
-    if on_cpu and cfg.cpu_kernels and not cfg.compile and cpu_kernel_available():
+    if on_cpu and cfg.cpu_kernels and not cfg.compile and full.device.type == "cpu" and cpu_kernel_available():
         # C kernel: writes the in-play slots and zeroes the slots that left play, in place in the
         # first d0 columns of the full buffer (no obs_core copy)
         flat = active.view(-1)
