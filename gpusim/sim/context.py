@@ -43,8 +43,10 @@ def use_step_c(ctx: "SimContext", state, step: "StepVars", eager_only: bool = Tr
     torch backend on CPU tensors (``use_backend("torch")`` on a CUDA env runs the torch reference),
     the library built (and, with ``eager_only``, no ``EnvConfig.compile``)."""
     cfg = ctx.config
-    return (cfg.cpu_kernels and not (eager_only and cfg.compile) and on_torch(state, step)
-            and state.pos.device.type == "cpu" and step_kernels_available())
+    if step.c_kernels is None:  # evaluated once per step
+        step.c_kernels = bool(cfg.cpu_kernels and on_torch(state, step) and state.pos.device.type == "cpu"
+                              and step_kernels_available())
+    return step.c_kernels and not (eager_only and cfg.compile)
 
 
 def heading_trig(step: "StepVars", heading: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -158,6 +160,8 @@ class StepVars:
         tensors the kernels read were checked by an earlier step and every tensor the stages
         produced since comes from the stages themselves (contiguous, declared dtype and shape).
         Set by ``DriveEnv.advance`` (:meth:`SimContext.step_checked`); False by default.
+        c_kernels: ``cpu_kernels``, the torch backend on CPU tensors and the C library built
+        (:func:`use_step_c`, set at first use).
 
     ``collided_in_play()`` / ``offroad_in_play()``: the contacts of agents in play, computed once.
     """
@@ -181,6 +185,7 @@ class StepVars:
     backend: str | None = None
     trig: tuple | None = None
     checked: bool = False
+    c_kernels: bool | None = None
     _in_play_contacts: tuple | None = None
 
     def collided_in_play(self) -> torch.Tensor:

@@ -34,7 +34,7 @@ from gpusim.backend import backend_for
 from gpusim.kernels.observations import cpu_kernel_available, observations, observations_compiled, observations_cpu
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, heading_trig, slots
-from gpusim.sim.signals import signal_log_index
+from gpusim.sim.signals import no_signal_pack, signal_log_index
 from gpusim.state import EnvState
 
 
@@ -78,7 +78,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         flat = active.view(-1)
         rows = (flat | ctx.obs_written).nonzero().squeeze(1)
         # scenarios without signals: the signal block is all zero, written by the same kernel call
-        no_signals = cfg.num_signals > 0 and ctx.pack_fact("no_signals", lambda pk: int(pk.num_signals.max()) == 0)
+        no_signals = cfg.num_signals > 0 and ctx.pack_fact("no_signals", no_signal_pack)
         cos_h, sin_h = heading_trig(step, state.heading) if step is not None else (None, None)
         observations_cpu(**_observe_inputs(ctx, state, active), out=full[..., :d0], rows=rows,
                          zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h,

@@ -16,7 +16,8 @@ does not invent states. :func:`signal_log_index` is that clock.
 
 CPU kernel: on the torch backend with ``EnvConfig.cpu_kernels`` (default) and without ``compile``
 the red-light test runs the C kernel ``kernels.step_cpu.red_light_cpu`` (same booleans; the
-reference where no C compiler is available).
+reference where no C compiler is available), and when no scenario of the pack has a signal it
+returns all False without a kernel (what every kernel returns then).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def signal_log_index(ctx: SimContext, state: EnvState) -> torch.Tensor:
     return ctx.config.init_steps + (state.step - state.trial_start)
 
 
+def no_signal_pack(pack) -> bool:
+    """True when no scenario of ``pack`` has a traffic signal (a host read: call it once per pack,
+    through ``SimContext.pack_fact``)."""
+    return int(pack.num_signals.max()) == 0
+
+
 def signals_before(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``pos_before`` (the slots' centres before this step's motion)."""
     return {"pos_before": slots(state.pos, ctx.num_slots)}
@@ -45,6 +52,8 @@ def signals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``red_light_now`` [W, C] (in-play slots that crossed a red stop line this step)."""
     p, C = ctx.pack, ctx.num_slots
     use_c = use_step_c(ctx, state, step)
+    if use_c and ctx.pack_fact("no_signals", no_signal_pack):  # no stop line to cross: all False
+        return {"red_light_now": torch.zeros(state.pos_before.shape[:2], dtype=torch.bool)}
     now = (partial(red_light_cpu, check=not step.checked) if use_c else red_light_violation)(
         pos_before=state.pos_before,
         pos=slots(state.pos, C),
