@@ -258,6 +258,10 @@ def main(argv=None) -> dict:
     device = args.device or ("cuda" if args.backend == "triton" else "cpu")
     if args.backend == "triton" and not device.startswith("cuda"):
         raise SystemExit("--backend triton needs a CUDA device (the CPU interpreter is not a benchmark)")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        print(f"bench_env: --device {device}: no CUDA device is available to torch "
+              f"(torch {torch.__version__}); use --backend torch on the CPU", file=sys.stderr)
+        raise SystemExit(2)
     rows = []
     pack_bytes = {}
     compiled = args.backend == "torch-compiled"

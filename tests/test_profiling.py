@@ -140,6 +140,14 @@ def test_gpu_check_needs_cuda_or_dry_run(tmp_path, capsys):
     assert e.value.code == 2 and "--dry-run" in capsys.readouterr().err
 
 
+def test_bench_env_triton_without_cuda_is_one_line(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    with pytest.raises(SystemExit) as e:
+        bench_env.main(["--backend", "triton"])
+    assert e.value.code == 2 and "no CUDA device" in capsys.readouterr().err
+
+
 def test_graph_doctor_needs_cuda(capsys):
     from profiling import graph_doctor
 
