@@ -143,6 +143,7 @@ def host_syncs(call: Callable[[], Any]) -> list[str]:  # pragma: no cover  (need
             torch.cuda.set_sync_debug_mode(previous)
     return where
 
+
 class GraphedStep:
     """A callable of tensors, run eagerly or replayed from a CUDA graph (module docstring).
 
