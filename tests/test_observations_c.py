@@ -17,6 +17,7 @@ from gpusim.data import ScenarioPack
 from gpusim.env import DriveEnv
 from gpusim.kernels.obs_layout import EGO_FEATURES
 from gpusim.kernels.observations import cpu_kernel_status, obs_layout, observations_cpu, observations_reference
+from gpusim.kernels.observations.cpu import observations_cpu_state
 from gpusim.kernels.observations import cpu as cpu_mod
 
 GOAL_DIST = EGO_FEATURES.index("goal_dist/100")
@@ -248,3 +249,47 @@ def test_build_is_cached_in_the_cache_dir(fresh_build):
     assert st["available"] and st["path"].startswith(str(fresh_build / "gpusim"))
     cpu_mod.forget_library()
     assert cpu_kernel_status()["path"] == st["path"]  # loaded from the cache, same key
+
+
+@pytest.mark.parametrize("check", [True, False])
+@pytest.mark.parametrize("trial", [False, True])
+def test_state_entry_matches_classic_call(pack, check, trial):
+    """observations_cpu_state (the env's one-call C path: rows, ego extras, goal slots and in-play
+    flags from the state's fields) writes what observations_cpu writes with the classic inputs,
+    with random controlled/present/collided/offroad flags, a random ``written`` mask (rows neither
+    in play nor written stay untouched: NaN), a column view of a wider buffer and a zero tail."""
+    W = 9
+    env = DriveEnv(pack, W, EnvConfig(max_controlled=8, num_signals=0), seed=3)
+    st, C = env.state, env.num_slots
+    A = st.pos.shape[1]
+    g = torch.Generator().manual_seed(11)
+    controlled = torch.rand(W, A, generator=g) < 0.7
+    present = st.present & (torch.rand(W, A, generator=g) < 0.9)
+    collided, offroad = torch.rand(W, A, generator=g) < 0.3, torch.rand(W, A, generator=g) < 0.3
+    last_reward = torch.randn(W, C, generator=g)
+    written = torch.rand(W * C, generator=g) < 0.5
+    t_index = torch.rand(W, generator=g) if trial else None
+    t_time = torch.rand(W, generator=g) if trial else None
+    kw = kernel_inputs(env, (controlled & present)[:, :C].contiguous())
+    kw["present"] = present
+    D = observations_reference(**kw).shape[-1]
+    zeros = torch.zeros(W, C)
+    ti = zeros if t_index is None else t_index[:, None] + zeros
+    tt = zeros if t_time is None else t_time[:, None] + zeros
+    kw["ego_extra"] = torch.stack([collided[:, :C].float(), offroad[:, :C].float(), ti, tt, last_reward], dim=-1)
+    want = torch.full((W, C, D + 5), float("nan"))
+    flat = kw["ego_active"].view(-1)
+    observations_cpu(**kw, out=want[..., :D], rows=(flat | written).nonzero().squeeze(1), zero_tail=3)
+    got = torch.full((W, C, D + 5), float("nan"))
+    skip = ("goal", "ego_extra", "ego_active")
+    new_written = observations_cpu_state(
+        **{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, collided=collided, offroad=offroad,
+        t_index=t_index, t_time=t_time, last_reward=last_reward, controlled=controlled, written=written,
+        out=got[..., :D], zero_tail=3, check=check)
+    assert torch.equal(new_written, flat)
+    assert_same_obs(got, want)
+    assert torch.isnan(got.view(W * C, -1)[~(flat | written)]).all()  # rows not listed are untouched
+    with pytest.raises(ValueError, match="controlled"):
+        observations_cpu_state(**{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, collided=collided,
+                               offroad=offroad, t_index=t_index, t_time=t_time, last_reward=last_reward,
+                               controlled=controlled[:, :C], written=written, out=got[..., :D])

@@ -13,8 +13,12 @@ same pass instead of running the signal kernel, whose result would be all zero).
 reference writes ``ctx.obs_core`` [W, C, D0] and copies it into the first D0 columns.
 
 The result is written into the env's reused buffer ``ctx.obs_buf`` (valid until the next step).
-On the torch (CPU) backend only the in-play slots are recomputed (compaction with ``nonzero``,
-which costs no device sync on the CPU); slots that left play are zeroed once. The Triton kernel
+On the torch (CPU) backend only the in-play slots are recomputed; slots that left play are zeroed
+once. The C path does it in one call on the state's own fields
+(:func:`~gpusim.kernels.observations.cpu.observations_cpu_state`: it picks the rows from
+``controlled``, ``present`` and ``written`` and reads the ego extras and goal slots itself, no
+torch op around it); the torch reference compacts the rows with ``nonzero`` (no device sync on
+the CPU). The Triton kernel
 gets ``written`` (``ctx.obs_written``) instead: a slot neither in play nor written before
 returns at once, with no host sync (on an H100 at 16,384 worlds the kernel had written all 32
 slots' rows, 87% of them empty, and the env copied the whole buffer once more).
@@ -31,7 +35,8 @@ from __future__ import annotations
 import torch
 
 from gpusim.backend import backend_for
-from gpusim.kernels.observations import cpu_kernel_available, observations, observations_compiled, observations_cpu
+from gpusim.kernels.observations import cpu_kernel_available, observations, observations_compiled
+from gpusim.kernels.observations.cpu import observations_cpu_state
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, heading_trig, slots
 from gpusim.sim.signals import no_signal_pack, signal_log_index
@@ -51,6 +56,15 @@ def ego_extra(ctx: SimContext, state: EnvState) -> torch.Tensor:
                         state.last_reward], dim=-1)
 
 
+def _trial_clock(ctx: SimContext, state: EnvState) -> tuple:
+    """``(trial index, time in trial)`` [W] float32 of the ego extras in trial mode, else ``(None, None)``."""
+    cfg = ctx.config
+    if not cfg.trial_mode:
+        return None, None
+    return (state.trial_count.to(torch.float32) / cfg.k_trials,
+            (state.step - state.trial_start).to(torch.float32) / cfg.scenario_length)
+
+
 def _observe_inputs(ctx: SimContext, state: EnvState, active: torch.Tensor) -> dict:
     """Keyword arguments of the partner/road observation kernels for ``state`` (all but out/rows)."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
@@ -68,27 +82,35 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned). ``step``: the
     running step, whose cos/sin of the headings the C kernel reuses (:func:`heading_trig`)."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
-    active = (state.slot_active & state.present[:, :C]).contiguous()
     full = ctx.obs_buf
     d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
-    on_cpu = backend_for(state.pos) == "torch"
+    on_cpu = (step.backend if step is not None and step.backend is not None else backend_for(state.pos)) == "torch"
     if on_cpu and cfg.cpu_kernels and not cfg.compile and full.device.type == "cpu" and cpu_kernel_available():
-        # C kernel: writes the in-play slots and zeroes the slots that left play, in place in the
-        # first d0 columns of the full buffer (no obs_core copy)
-        flat = active.view(-1)
-        rows = (flat | ctx.obs_written).nonzero().squeeze(1)
-        # scenarios without signals: the signal block is all zero, written by the same kernel call
+        # C kernel, one call on the state's own fields: picks the slots in play or written before,
+        # writes the in-play rows and zeroes the others in place in the first d0 columns of the full
+        # buffer (no obs_core copy); scenarios without signals: the all-zero signal block too
         no_signals = cfg.num_signals > 0 and ctx.pack_fact("no_signals", no_signal_pack)
         cos_h, sin_h = heading_trig(step, state.heading) if step is not None else (None, None)
-        observations_cpu(**_observe_inputs(ctx, state, active), out=full[..., :d0], rows=rows,
-                         zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h,
-                         check=step is None or not step.checked)
+        t_index, t_time = _trial_clock(ctx, state)
+        written = observations_cpu_state(
+            pos=state.pos, heading=state.heading, speed=state.speed, length=state.length, width=state.width,
+            agent_type=state.agent_type, present=state.present, goal=state.goal, collided=state.collided_now,
+            offroad=state.offroad_now, t_index=t_index, t_time=t_time, last_reward=state.last_reward,
+            controlled=state.controlled, written=ctx.obs_written, scenario=state.scenario, road_seg=p.road_seg,
+            road_type=p.road_type, grid_road=p.grid_road, grid_start=p.grid_start, grid_origin=p.grid_origin,
+            grid_dims=p.grid_dims, cell_size=p.cell_size, num_partners=cfg.num_partners,
+            partner_radius=cfg.partner_radius, road_radius=cfg.road_radius, out=full[..., :d0],
+            zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h,
+            check=step is None or not step.checked)
+        active = written.view(-1, C)
     elif not on_cpu:
+        active = (state.slot_active & state.present[:, :C]).contiguous()
         # Triton: the kernel writes the first d0 columns of the full buffer in place and skips the
         # slots neither in play nor written before (their rows are zero): no host sync, no copy
         no_signals = False
         observations(**_observe_inputs(ctx, state, active), out=full[..., :d0], written=ctx.obs_written)
     else:
+        active = (state.slot_active & state.present[:, :C]).contiguous()
         no_signals = False
         if cfg.num_signals > 0:  # the torch kernels write their own [W, C, D0] buffer (docstring)
             if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:

@@ -25,7 +25,7 @@
 #endif
 
 /* Bumped whenever the argument list of gpusim_observations changes (cpu.py checks it). */
-#define GPUSIM_OBS_ABI 2
+#define GPUSIM_OBS_ABI 3
 
 #define EGO_DIM 11   /* 6 computed + NEXTRA copied (obs_layout) */
 #define NEXTRA 5
@@ -61,6 +61,12 @@ typedef struct {
     int64_t A, C, K, R, P;
     float cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div;
     int abits, rbits;
+    /* gpusim_observations_state only (extra == NULL): goal is the state's [W, A, 2] (goal_cols = A;
+     * C for gpusim_observations), the ego extras are read from the state's fields */
+    int64_t goal_cols;
+    const uint8_t *collided, *offroad; /* [W, A] */
+    const float *last_reward;          /* [W, C] */
+    const float *t_index, *t_time;     /* [W], or NULL: 0 (no trial mode) */
 } ObsArgs;
 
 static inline uint32_t f32_bits(float x) {
@@ -212,45 +218,53 @@ static void roads_row(const ObsArgs *a, int64_t w, float ex, float ey, float ec,
 }
 
 /* One observation row (flat slot i = w * C + c) into dst [D]. */
-static void obs_row(const ObsArgs *a, int64_t i, float *dst, int64_t D, int32_t *keys) {
-    if (!a->active[i]) {
+static void obs_row(const ObsArgs *a, int64_t i, int active, float *dst, int64_t D, int32_t *keys) {
+    if (!active) {
         memset(dst, 0, (size_t)D * sizeof(float));
         return;
     }
     const int64_t w = i / a->C, c = i - w * a->C, e = w * a->A + c;
     const float ex = a->pos[2 * e], ey = a->pos[2 * e + 1];
     const float ec = a->cos_h[e], es = a->sin_h[e];
-    float gx = a->goal[2 * i] - ex, gy = a->goal[2 * i + 1] - ey;
+    const int64_t gi = w * a->goal_cols + c;
+    float gx = a->goal[2 * gi] - ex, gy = a->goal[2 * gi + 1] - ey;
     dst[0] = a->speed[e] * a->speed_mul;
     dst[1] = a->length[e] * a->size_mul;
     dst[2] = a->width[e] * a->size_mul;
     dst[3] = (gx * ec + gy * es) / a->goal_div;
     dst[4] = (gy * ec - gx * es) / a->goal_div;
     dst[5] = sqrtf(gx * gx + gy * gy) / a->goal_div;
-    memcpy(dst + 6, a->extra + NEXTRA * i, NEXTRA * sizeof(float));
+    if (a->extra) {
+        memcpy(dst + 6, a->extra + NEXTRA * i, NEXTRA * sizeof(float));
+    } else { /* sim.observe.ego_extra: collided, offroad, trial index, time in trial, last reward */
+        dst[6] = a->collided[e] ? 1.0f : 0.0f;
+        dst[7] = a->offroad[e] ? 1.0f : 0.0f;
+        dst[8] = a->t_index ? a->t_index[w] + 0.0f : 0.0f;
+        dst[9] = a->t_time ? a->t_time[w] + 0.0f : 0.0f;
+        dst[10] = a->last_reward[i];
+    }
     partners_row(a, w, c, ex, ey, ec, es, dst + EGO_DIM, keys);
     roads_row(a, w, ex, ey, ec, es, dst + EGO_DIM + a->P * PDIM, keys);
 }
 
-/* Observations of n slot rows (rows[i], or i itself when rows is NULL) into out + slot * out_stride;
- * the zero_tail floats after the D written ones of each row are set to 0.
- * Returns 0; -1 when A or K exceeds 65536 (the caller checks first); -2 when a key buffer could not
- * be allocated (rows are then left unwritten). */
-int gpusim_observations(
-    const float *pos, const float *cos_h, const float *sin_h, const float *speed, const float *length,
-    const float *width, const int8_t *agent_type, const uint8_t *present, const float *goal, const float *extra,
-    const uint8_t *active, const int64_t *scenario, const float *geo, const float *feat, const void *grid,
-    int grid_is16, const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims,
-    const int64_t *rows, int64_t n, float *out, int64_t out_stride, int64_t zero_tail,
-    int64_t A, int64_t C, int64_t K, int64_t R, int64_t P, int abits, int rbits,
-    float cell_size, float pr2, float inv_pr, float rr2, float inv_rr, float two_inv_rr,
-    float speed_mul, float size_mul, float goal_div, int num_threads) {
+/* The rows of one call: either n listed/all slots (rows, active: gpusim_observations) or, with
+ * controlled != NULL, every slot i = w * C + c of the W*C in play now (controlled and present [W, A] at
+ * column c) or
+ * was written before (written[i]); written_out[i] receives the in-play flag (gpusim_observations_state). */
+typedef struct {
+    const int64_t *rows;
+    int64_t n;
+    const uint8_t *controlled, *written;
+    uint8_t *written_out;
+} RowSel;
+
+static int run_rows(const ObsArgs *a, const RowSel *sel, float *out, int64_t out_stride, int64_t zero_tail,
+                    int num_threads) {
+    const int64_t A = a->A, K = a->K, P = a->P;
     if (A > MAX_KEYS || K > MAX_KEYS) return -1;
-    ObsArgs a = {pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, extra, active, scenario,
-                 geo, feat, grid, grid_is16, grid_start, grid_origin, grid_dims, A, C, K, R, P,
-                 cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div, abits, rbits};
     const int64_t D = EGO_DIM + P * PDIM + K * RDIM;
     const int64_t nkeys = 2 * (A > K ? A : K); /* keys + the sort's scratch */
+    const int64_t n = sel->n;
     int failed = 0;
 #ifdef _OPENMP
     if (num_threads < 1) num_threads = 1;
@@ -266,12 +280,70 @@ int gpusim_observations(
 #endif
         for (int64_t i = 0; i < n; i++) {
             if (!keys) continue;
-            int64_t slot = rows ? rows[i] : i;
-            obs_row(&a, slot, out + slot * out_stride, D, keys);
+            int64_t slot;
+            int act;
+            if (sel->controlled) {
+                const int64_t w = i / a->C;
+                slot = i;
+                const int64_t e = w * A + (i - w * a->C);
+                act = sel->controlled[e] && a->present[e];
+                sel->written_out[i] = (uint8_t)act;
+                if (!act && !sel->written[i]) continue;
+            } else {
+                slot = sel->rows ? sel->rows[i] : i;
+                act = a->active[slot];
+            }
+            obs_row(a, slot, act, out + slot * out_stride, D, keys);
             if (zero_tail) memset(out + slot * out_stride + D, 0, (size_t)zero_tail * sizeof(float));
         }
         free(heap);
     }
     if (failed) return -2;
     return 0;
+}
+
+/* Observations of n slot rows (rows[i], or i itself when rows is NULL) into out + slot * out_stride;
+ * the zero_tail floats after the D written ones of each row are set to 0.
+ * Returns 0; -1 when A or K exceeds 65536 (the caller checks first); -2 when a key buffer could not
+ * be allocated (rows are then left unwritten). */
+int gpusim_observations(
+    const float *pos, const float *cos_h, const float *sin_h, const float *speed, const float *length,
+    const float *width, const int8_t *agent_type, const uint8_t *present, const float *goal, const float *extra,
+    const uint8_t *active, const int64_t *scenario, const float *geo, const float *feat, const void *grid,
+    int grid_is16, const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims,
+    const int64_t *rows, int64_t n, float *out, int64_t out_stride, int64_t zero_tail,
+    int64_t A, int64_t C, int64_t K, int64_t R, int64_t P, int abits, int rbits,
+    float cell_size, float pr2, float inv_pr, float rr2, float inv_rr, float two_inv_rr,
+    float speed_mul, float size_mul, float goal_div, int num_threads) {
+    ObsArgs a = {pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, extra, active, scenario,
+                 geo, feat, grid, grid_is16, grid_start, grid_origin, grid_dims, A, C, K, R, P,
+                 cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div, abits, rbits,
+                 C, NULL, NULL, NULL, NULL, NULL};
+    RowSel sel = {rows, n, NULL, NULL, NULL};
+    return run_rows(&a, &sel, out, out_stride, zero_tail, num_threads);
+}
+
+/* The env's observation stage in one call (sim.observe): the W*C slots' rows from the state's own
+ * fields. Slot c of world w is in play when controlled and present [W, A] are set at column c; its
+ * row is written when it is in play or written [W*C] says it may be non-zero (then zeroed);
+ * written_out [W*C] receives the in-play flags. goal is [W, A, 2]; the ego extras come from
+ * collided / offroad [W, A], t_index / t_time [W] (NULL: 0) and last_reward [W, C].
+ * Returns as gpusim_observations. */
+int gpusim_observations_state(
+    const float *pos, const float *cos_h, const float *sin_h, const float *speed, const float *length,
+    const float *width, const int8_t *agent_type, const uint8_t *present, const float *goal,
+    const uint8_t *collided, const uint8_t *offroad, const float *t_index, const float *t_time,
+    const float *last_reward, const uint8_t *controlled, const uint8_t *written, uint8_t *written_out,
+    const int64_t *scenario, const float *geo, const float *feat, const void *grid,
+    int grid_is16, const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims,
+    int64_t W, float *out, int64_t out_stride, int64_t zero_tail,
+    int64_t A, int64_t C, int64_t K, int64_t R, int64_t P, int abits, int rbits,
+    float cell_size, float pr2, float inv_pr, float rr2, float inv_rr, float two_inv_rr,
+    float speed_mul, float size_mul, float goal_div, int num_threads) {
+    ObsArgs a = {pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, NULL, NULL, scenario,
+                 geo, feat, grid, grid_is16, grid_start, grid_origin, grid_dims, A, C, K, R, P,
+                 cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div, abits, rbits,
+                 A, collided, offroad, last_reward, t_index, t_time};
+    RowSel sel = {NULL, W * C, controlled, written, written_out};
+    return run_rows(&a, &sel, out, out_stride, zero_tail, num_threads);
 }

@@ -34,7 +34,7 @@ from gpusim.kernels.observations.naive import observations_reference
 from gpusim.kernels.observations.tables import check_inputs, index_bits, road_table
 
 #: Version of the C function's argument list (``gpusim_obs_abi()`` in cpu.c must return it).
-ABI = 2
+ABI = 3
 SOURCE = Path(__file__).with_name("cpu.c")
 
 
@@ -45,6 +45,13 @@ def _declare(lib) -> None:
     lib.gpusim_observations.argtypes = (
         [p] * 15 + [i32] + [p] * 3          # pos .. grid, grid_is16, grid_start, origin, dims
         + [p, i64, p, i64, i64]              # rows, n, out, out_stride, zero_tail
+        + [i64] * 5 + [i32, i32]             # A, C, K, R, P, abits, rbits
+        + [f32] * 9 + [i32]                  # cell_size .. goal_div, num_threads
+    )
+    lib.gpusim_observations_state.restype = ctypes.c_int
+    lib.gpusim_observations_state.argtypes = (
+        [p] * 17 + [p] * 4 + [i32] + [p] * 3  # pos .. written_out, scenario .. grid, grid_is16, start, origin, dims
+        + [i64, p, i64, i64]                 # W, out, out_stride, zero_tail
         + [i64] * 5 + [i32, i32]             # A, C, K, R, P, abits, rbits
         + [f32] * 9 + [i32]                  # cell_size .. goal_div, num_threads
     )
@@ -182,3 +189,112 @@ def observations_cpu(
     if rc != 0:
         raise RuntimeError(f"observations_cpu: the C kernel returned {rc} (A={A}, K={K})")
     return obs
+
+
+def _check_state_inputs(W: int, A: int, C: int, device, **named) -> dict:
+    """Shapes/dtypes of :func:`observations_cpu_state`'s state inputs; returns them contiguous."""
+    expect = {"goal": ((W, A, 2), torch.float32), "collided": ((W, A), torch.bool),
+              "offroad": ((W, A), torch.bool), "last_reward": ((W, C), torch.float32),
+              "controlled": ((W, A), torch.bool), "written": ((W * C,), torch.bool),
+              "t_index": ((W,), torch.float32), "t_time": ((W,), torch.float32)}
+    for name, t in named.items():
+        if t is None and name in ("t_index", "t_time"):
+            continue
+        shape, dtype = expect[name]
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
+            got = f"{t.dtype} {tuple(t.shape)} on {t.device}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"observations_cpu_state: {name} must be a {dtype} tensor of shape {shape} on "
+                             f"{device}, got {got}")
+        named[name] = t.contiguous()
+    return named
+
+
+def observations_cpu_state(
+    pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index, t_time,
+    last_reward, controlled, written, scenario, road_seg, road_type, grid_road, grid_origin, grid_dims,
+    cell_size, num_partners, partner_radius, road_radius, out, grid_start=None, zero_tail=0, cos_h=None,
+    sin_h=None, check=True,
+) -> torch.Tensor:
+    """The env's observation stage (``gpusim.sim.observe``) in one C call, reading the state's own
+    fields: what :func:`observations_cpu` computes with ``goal = goal[:, :C]``, ``ego_active =
+    (controlled & present)[:, :C]``, ``ego_extra`` = stack(collided[:, :C], offroad[:, :C],
+    t_index[:, None], t_time[:, None], last_reward) as float32 (``gpusim.sim.observe.ego_extra``)
+    and ``rows`` = the slots in play or set in ``written``, with no torch op in between.
+
+    Args (W worlds, A agents, C policy slots): as :func:`observations_cpu`, except
+        goal: [W, A, 2] float32 (the state's field; the first C columns are read).
+        collided, offroad: [W, A] bool, the state's ``collided_now`` / ``offroad_now``.
+        t_index, t_time: [W] float32 trial index / time in trial, or None for 0 (no trial mode).
+        last_reward: [W, C] float32. controlled: [W, A] bool (the state's field; a slot is
+            controlled when its column is set, ``EnvState.slot_active``).
+        written: [W*C] bool, slots whose rows may be non-zero (those not in play are zeroed).
+        out: required, as in :func:`observations_cpu` (a column view of a wider buffer allowed).
+    Returns:
+        [W*C] bool, new tensor: the in-play flags (``ego_active`` flattened), which rows are non-zero now.
+    Raises:
+        ValueError: as :func:`observations_cpu`, naming the argument, when ``check`` is True.
+    """
+    W, A = heading.shape
+    C = last_reward.shape[1]
+    zero_tail = int(zero_tail)
+    if check:
+        if not isinstance(out, torch.Tensor):
+            raise ValueError("observations_cpu_state: out is required (the env's [W, C, D] buffer or a column view)")
+        fixed = _check_state_inputs(W, A, C, pos.device, goal=goal, collided=collided, offroad=offroad,
+                                    last_reward=last_reward, controlled=controlled, written=written,
+                                    t_index=t_index, t_time=t_time)
+        goal, collided, offroad, last_reward = fixed["goal"], fixed["collided"], fixed["offroad"], fixed["last_reward"]
+        controlled, written, t_index, t_time = fixed["controlled"], fixed["written"], fixed["t_index"], fixed["t_time"]
+        if pos.device.type != "cpu":
+            raise ValueError(f"observations_cpu_state: tensors must be on the CPU, got {pos.device}")
+        lay = check_inputs(pos=pos, heading=heading, speed=speed, length=length, width=width,
+                           agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(),
+                           ego_extra=torch.empty(W, C, 5), ego_active=controlled[:, :C].contiguous(), scenario=scenario,
+                           road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
+                           grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
+                           partner_radius=partner_radius, road_radius=road_radius, out=None,
+                           grid_start=grid_start)
+        _check_out_rows(out, None, W, C, lay.obs_dim, pos.device)
+        if zero_tail < 0 or (zero_tail and lay.obs_dim + zero_tail > out.stride(1)):
+            raise ValueError(f"observations_cpu_state: zero_tail = {zero_tail} columns do not fit in the rows of out")
+        check_index_range(scenario, road_seg.shape[0], f"observations: scenario indices must lie in [0, S = {road_seg.shape[0]})")
+        if cos_h is not None and sin_h is not None:
+            cos_h, sin_h = _trig_input(cos_h, "cos_h", W, A), _trig_input(sin_h, "sin_h", W, A)
+    lib = load_library()
+    if lib is None:  # the torch reference through observations_cpu, with the classic inputs
+        active = (controlled & present)[:, :C].contiguous()
+        zeros = torch.zeros_like(last_reward)
+        ti = zeros if t_index is None else t_index[:, None] + zeros
+        tt = zeros if t_time is None else t_time[:, None] + zeros
+        extra = torch.stack([collided[:, :C].float(), offroad[:, :C].float(), ti, tt, last_reward], dim=-1)
+        flat = active.view(-1)
+        observations_cpu(pos=pos, heading=heading, speed=speed, length=length, width=width,
+                         agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(), ego_extra=extra,
+                         ego_active=active, scenario=scenario, road_seg=road_seg, road_type=road_type,
+                         grid_road=grid_road, grid_origin=grid_origin, grid_dims=grid_dims, cell_size=cell_size,
+                         num_partners=num_partners, partner_radius=partner_radius, road_radius=road_radius,
+                         out=out, rows=(flat | written).nonzero().squeeze(1), grid_start=grid_start,
+                         zero_tail=zero_tail, cos_h=cos_h, sin_h=sin_h, check=False)
+        return flat
+    P, R = int(num_partners), road_seg.shape[1]
+    grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
+    geo, feat = road_table(road_seg, road_type)
+    if cos_h is None or sin_h is None:
+        cos_h, sin_h = torch.cos(heading), torch.sin(heading)
+    written_out = torch.empty(W * C, dtype=torch.bool, device=pos.device)
+    K = grid_road.shape[-1]
+    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731  (layout established by a checked call)
+    pr, rr = float(partner_radius), float(road_radius)
+    rc = lib.gpusim_observations_state(
+        ptr(pos), ptr(cos_h), ptr(sin_h), ptr(speed), ptr(length), ptr(width), ptr(agent_type),
+        ptr(present), ptr(goal), ptr(collided), ptr(offroad), ptr(t_index), ptr(t_time), ptr(last_reward),
+        ptr(controlled), ptr(written), ptr(written_out), ptr(scenario), ptr(geo), ptr(feat),
+        ptr(grid2), int(grid2.dtype == torch.int16), ptr(start), ptr(grid_origin), ptr(grid_dims),
+        W, ptr(out), out.stride(1), int(zero_tail),
+        A, C, K, R, P, index_bits(A), index_bits(K),
+        float(cell_size), pr * pr, 1.0 / pr, rr * rr, 1.0 / rr, 2.0 * (1.0 / rr),
+        1.0 / SPEED_SCALE, 1.0 / SIZE_SCALE, GOAL_SCALE, torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise RuntimeError(f"observations_cpu_state: the C kernel returned {rc} (A={A}, K={K})")
+    return written_out
