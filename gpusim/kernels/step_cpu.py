@@ -50,6 +50,7 @@ from gpusim.kernels.trimath import PI, TWO_PI
 #: Version of the C argument lists (``gpusim_step_abi()`` in step_cpu.c must return it).
 ABI = 4
 SOURCE = Path(__file__).with_name("step_cpu.c")
+_REMOVE, _STOP, _GOAL_STOP = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP), int(GoalBehavior.STOP)
 
 
 def _declare(lib) -> None:
@@ -284,20 +285,23 @@ def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
-    cc = _c if check else _trusted
     W, A = present.shape
     S, _, T = traj_valid.shape
     f32, b = torch.float32, torch.bool
-    args = [cc(t, "replay", n, d, sh) for t, n, d, sh in (
-        (pos, "pos", f32, (W, A, 2)), (heading, "heading", f32, (W, A)), (speed, "speed", f32, (W, A)),
-        (present, "present", b, (W, A)), (controlled, "controlled", b, (W, A)), (removed, "removed", b, (W, A)),
-        (scenario, "scenario", torch.int64, (W,)), (step, "step", torch.int32, (W,)),
-        (trial_start, "trial_start", torch.int32, (W,)),
-    )]
-    traj = [cc(t, "replay", n, d, sh) for t, n, d, sh in (
-        (traj_pos, "traj_pos", f32, (S, A, T, 2)), (traj_heading, "traj_heading", f32, (S, A, T)),
-        (traj_vel, "traj_vel", f32, (S, A, T, 2)), (traj_valid, "traj_valid", b, (S, A, T)),
-    )]
+    if not check:  # the caller guarantees the layout: no per-argument calls (fixed cost per step)
+        args = [pos, heading, speed, present, controlled, removed, scenario, step, trial_start]
+        traj = [traj_pos, traj_heading, traj_vel, traj_valid]
+    else:
+        args = [_c(t, "replay", n, d, sh) for t, n, d, sh in (
+            (pos, "pos", f32, (W, A, 2)), (heading, "heading", f32, (W, A)), (speed, "speed", f32, (W, A)),
+            (present, "present", b, (W, A)), (controlled, "controlled", b, (W, A)), (removed, "removed", b, (W, A)),
+            (scenario, "scenario", torch.int64, (W,)), (step, "step", torch.int32, (W,)),
+            (trial_start, "trial_start", torch.int32, (W,)),
+        )]
+        traj = [_c(t, "replay", n, d, sh) for t, n, d, sh in (
+            (traj_pos, "traj_pos", f32, (S, A, T, 2)), (traj_heading, "traj_heading", f32, (S, A, T)),
+            (traj_vel, "traj_vel", f32, (S, A, T, 2)), (traj_valid, "traj_valid", b, (S, A, T)),
+        )]
     lib = _LIB.load(stacklevel=3)
     if lib is None or T == 0:
         pos, heading, speed, present, controlled, removed, scenario, step, trial_start = args
@@ -306,9 +310,8 @@ def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario
     if check:
         check_index_range(args[6], S, f"replay: scenario indices must lie in [0, S = {S})")
     out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A), torch.empty(W, A, dtype=b))
-    ptrs = [t.data_ptr() for t in args]
-    lib.gpusim_replay_state(*ptrs[:9], int(init_steps), *(t.data_ptr() for t in traj + list(out)), W, A, T,
-                            torch.get_num_threads())
+    lib.gpusim_replay_state(*[t.data_ptr() for t in args], int(init_steps), *[t.data_ptr() for t in traj],
+                            *[t.data_ptr() for t in out], W, A, T, torch.get_num_threads())
     return out
 
 
@@ -325,21 +328,21 @@ def in_play_cpu(controlled, present, stopped, removed, world_done, num_slots: in
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device; C outside [0, A].
     """
-    cc = _c if check else _trusted
     W, A = present.shape
     C = int(num_slots)
     if not 0 <= C <= A:
         raise ValueError(f"in_play: num_slots must lie in [0, {A}], got {num_slots}")
     b = torch.bool
-    ins = [cc(t, "in_play", n, b, sh) for t, n, sh in (
-        (controlled, "controlled", (W, A)), (present, "present", (W, A)), (stopped, "stopped", (W, A)),
-        (removed, "removed", (W, A)), (world_done, "world_done", (W,)))]
+    ins = [controlled, present, stopped, removed, world_done] if not check else [
+        _c(t, "in_play", n, b, sh) for t, n, sh in (
+            (controlled, "controlled", (W, A)), (present, "present", (W, A)), (stopped, "stopped", (W, A)),
+            (removed, "removed", (W, A)), (world_done, "world_done", (W,)))]
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         play = ins[0] & ins[1] & ~ins[2] & ~ins[3] & ~ins[4][:, None]
         return play, play[:, :C].contiguous()
     play, mask = torch.empty(W, A, dtype=b), torch.empty(W, C, dtype=b)
-    lib.gpusim_in_play(*(t.data_ptr() for t in ins), play.data_ptr(), mask.data_ptr(), W, A, C,
+    lib.gpusim_in_play(*[t.data_ptr() for t in ins], play.data_ptr(), mask.data_ptr(), W, A, C,
                        torch.get_num_threads())
     return play, mask
 
@@ -359,34 +362,34 @@ def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
-    cc = _c if check else _trusted
     W, A = present.shape
     C = slot_active.shape[1]
     f32, b = torch.float32, torch.bool
-    ins = [cc(t, "events", n, d, sh) for t, n, d, sh in (
-        (pos, "pos", f32, (W, A, 2)), (goal, "goal", f32, (W, A, 2)), (speed, "speed", f32, (W, A)),
-        (controlled, "controlled", b, (W, A)), (in_play, "in_play", b, (W, A)), (present, "present", b, (W, A)),
-        (collided, "collided", b, (W, A)), (offroad, "offroad", b, (W, A)), (hit, "hit", b, (W, A)),
-        (stopped, "stopped", b, (W, A)), (contact_stopped, "contact_stopped", b, (W, A)),
-        (removed, "removed", b, (W, A)), (world_done, "world_done", b, (W,)),
-        (episode_end, "episode_end", b, (W,)), (slot_active, "slot_active", b, (W, C)),
-        (slot_done, "slot_done", b, (W, C)),
-    )]
+    if not check:  # the caller guarantees the layout: no per-argument calls (fixed cost per step)
+        ins = [pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped,
+               removed, world_done, episode_end, slot_active, slot_done]
+    else:
+        ins = [_c(t, "events", n, d, sh) for t, n, d, sh in (
+            (pos, "pos", f32, (W, A, 2)), (goal, "goal", f32, (W, A, 2)), (speed, "speed", f32, (W, A)),
+            (controlled, "controlled", b, (W, A)), (in_play, "in_play", b, (W, A)), (present, "present", b, (W, A)),
+            (collided, "collided", b, (W, A)), (offroad, "offroad", b, (W, A)), (hit, "hit", b, (W, A)),
+            (stopped, "stopped", b, (W, A)), (contact_stopped, "contact_stopped", b, (W, A)),
+            (removed, "removed", b, (W, A)), (world_done, "world_done", b, (W,)),
+            (episode_end, "episode_end", b, (W,)), (slot_active, "slot_active", b, (W, C)),
+            (slot_done, "slot_done", b, (W, C)),
+        )]
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         return events_reference(*ins, goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior,
                                 collision_behavior, offroad_behavior, stop_truncate_fraction)
-    out = EventsOut(reward=torch.empty(W, C), goal_now=torch.empty(W, A, dtype=b), speed=torch.empty(W, A),
-                    present=torch.empty(W, A, dtype=b), stopped=torch.empty(W, A, dtype=b),
-                    contact_stopped=torch.empty(W, A, dtype=b), removed=torch.empty(W, A, dtype=b),
-                    world_done=torch.empty(W, dtype=b), truncated=torch.empty(W, dtype=b),
-                    terminal=torch.empty(W, C, dtype=b), slot_done=torch.empty(W, C, dtype=b))
-    rm, stop = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP)
-    lib.gpusim_events(*(t.data_ptr() for t in ins + list(out)), W, A, C,
-                      goal_radius * goal_radius, reward_goal, reward_collision,
-                      reward_offroad, int(collision_behavior) == rm, int(offroad_behavior) == rm,
-                      int(collision_behavior) == stop, int(offroad_behavior) == stop,
-                      int(goal_behavior) == int(GoalBehavior.STOP), stop_truncate_fraction, torch.get_num_threads())
+    e = torch.empty
+    out = EventsOut(e(W, C), e(W, A, dtype=b), e(W, A), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
+                    e(W, A, dtype=b), e(W, dtype=b), e(W, dtype=b), e(W, C, dtype=b), e(W, C, dtype=b))
+    col, off = int(collision_behavior), int(offroad_behavior)
+    lib.gpusim_events(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in out], W, A, C,
+                      goal_radius * goal_radius, reward_goal, reward_collision, reward_offroad,
+                      col == _REMOVE, off == _REMOVE, col == _STOP, off == _STOP, int(goal_behavior) == _GOAL_STOP,
+                      stop_truncate_fraction, torch.get_num_threads())
     return out
 
 
@@ -457,17 +460,18 @@ def bicycle_slots_cpu(pos, heading, speed, length, accel, steer, moving, dt: flo
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
-    cc = _c if check else _trusted
     W, A = heading.shape
     C = accel.shape[1] if accel.dim() == 2 else -1
     if not 0 <= C <= A:
         raise ValueError(f"bicycle_slots: accel must be [W, C] with C <= {A}, got {tuple(accel.shape)}")
     f32 = torch.float32
-    pos, heading, speed, length = (cc(t, "bicycle_slots", n, f32, sh) for t, n, sh in (
-        (pos, "pos", (W, A, 2)), (heading, "heading", (W, A)), (speed, "speed", (W, A)), (length, "length", (W, A))))
-    accel = cc(accel, "bicycle_slots", "accel", f32, (W, C))
-    steer = cc(steer, "bicycle_slots", "steer", f32, (W, C))
-    moving = cc(moving, "bicycle_slots", "moving", torch.bool, (W, C))
+    if check:
+        pos, heading, speed, length = (_c(t, "bicycle_slots", n, f32, sh) for t, n, sh in (
+            (pos, "pos", (W, A, 2)), (heading, "heading", (W, A)), (speed, "speed", (W, A)),
+            (length, "length", (W, A))))
+        accel = _c(accel, "bicycle_slots", "accel", f32, (W, C))
+        steer = _c(steer, "bicycle_slots", "steer", f32, (W, C))
+        moving = _c(moving, "bicycle_slots", "moving", torch.bool, (W, C))
     lib = _LIB.load(stacklevel=3)
     if lib is None:
         p2, h2, v2 = dynamics.bicycle_step_reference(pos[:, :C], heading[:, :C], speed[:, :C], length[:, :C],
