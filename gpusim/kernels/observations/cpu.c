@@ -14,7 +14,8 @@
  * floats (6.5 KB) is written once.
  *
  * One output row per listed slot; rows are independent, an OpenMP `parallel for` splits them.
- * Built and called through ctypes by cpu.py (gpusim_obs_abi / gpusim_observations below).
+ * Built and called through ctypes by cpu.py (gpusim_obs_abi / gpusim_observations below, and
+ * gpusim_observations_state: the env's stage in one call, rows and ego extras from the state's fields).
  */
 #include <stdint.h>
 #include <stdlib.h>
