@@ -142,7 +142,7 @@ def test_gpu_check_needs_cuda_or_dry_run(tmp_path, capsys):
 
 def test_bench_env_triton_without_cuda_is_one_line(capsys):
     if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
+        pytest.skip("a CUDA device is present: the no-GPU message does not apply")
     with pytest.raises(SystemExit) as e:
         bench_env.main(["--backend", "triton"])
     assert e.value.code == 2 and "no CUDA device" in capsys.readouterr().err

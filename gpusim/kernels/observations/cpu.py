@@ -108,6 +108,15 @@ def _trig_input(t, name: str, W: int, A: int) -> torch.Tensor:
     return t.contiguous()
 
 
+def _kernel_constants(A: int, C: int, K: int, R: int, P: int, cell_size, partner_radius, road_radius) -> tuple:
+    """The trailing size and scale arguments shared by both C entry points, in their order (sizes,
+    sort-key index bits, the grid cell, squared radii and their inverses, feature scales, threads)."""
+    pr, rr = float(partner_radius), float(road_radius)
+    return (A, C, K, R, P, index_bits(A), index_bits(K),
+            float(cell_size), pr * pr, 1.0 / pr, rr * rr, 1.0 / rr, 2.0 * (1.0 / rr),
+            1.0 / SPEED_SCALE, 1.0 / SIZE_SCALE, GOAL_SCALE, torch.get_num_threads())
+
+
 def observations_cpu(
     pos, heading, speed, length, width, agent_type, present, goal, ego_extra, ego_active, scenario,
     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius,
@@ -176,15 +185,12 @@ def observations_cpu(
         cos_h = _trig_input(cos_h, "cos_h", W, A)
         sin_h = _trig_input(sin_h, "sin_h", W, A)
     ptr = lambda t: t.data_ptr()  # noqa: E731  (all checked contiguous above)
-    pr, rr = float(partner_radius), float(road_radius)
     rc = lib.gpusim_observations(
         ptr(pos), ptr(cos_h), ptr(sin_h), ptr(speed), ptr(length), ptr(width), ptr(agent_type),
         ptr(present), ptr(goal), ptr(ego_extra), ptr(ego_active), ptr(scenario), ptr(geo), ptr(feat),
         ptr(grid2), int(grid2.dtype == torch.int16), ptr(start), ptr(grid_origin), ptr(grid_dims),
         None if rows is None else ptr(rows), n, ptr(obs), obs.stride(1), zero_tail,
-        A, C, K, R, P, index_bits(A), index_bits(K),
-        float(cell_size), pr * pr, 1.0 / pr, rr * rr, 1.0 / rr, 2.0 * (1.0 / rr),
-        1.0 / SPEED_SCALE, 1.0 / SIZE_SCALE, GOAL_SCALE, torch.get_num_threads(),
+        *_kernel_constants(A, C, K, R, P, cell_size, partner_radius, road_radius),
     )
     if rc != 0:
         raise RuntimeError(f"observations_cpu: the C kernel returned {rc} (A={A}, K={K})")
@@ -284,16 +290,13 @@ def observations_cpu_state(
     written_out = torch.empty(W * C, dtype=torch.bool, device=pos.device)
     K = grid_road.shape[-1]
     ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731  (layout established by a checked call)
-    pr, rr = float(partner_radius), float(road_radius)
     rc = lib.gpusim_observations_state(
         ptr(pos), ptr(cos_h), ptr(sin_h), ptr(speed), ptr(length), ptr(width), ptr(agent_type),
         ptr(present), ptr(goal), ptr(collided), ptr(offroad), ptr(t_index), ptr(t_time), ptr(last_reward),
         ptr(controlled), ptr(written), ptr(written_out), ptr(scenario), ptr(geo), ptr(feat),
         ptr(grid2), int(grid2.dtype == torch.int16), ptr(start), ptr(grid_origin), ptr(grid_dims),
         W, ptr(out), out.stride(1), int(zero_tail),
-        A, C, K, R, P, index_bits(A), index_bits(K),
-        float(cell_size), pr * pr, 1.0 / pr, rr * rr, 1.0 / rr, 2.0 * (1.0 / rr),
-        1.0 / SPEED_SCALE, 1.0 / SIZE_SCALE, GOAL_SCALE, torch.get_num_threads(),
+        *_kernel_constants(A, C, K, R, P, cell_size, partner_radius, road_radius),
     )
     if rc != 0:
         raise RuntimeError(f"observations_cpu_state: the C kernel returned {rc} (A={A}, K={K})")
