@@ -4,10 +4,11 @@ Steps (each one's result goes into the report, a failing step does not stop the 
 
 1. ``device``: the GPU's name, capability and memory, torch / Triton / CUDA versions.
 2. ``tests``: the test suite on CUDA, compiled kernels (no interpreter): a subprocess
-   ``python -m pytest -q`` with ``TRITON_INTERPRET`` unset and ``GPUSIM_BACKEND=triton``. Failures
-   are listed; those of tests that force the Triton backend on CPU tensors (which need the
-   interpreter: ``gpusim.backend.backend_for`` raises) are listed apart, as a limitation of the
-   suite rather than of the GPU path.
+   ``python -m pytest -q`` with ``TRITON_INTERPRET`` unset. ``GPUSIM_BACKEND`` is not forced: the
+   kernel tests build their inputs on ``tests/synthetic.py``'s ``KERNEL_DEVICE`` (CUDA here), and the
+   trainer and CPU-path tests keep their CPU tensors, which a forced Triton backend would refuse
+   (``gpusim.backend.backend_for`` raises without the interpreter). Failures and errors are listed
+   from pytest's ``-rfE`` lines; the whole output goes to ``pytest.log`` beside the report.
 3. ``env``: the env-only benchmark (``profiling/bench_env.py``'s ``bench``) over worlds
    256 ... 16384 with the Triton backend: controlled-agent-steps/s, ms/step, per-kernel ms/step,
    memory per world (``EnvState`` + observation buffer bytes, and peak CUDA memory / worlds).
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import os
 import pathlib
 import platform
@@ -101,15 +103,20 @@ def device_info(device: torch.device) -> dict:
     return info
 
 
-def run_tests(pytest_args: list[str], dry_run: bool, timeout: float) -> dict:
-    """The test suite in a subprocess with the Triton backend forced: on CUDA compiled (interpreter
-    off); in a dry run on the CPU the interpreter stays on (the only way Triton runs there)."""
-    env = dict(os.environ, GPUSIM_BACKEND="triton")
+PYTEST_SUMMARY = re.compile(r"^=*\s*(\d+ (passed|failed|errors?|skipped|deselected)[, ]*)+.* in [\d.]+s")
+
+
+def run_tests(pytest_args: list[str], dry_run: bool, timeout: float, log: pathlib.Path | None = None) -> dict:
+    """The test suite in a subprocess: on CUDA the kernels compiled (interpreter off, backend left to
+    the suite); in a dry run on the CPU the interpreter stays on (the only way Triton runs there).
+    ``log`` receives pytest's whole output."""
+    env = dict(os.environ)
+    env.pop("GPUSIM_BACKEND", None)
     if dry_run:
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rf", "-p", "no:cacheprovider", *pytest_args]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *pytest_args]
     say("  " + " ".join(cmd))
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -117,11 +124,15 @@ def run_tests(pytest_args: list[str], dry_run: bool, timeout: float) -> dict:
     except subprocess.TimeoutExpired as e:
         out, rc = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), 124
     tail = out.strip().splitlines()
-    summary = next((ln for ln in reversed(tail) if " passed" in ln or " failed" in ln or " error" in ln), "")
-    failed = [ln[len("FAILED "):] for ln in tail if ln.startswith("FAILED ")]
+    # pytest's closing line, e.g. "==== 3 failed, 1040 passed, 6 skipped in 160.2s ====" (with -q the
+    # "=" framing may be absent); a test's own output can mention "error", so only that shape counts
+    summary = next((ln for ln in reversed(tail) if PYTEST_SUMMARY.search(ln)), "")
+    failed = [ln.split(" ", 1)[1] for ln in tail if ln.startswith(("FAILED ", "ERROR "))]
     # a test that builds CPU tensors and forces the Triton backend cannot run without the
     # interpreter (gpusim.backend.backend_for raises): a test-suite limitation, listed apart
     cpu_only = [f for f in failed if "needs TRITON_INTERPRET=1" in f]
+    if log is not None:  # the whole output: the report keeps only its last 40 lines
+        log.write_text(out)
     return {"ok": rc == 0, "returncode": rc, "command": " ".join(cmd[1:]), "summary": summary.strip("= "),
             "failed": [f for f in failed if f not in cpu_only], "failed_cpu_tensor_tests": cpu_only,
             "tail": "\n".join(tail[-40:])}
@@ -289,7 +300,7 @@ def main(argv=None) -> dict:
         with step(report, "tests") as e:
             pytest_args = args.pytest_args if args.pytest_args is not None else (
                 ["tests/test_dynamics.py", "-k", "decode_encode_roundtrip"] if dry else [])
-            e.update(run_tests(pytest_args, dry, timeout=3600))
+            e.update(run_tests(pytest_args, dry, timeout=3600, log=out / "pytest.log"))
             say(f"  {e['summary']}")
     if "env" not in args.skip:
         with step(report, "env") as e:

@@ -158,6 +158,20 @@ def test_graph_doctor_needs_cuda(capsys):
     assert e.value.code == 2 and "no CUDA device" in capsys.readouterr().err
 
 
+def test_gpu_check_reads_pytest_closing_line_not_test_output():
+    """The tests step's summary is pytest's closing line; a test's printed text that mentions
+    "error" (the H100 run picked up a docstring about position error) must not be taken for it."""
+    from profiling import gpu_check
+
+    lines = ["p95 position error < 0.1 m (closed loop)", "SKIPPED [1] tests/x.py:3: no GPU",
+             "==== 2 failed, 1040 passed, 6 skipped in 160.25s (0:02:40) ====", "trailing warning text"]
+    assert next(ln for ln in reversed(lines) if gpu_check.PYTEST_SUMMARY.search(ln)) == lines[2]
+    for line in ("1050 passed, 8 skipped, 288 warnings in 136.81s (0:02:16)", "3 errors in 2.0s",
+                 "1 failed, 2 passed, 1 error in 2.0s"):
+        assert gpu_check.PYTEST_SUMMARY.search(line), line
+    assert not gpu_check.PYTEST_SUMMARY.search("the error in 3.5s of replay")
+
+
 @pytest.fixture(scope="module")
 def json2(sample_dir, tmp_path_factory):
     """A directory with 2 sample scenarios as WOMD JSON (any max_controlled can load it)."""
