@@ -88,6 +88,7 @@ def compare_main(args, argv: list[str]) -> dict:
     a_backend = args.backend
     b_backend = args.ref_backend or args.backend
     runs = {"A": [], "B": []}
+    args.rounds = args.rounds or 3  # bench_env's --rounds defaults to None (1 round without --compare)
     with tempfile.TemporaryDirectory(prefix="gpusim-compare-") as tmp:
         trees = {"A": REPO, "B": _ref_tree(args.compare, tmp)}
         backends = {"A": a_backend, "B": b_backend}
