@@ -422,3 +422,124 @@ def graph_decision(mode: str, device, backend: str) -> tuple[bool, str | None]:
     if mode == "auto" and backend != "triton":
         return False, f"the env runs the {backend} backend (auto captures the Triton backend only)"
     return True, None
+
+
+# ---------------------------------------------------------------------------- static-buffer helpers
+# Shared by the CUDA-graph rollout (train/graphed_rollout.py) and the graphed env step
+# (gpusim/graphed_env.py): both replay a step that reads and writes static buffers only.
+
+
+def copy_all(dst: list, src: list) -> None:
+    """``d.copy_(s)`` for each pair of tensors, in one ``torch._foreach_copy_`` (one launch on a
+    GPU); a source that shares memory with a destination is cloned first (the copies would
+    otherwise read overwritten values). Graph-safe: no host read. Empty lists do nothing.
+
+    Raises:
+        RuntimeError (from torch): a pair whose shapes do not broadcast.
+    """
+    if not dst:
+        return
+    ptrs = {d.untyped_storage().data_ptr() for d in dst}
+    src = [s.clone() if s.untyped_storage().data_ptr() in ptrs else s for s in src]
+    torch._foreach_copy_(dst, src)
+
+
+def pack_key(pack) -> tuple:
+    """Key of the scenario pack a captured step reads: ``(num_scenarios, (field, data_ptr, shape,
+    dtype), ...)`` over the pack's tensor attributes. A graph replays fixed addresses, so a step
+    captured on one pack must be captured again when this key changes (``DriveEnv.use_pack``, a
+    streaming pool swap)."""
+    fields = vars(pack) if hasattr(pack, "__dict__") else {}
+    return (pack.num_scenarios,) + tuple(
+        (k, v.data_ptr(), tuple(v.shape), v.dtype) for k, v in sorted(fields.items()) if isinstance(v, torch.Tensor))
+
+
+def _get(container, k):
+    return container[k] if isinstance(container, dict) else getattr(container, k)
+
+
+def _set(container, k, v) -> None:
+    if isinstance(container, dict):
+        container[k] = v
+    else:
+        setattr(container, k, v)
+
+
+class PinnedAttributes:
+    """Tensor attributes that a captured step *reassigns* (e.g. the observation stage's
+    ``obs_written``, the async action check's error record), pinned to static tensors.
+
+    A replay runs no Python, so an attribute the step rebinds to a new tensor would keep pointing
+    at the old one. :meth:`audit` runs the step on a warm-up call and compares every tensor and host
+    value reachable from ``roots`` (:func:`reachable_values`) before and after: a tensor attribute
+    reassigned with the same shape, dtype and device is pinned (the object it held after the call
+    becomes its static tensor); anything a replay could not reproduce is returned as a reason.
+    Inside the captured step, :meth:`restore` copies each new value into its static tensor and
+    rebinds the attribute to it; outside the graph, :meth:`sync_inputs` does the same for values
+    reassigned by eager work (an eager episode-end step).
+
+    Attributes: ``pins``: ``path -> (container, key, static tensor)``; ``path in pinned`` and
+    iteration give the pinned paths (e.g. ``"env.sim.obs_written"``).
+    """
+
+    def __init__(self):
+        self.pins: dict[str, tuple] = {}
+
+    def __contains__(self, path: str) -> bool:
+        return path in self.pins
+
+    def __iter__(self):
+        return iter(self.pins)
+
+    def __len__(self) -> int:
+        return len(self.pins)
+
+    def audit(self, call: Callable[[], Any], roots: dict, capturing: bool) -> str | None:
+        """Run ``call()`` and compare what is reachable from ``roots`` before and after.
+
+        Pins tensors reassigned with the same shape, dtype and device (not while ``capturing``:
+        too late, the capture has recorded the old addresses). Returns a one-line reason for
+        anything a replay could not reproduce (a host value changed, a tensor reassigned to a new
+        shape or during the capture, a tensor created during the capture), else None. Whatever
+        ``call`` raises propagates."""
+        before = reachable_values(roots)
+        call()
+        after = reachable_values(roots)
+        for path, (container, k, new) in after.items():
+            old = before.get(path, (None, None, None))[2]
+            if new is old or path in self.pins:
+                continue
+            if isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor):
+                same = new.shape == old.shape and new.dtype == old.dtype and new.device == old.device
+                if same and not capturing:
+                    self.pins[path] = (container, k, new)
+                    continue
+                why = "during the capture" if capturing else f"to a new shape {tuple(new.shape)}"
+                return f"the step reassigns {path} {why}: a replay would not update it"
+            if isinstance(new, torch.Tensor) and old is None:
+                if capturing:
+                    return f"the step creates {path} during the capture"
+                continue  # lazily created on the first call; audited again on the next
+            if isinstance(old, _HOST_TYPES + (type(None),)) and old != new:
+                return f"the step changes the host value {path} ({old!r} -> {new!r}): a replay runs no Python"
+        return None
+
+    def sync_inputs(self, dst: list, src: list) -> None:
+        """Outside the graph: for each pinned attribute that eager work rebound, append
+        ``(static, current)`` to ``dst`` / ``src`` (for :func:`copy_all`) and rebind it to its static
+        tensor."""
+        for container, k, static in self.pins.values():
+            cur = _get(container, k)
+            if cur is not static:
+                dst.append(static)
+                src.append(cur)
+                _set(container, k, static)
+
+    def restore(self) -> None:
+        """Inside the captured step, at its end: copy each rebound attribute's new value into its
+        static tensor and rebind the attribute to it."""
+        for container, k, static in self.pins.values():
+            cur = _get(container, k)
+            if cur is not static:
+                static.copy_(cur)
+                _set(container, k, static)

@@ -59,10 +59,9 @@ import warnings
 
 import torch
 
-from gpusim.cuda_graph import CudaGraphCapture, graph_decision, host_syncs, reachable_values
+from gpusim.cuda_graph import (CudaGraphCapture, PinnedAttributes, copy_all, graph_decision, host_syncs,
+                               pack_key)
 from train.rollout import RolloutBatch, begin_rollout, collect_rollout, rollout_step
-
-_HOST_TYPES = (int, float, bool, str)
 
 
 def make_rollout(mode: str, env, policy, buffer: RolloutBatch, cache, say=None):
@@ -138,7 +137,7 @@ class GraphedRollout:
         self._col = torch.zeros(1, dtype=torch.int64, device=dev)
         self._state = None   # EnvState of static buffers (built at the first graphed step)
         self._start = None   # static copy of env.sim.start (trial restore reads it)
-        self._pins: dict[str, tuple] = {}  # path -> (container, key, static tensor)
+        self._pins = PinnedAttributes()  # tensor attributes the step reassigns (gpusim.cuda_graph)
         self._graph = None
         self._key = None
         self._pack = None
@@ -237,14 +236,11 @@ class GraphedRollout:
         self._say(f"CUDA graph off: {reason}; the rollout runs eagerly")
 
     def _pack_id(self):
-        """Key of the scenario pack the graph reads (recomputed when ``env.sim.pack`` changes)."""
+        """Key of the scenario pack the graph reads (:func:`gpusim.cuda_graph.pack_key`, recomputed
+        when ``env.sim.pack`` changes)."""
         pack = self.env.sim.pack
         if pack is not self._pack:
-            fields = vars(pack) if hasattr(pack, "__dict__") else {}
-            self._pack_key = (pack.num_scenarios,) + tuple(
-                (k, v.data_ptr(), tuple(v.shape), v.dtype) for k, v in sorted(fields.items())
-                if isinstance(v, torch.Tensor))
-            self._pack = pack
+            self._pack_key, self._pack = pack_key(pack), pack
         return self._pack_key
 
     # ------------------------------------------------------------------ static buffers
@@ -270,13 +266,8 @@ class GraphedRollout:
         if obs is not self._obs:
             dst.append(self._obs)
             src.append(obs)
-        for container, k, static in self._pins.values():
-            cur = _get(container, k)
-            if cur is not static:
-                dst.append(static)
-                src.append(cur)
-                _set(container, k, static)
-        _copy_all(dst, src)
+        self._pins.sync_inputs(dst, src)
+        copy_all(dst, src)
         env.state = self._state
 
     def _body(self) -> None:
@@ -318,67 +309,21 @@ class GraphedRollout:
             if x is not s:
                 dst.append(s)
                 src.append(x)
-        _copy_all(dst, src)
+        copy_all(dst, src)
         col.add_(1)
-        for container, k, static in self._pins.values():
-            cur = _get(container, k)
-            if cur is not static:
-                static.copy_(cur)
-                _set(container, k, static)
+        self._pins.restore()
 
     # ------------------------------------------------------------------ audit
     def _roots(self) -> dict:
         return {"env": self.env, "cache": self.cache, "buffer": self.buffer, "trial_log": self._trial_log}
 
     def _audited(self, call, capturing: bool) -> str | None:
-        """Run ``call`` and compare the host values and tensor attributes reachable from the env,
-        the cache, the buffer and the trial log before and after. Pins tensors that were
-        reassigned with the same shape, dtype and device (not while capturing: too late); returns
-        a reason string for anything a replay could not reproduce, else None."""
-        before = reachable_values(self._roots())
-        call()
-        after = reachable_values(self._roots())
-        for path, (container, k, new) in after.items():
-            old = before.get(path, (None, None, None))[2]
-            if new is old or path in self._pins:
-                continue
-            if isinstance(new, torch.Tensor) and isinstance(old, torch.Tensor):
-                same = new.shape == old.shape and new.dtype == old.dtype and new.device == old.device
-                if same and not capturing:
-                    self._pins[path] = (container, k, new)
-                    continue
-                why = "during the capture" if capturing else f"to a new shape {tuple(new.shape)}"
-                return f"the step reassigns {path} {why}: a replay would not update it"
-            if isinstance(new, torch.Tensor) and old is None:
-                if capturing:
-                    return f"the step creates {path} during the capture"
-                continue  # lazily created on the first call; audited again on the next
-            if isinstance(old, _HOST_TYPES + (type(None),)) and old != new:
-                return f"the step changes the host value {path} ({old!r} -> {new!r}): a replay runs no Python"
-        return None
-
-
-def _get(container, k):
-    return container[k] if isinstance(container, dict) else getattr(container, k)
-
-
-def _set(container, k, v) -> None:
-    if isinstance(container, dict):
-        container[k] = v
-    else:
-        setattr(container, k, v)
+        """Run ``call`` under :meth:`gpusim.cuda_graph.PinnedAttributes.audit` of the env, the
+        cache, the buffer and the trial log (pins reassigned tensors; returns a reason string for
+        anything a replay could not reproduce, else None)."""
+        return self._pins.audit(call, self._roots(), capturing)
 
 
 def _put(dst: torch.Tensor, col: torch.Tensor, x: torch.Tensor) -> None:
     """``dst[:, col] = x`` with ``col`` a [1] int64 device tensor (no host value: graph-safe)."""
     dst.index_copy_(1, col, x.unsqueeze(1).to(dst.dtype))
-
-
-def _copy_all(dst: list, src: list) -> None:
-    """``d.copy_(s)`` for each pair, in one ``torch._foreach_copy_``; a source that shares memory
-    with a destination is cloned first (the copies would otherwise read overwritten values)."""
-    if not dst:
-        return
-    ptrs = {d.untyped_storage().data_ptr() for d in dst}
-    src = [s.clone() if s.untyped_storage().data_ptr() in ptrs else s for s in src]
-    torch._foreach_copy_(dst, src)
