@@ -24,8 +24,8 @@ from gpusim.kernels import dynamics
 from gpusim.kernels.events import events_reference
 from gpusim.kernels.signals import red_light_violation_reference
 from gpusim.kernels.replay import replay_reference
-from gpusim.kernels.step_cpu import (bicycle_slots_cpu, events_cpu, in_play_cpu, red_light_cpu, replay_state_cpu,
-                                    step_kernels_status)
+from gpusim.kernels.step_cpu import (bicycle_slots_cpu, discrete_motion_tables, events_cpu, in_play_cpu,
+                                    motion_discrete_cpu, red_light_cpu, replay_state_cpu, step_kernels_status)
 from gpusim.state import in_play
 from tests.synthetic import driver, lane, small_config, synthetic_pack
 
@@ -190,6 +190,64 @@ def test_bicycle_slots_match_reference(pack, worlds, C):
         for x, y, full in zip(got, want, args.values()):
             assert torch.equal(bits(x[:, :C]), bits(y)) and torch.equal(bits(x[:, C:]), bits(full[:, C:]))
         assert (got[1][:, :C] != heading[:, :C]).any()
+
+
+@pytest.mark.parametrize("worlds,C", [(1, 8), (13, 8), (40, 3)])
+def test_motion_discrete_matches_reference(pack, worlds, C):
+    """The discrete motion (two C passes, per-action tables) equals ``state.in_play`` and
+    ``bicycle_step_reference`` on the decoded actions, moving the in-play slots, bit for bit: random
+    flags on real states, every action index (and out-of-range ones, clamped as ``decode_actions``
+    clamps them), headings near +-pi, tiny lengths, speeds near the clamps, NaN in a slot not in play."""
+    if discrete_motion_tables() is None:
+        pytest.skip("torch's tan/atan/cos depend on the element's position on this machine: no tables")
+    env = DriveEnv(pack, worlds, EnvConfig(max_controlled=8, num_signals=0), seed=worlds)
+    g = torch.Generator().manual_seed(100 + worlds)
+    st = env.state
+    W, A = st.present.shape
+    turned = 0
+    for t in range(8):
+        rnd = lambda p, *shape: torch.rand(*(shape or (W, A)), generator=g) < p  # noqa: E731
+        flags = dict(controlled=rnd(0.7), present=rnd(0.9), stopped=rnd(0.15), removed=rnd(0.1))
+        world_done = rnd(0.1, W)
+        flags["controlled"][0, 0], flags["present"][0, 0] = False, True  # not in play: NaN pose stays
+        heading = (st.heading + torch.randn(W, A, generator=g) * t).contiguous()
+        heading[:, 0] = math.pi - 1e-3 * t
+        speed = torch.where(rnd(0.3), torch.rand(W, A, generator=g) * 0.3, st.speed + 99.0 * (t == 7)).contiguous()
+        length = st.length.clone()
+        length[:, -1] = 0.05
+        pos = st.pos.clone()
+        pos[0, 0] = float("nan")
+        acts = torch.randint(-2 if t == 5 else 0, dynamics.NUM_ACTIONS + (3 if t == 5 else 0), (W, C), generator=g)
+        acts.view(-1)[: min(acts.numel(), dynamics.NUM_ACTIONS)] = torch.arange(min(acts.numel(), dynamics.NUM_ACTIONS))
+        play, mask, *got = motion_discrete_cpu(**flags, world_done=world_done, pos=pos, heading=heading, speed=speed,
+                                               length=length, actions=acts, dt=0.1)
+        want_play = in_play(dataclasses.replace(st, **flags, world_done=world_done))
+        assert torch.equal(play, want_play) and torch.equal(mask, want_play[:, :C])
+        accel, steer = dynamics.decode_actions(acts, 0)
+        args = dict(pos=pos, heading=heading, speed=speed, length=length)
+        want = dynamics.bicycle_step_reference(**{k: v[:, :C].contiguous() for k, v in args.items()},
+                                               accel=accel, steer=steer, moving=want_play[:, :C], dt=0.1)
+        for x, y, full in zip(got, want, args.values()):
+            assert torch.equal(bits(x[:, :C]), bits(y)) and torch.equal(bits(x[:, C:]), bits(full[:, C:]))
+        turned += int((got[1][:, :C] != heading[:, :C]).sum())
+    assert turned > 0  # some agents in play did turn
+    with pytest.raises(ValueError, match="motion_discrete: actions"):
+        motion_discrete_cpu(**flags, world_done=world_done, pos=pos, heading=heading, speed=speed, length=length,
+                            actions=acts.int(), dt=0.1)
+
+
+def test_motion_tables_equal_per_agent_ops():
+    """Each table value equals the per-agent op chain of the reference (tan of the clamped steering,
+    atan of half of it, its cosine) on the decoded steering, inside a large [W, C] tensor."""
+    tables = discrete_motion_tables()
+    if tables is None:
+        pytest.skip("torch's tan/atan/cos depend on the element's position on this machine: no tables")
+    k = torch.randint(0, dynamics.NUM_ACTIONS, (333, 7), generator=torch.Generator().manual_seed(3))
+    accel, steer = dynamics.decode_actions(k, 0)
+    tan_d = torch.tan(steer.clamp(-dynamics.MAX_STEER, dynamics.MAX_STEER))
+    beta = torch.atan(0.5 * tan_d)
+    for name, per_agent in (("accel_of", accel), ("tan_of", tan_d), ("beta_of", beta), ("cos_b_of", torch.cos(beta))):
+        assert torch.equal(bits(tables[name][k]), bits(per_agent)), name
 
 
 @pytest.mark.parametrize("worlds,C", [(1, 8), (13, 8), (40, 3)])

@@ -24,7 +24,7 @@
 #endif
 
 /* Bumped whenever an argument list below changes (step_cpu.py checks it). */
-#define GPUSIM_STEP_ABI 4
+#define GPUSIM_STEP_ABI 5
 
 int gpusim_step_abi(void) { return GPUSIM_STEP_ABI; }
 
@@ -377,6 +377,29 @@ void gpusim_red_light(const float *pos_before, const float *pos, const float *co
  * [W, C]. Agents with moving[w, c] take the new pose; others, and every column >= C, keep theirs.
  * pos_out [W, A, 2], heading_out, speed_out [W, A] fully written. Constants float32 as torch's
  * tensor-scalar ops round them. */
+/* One moving agent g of the bicycle step (reference order of operations); a, tan_d, cos_b, cos_t,
+ * sin_t: its control and the transcendental values the caller took from torch. */
+static inline void motion_agent(const float *pos, const float *heading, const float *speed,
+                                const float *length, int64_t g, float a, float tan_d, float cos_b,
+                                float cos_t, float sin_t, float *pos_out, float *heading_out,
+                                float *speed_out, float dt, float max_accel, float min_speed,
+                                float max_speed, float min_length, float pi, float two_pi) {
+    if (a < -max_accel) a = -max_accel;
+    if (a > max_accel) a = max_accel;
+    float v = speed[g] + a * dt;
+    if (v < min_speed) v = min_speed;
+    if (v > max_speed) v = max_speed;
+    float len = length[g];
+    if (len < min_length) len = min_length;
+    float omega = v * cos_b * tan_d / len;
+    float step = v * dt;
+    pos_out[2 * g] = pos[2 * g] + step * cos_t;
+    pos_out[2 * g + 1] = pos[2 * g + 1] + step * sin_t;
+    float h = heading[g] + omega * dt;
+    heading_out[g] = h - two_pi * ceilf((h - pi) / two_pi);
+    speed_out[g] = v;
+}
+
 void gpusim_motion(const float *pos, const float *heading, const float *speed, const float *length,
                    const float *accel, const float *tan_d, const float *cos_b, const float *cos_t,
                    const float *sin_t, const uint8_t *moving, float *pos_out, float *heading_out,
@@ -393,21 +416,63 @@ void gpusim_motion(const float *pos, const float *heading, const float *speed, c
         for (int64_t c = 0; c < C; c++) {
             const int64_t g = base + c, k = w * C + c;
             if (!moving[k]) continue;
-            float a = accel[k];
-            if (a < -max_accel) a = -max_accel;
-            if (a > max_accel) a = max_accel;
-            float v = speed[g] + a * dt;
-            if (v < min_speed) v = min_speed;
-            if (v > max_speed) v = max_speed;
-            float len = length[g];
-            if (len < min_length) len = min_length;
-            float omega = v * cos_b[k] * tan_d[k] / len;
-            float step = v * dt;
-            pos_out[2 * g] = pos[2 * g] + step * cos_t[k];
-            pos_out[2 * g + 1] = pos[2 * g + 1] + step * sin_t[k];
-            float h = heading[g] + omega * dt;
-            heading_out[g] = h - two_pi * ceilf((h - pi) / two_pi);
-            speed_out[g] = v;
+            motion_agent(pos, heading, speed, length, g, accel[k], tan_d[k], cos_b[k], cos_t[k], sin_t[k],
+                         pos_out, heading_out, speed_out, dt, max_accel, min_speed, max_speed, min_length,
+                         pi, two_pi);
+        }
+    }
+}
+
+/* Discrete actions, first pass of stage motion: the in-play flags (as gpusim_in_play) and
+ * theta = heading + beta_of[k] of the first C slots, k the action clamped to [0, num_actions) as
+ * dynamics.decode_actions clamps it (beta_of: the per-action table of atan(0.5 tan(steer))). */
+void gpusim_motion_prepare(const uint8_t *controlled, const uint8_t *present, const uint8_t *stopped,
+                           const uint8_t *removed, const uint8_t *world_done, const float *heading,
+                           const int64_t *action, const float *beta_of, uint8_t *in_play,
+                           uint8_t *loss_mask, float *theta, int64_t W, int64_t A, int64_t C,
+                           int64_t num_actions, int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        const int live = world_done[w] == 0;
+        for (int64_t a = 0; a < A; a++) {
+            const int64_t g = w * A + a;
+            const uint8_t p = (uint8_t)(live && controlled[g] && present[g] && !stopped[g] && !removed[g]);
+            in_play[g] = p;
+            if (a < C) {
+                int64_t k = action[w * C + a];
+                k = k < 0 ? 0 : (k >= num_actions ? num_actions - 1 : k);
+                loss_mask[w * C + a] = p;
+                theta[w * C + a] = heading[g] + beta_of[k];
+            }
+        }
+    }
+}
+
+/* Discrete actions, second pass of stage motion: gpusim_motion with the control, tan(steer) and
+ * cos(beta) looked up per action (accel_of, tan_of, cos_b_of [num_actions]). */
+void gpusim_motion_discrete(const float *pos, const float *heading, const float *speed, const float *length,
+                            const int64_t *action, const float *accel_of, const float *tan_of,
+                            const float *cos_b_of, const float *cos_t, const float *sin_t,
+                            const uint8_t *moving, float *pos_out, float *heading_out, float *speed_out,
+                            int64_t W, int64_t A, int64_t C, int64_t num_actions, float dt, float max_accel,
+                            float min_speed, float max_speed, float min_length, float pi, float two_pi,
+                            int num_threads) {
+    int64_t w;
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
+    for (w = 0; w < W; w++) {
+        const int64_t base = w * A;
+        memcpy(pos_out + 2 * base, pos + 2 * base, (size_t)(2 * A) * sizeof(float));
+        memcpy(heading_out + base, heading + base, (size_t)A * sizeof(float));
+        memcpy(speed_out + base, speed + base, (size_t)A * sizeof(float));
+        for (int64_t c = 0; c < C; c++) {
+            const int64_t g = base + c, j = w * C + c;
+            if (!moving[j]) continue;
+            int64_t k = action[j];
+            k = k < 0 ? 0 : (k >= num_actions ? num_actions - 1 : k);
+            motion_agent(pos, heading, speed, length, g, accel_of[k], tan_of[k], cos_b_of[k], cos_t[j],
+                         sin_t[j], pos_out, heading_out, speed_out, dt, max_accel, min_speed, max_speed,
+                         min_length, pi, two_pi);
         }
     }
 }

@@ -15,7 +15,10 @@ kernels (CPU)" and "C kernels of the small CPU stages"):
 * :func:`red_light_cpu` = :func:`gpusim.kernels.signals.red_light_violation_reference` (stage
   ``signals``),
 * :func:`bicycle_slots_cpu` = :func:`gpusim.kernels.dynamics.bicycle_step_reference` on the first
-  ``C`` slots, written into full ``[W, A]`` tensors (stage ``motion``).
+  ``C`` slots, written into full ``[W, A]`` tensors (stage ``motion``), and
+  :func:`motion_discrete_cpu`, the same plus :func:`in_play_cpu` and the action decoding for
+  discrete actions, with the per-action transcendental values from a table
+  (:func:`discrete_motion_tables`).
 
 Same float32 operations in the same order (``-ffp-contract=off``), cos/sin (and for the motion
 tan/atan) from torch, scalars rounded to float32 as torch's tensor-scalar ops do: every output
@@ -48,13 +51,13 @@ from gpusim.kernels.signals import STOP_LINE_HALF_WIDTH, STOP_LINE_MAX_ANGLE, re
 from gpusim.kernels.trimath import PI, TWO_PI
 
 #: Version of the C argument lists (``gpusim_step_abi()`` in step_cpu.c must return it).
-ABI = 4
+ABI = 5
 SOURCE = Path(__file__).with_name("step_cpu.c")
 _REMOVE, _STOP, _GOAL_STOP = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP), int(GoalBehavior.STOP)
 
 
 def _declare(lib) -> None:
-    """ctypes signatures of the nine kernels (step_cpu.c)."""
+    """ctypes signatures of the kernels (step_cpu.c)."""
     p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
     for fn, args in (
         (lib.gpusim_collisions, [p] * 8 + [i64, i64, f32, f32, i32]),
@@ -66,6 +69,8 @@ def _declare(lib) -> None:
         (lib.gpusim_motion, [p] * 13 + [i64] * 3 + [f32] * 7 + [i32]),
         (lib.gpusim_replay_state, [p] * 9 + [i64] + [p] * 8 + [i64] * 3 + [i32]),
         (lib.gpusim_in_play, [p] * 7 + [i64] * 3 + [i32]),
+        (lib.gpusim_motion_prepare, [p] * 11 + [i64] * 4 + [i32]),
+        (lib.gpusim_motion_discrete, [p] * 14 + [i64] * 4 + [f32] * 7 + [i32]),
     ):
         fn.restype, fn.argtypes = None, args
 
@@ -491,3 +496,97 @@ def bicycle_slots_cpu(pos, heading, speed, length, accel, steer, moving, dt: flo
                       dynamics.MIN_SPEED, dynamics.MAX_SPEED, dynamics.MIN_LENGTH, PI, TWO_PI,
                       torch.get_num_threads())
     return out
+
+
+_MOTION_TABLES: list = []  # [tables or None], built once per process
+
+
+def discrete_motion_tables() -> dict | None:
+    """Per-action float32 tables [91] of the discrete motion: ``accel_of`` (m/s^2), ``tan_of``
+    (tan of the clamped steering angle), ``beta_of`` (slip angle ``atan(0.5 tan)``, rad),
+    ``cos_b_of`` (its cosine), computed with the reference's torch ops
+    (:func:`gpusim.kernels.dynamics.bicycle_step_reference`) on the decoded table values.
+
+    A table value equals the reference's per-agent value only if torch returns the same float for
+    an element wherever it sits in a tensor (its CPU kernels run a vectorised body and a scalar
+    tail, which may differ in the last bit on some machines). That is checked here once: each op on
+    the table alone, element by element, and shifted by every offset 0..39. Returns None when any
+    value depends on its position (the caller then runs the per-agent ops)."""
+    if _MOTION_TABLES:
+        return _MOTION_TABLES[0]
+    tables = dynamics.action_tables(torch.device("cpu"))
+    steer = tables["steer_of"]
+    ops = (lambda x: torch.tan(x.clamp(-dynamics.MAX_STEER, dynamics.MAX_STEER)),
+           lambda x: torch.atan(0.5 * x), torch.cos)
+    values, x = [], steer
+    for op in ops:
+        y = op(x)
+        same = all(torch.equal(op(torch.cat([torch.zeros(k), x]))[k:], y) for k in range(40))
+        same = same and all(torch.equal(op(x[i:i + 1]), y[i:i + 1]) for i in range(x.numel()))
+        if not same:
+            _MOTION_TABLES.append(None)
+            return None
+        values.append(y)
+        x = y
+    tan_of, beta_of, cos_b_of = values
+    out = {"accel_of": tables["accel_of"].contiguous(), "tan_of": tan_of.contiguous(),
+           "beta_of": beta_of.contiguous(), "cos_b_of": cos_b_of.contiguous()}
+    _MOTION_TABLES.append(out)
+    return out
+
+
+def motion_discrete_cpu(controlled, present, stopped, removed, world_done, pos, heading, speed, length, actions,
+                        dt: float, check: bool = True):
+    """Stage ``motion`` for discrete actions in two C passes around torch's cos/sin: equals
+    :func:`in_play_cpu` followed by :func:`bicycle_slots_cpu` on
+    ``dynamics.decode_actions(actions, 0)`` moving the in-play slots, bit for bit (the tan/atan/cos
+    of the steering come from :func:`discrete_motion_tables`; the caller uses the per-agent path when
+    that returns None).
+
+    Args:
+        controlled, present, stopped, removed: [W, A] bool. world_done: [W] bool.
+        pos: [W, A, 2] float32 (m). heading, speed, length: [W, A] float32 (rad, m/s, m).
+        actions: [W, C] int64 joint action indices (clamped to [0, 91) as ``decode_actions`` does).
+        dt: step (s). check: False skips the argument checks (``StepVars.checked``).
+
+    Returns:
+        ``(in_play [W, A] bool, loss_mask [W, C] bool, pos [W, A, 2], heading [W, A], speed [W, A])``,
+        new tensors.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device; no tables on this machine.
+    """
+    tables = discrete_motion_tables()
+    lib = _LIB.load(stacklevel=3)
+    if tables is None or lib is None:
+        raise ValueError("motion_discrete: needs the C library and position-independent tables "
+                         "(step_kernels_available(), discrete_motion_tables())")
+    W, A = present.shape
+    C = actions.shape[1] if actions.dim() == 2 else -1
+    if not 0 <= C <= A:
+        raise ValueError(f"motion_discrete: actions must be [W, C] with C <= {A}, got {tuple(actions.shape)}")
+    if check:
+        b, f32 = torch.bool, torch.float32
+        controlled, present, stopped, removed = (_c(t, "motion_discrete", n, b, (W, A)) for t, n in (
+            (controlled, "controlled"), (present, "present"), (stopped, "stopped"), (removed, "removed")))
+        world_done = _c(world_done, "motion_discrete", "world_done", b, (W,))
+        pos = _c(pos, "motion_discrete", "pos", f32, (W, A, 2))
+        heading, speed, length = (_c(t, "motion_discrete", n, f32, (W, A)) for t, n in (
+            (heading, "heading"), (speed, "speed"), (length, "length")))
+        actions = _c(actions, "motion_discrete", "actions", torch.int64, (W, C))
+    n_act, threads = dynamics.NUM_ACTIONS, torch.get_num_threads()
+    play, mask = torch.empty(W, A, dtype=torch.bool), torch.empty(W, C, dtype=torch.bool)
+    theta = torch.empty(W, C)
+    lib.gpusim_motion_prepare(controlled.data_ptr(), present.data_ptr(), stopped.data_ptr(), removed.data_ptr(),
+                              world_done.data_ptr(), heading.data_ptr(), actions.data_ptr(),
+                              tables["beta_of"].data_ptr(), play.data_ptr(), mask.data_ptr(), theta.data_ptr(),
+                              W, A, C, n_act, threads)
+    cos_t, sin_t = torch.cos(theta), torch.sin(theta)  # the reference's ops on the same [W, C] values
+    out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A))
+    lib.gpusim_motion_discrete(pos.data_ptr(), heading.data_ptr(), speed.data_ptr(), length.data_ptr(),
+                               actions.data_ptr(), tables["accel_of"].data_ptr(), tables["tan_of"].data_ptr(),
+                               tables["cos_b_of"].data_ptr(), cos_t.data_ptr(), sin_t.data_ptr(), mask.data_ptr(),
+                               out[0].data_ptr(), out[1].data_ptr(), out[2].data_ptr(), W, A, C, n_act, dt,
+                               dynamics.MAX_ACCEL, dynamics.MIN_SPEED, dynamics.MAX_SPEED, dynamics.MIN_LENGTH, PI,
+                               TWO_PI, threads)
+    return play, mask, out[0], out[1], out[2]

@@ -16,7 +16,10 @@ CPU kernel: for the classic model (``forward`` is ``dynamics.bicycle_step``) on 
 and without ``compile``, the step runs ``kernels.step_cpu.bicycle_slots_cpu`` (torch's
 tan/atan/cos/sin, the rest in one C pass writing the full [W, A] tensors; bit-equal to the
 reference; the reference where no C compiler is available), and the in-play flags come from one
-C pass too (``kernels.step_cpu.in_play_cpu``).
+C pass too (``kernels.step_cpu.in_play_cpu``). With discrete actions the flags, the decoding and
+theta come from one C pass and the dynamics from a second, with torch's cos/sin of theta between
+them and the steering's tan/atan/cos from per-action tables (``kernels.step_cpu.motion_discrete_cpu``;
+only where those tables are exact on the machine, ``discrete_motion_tables``).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from gpusim.config import Dynamics
 from gpusim.kernels import dynamics
-from gpusim.kernels.step_cpu import bicycle_slots_cpu, in_play_cpu
+from gpusim.kernels.step_cpu import bicycle_slots_cpu, discrete_motion_tables, in_play_cpu, motion_discrete_cpu
 from gpusim.sim.context import SimContext, StepVars, slots, use_step_c, with_slots
 from gpusim.state import EnvState, in_play
 
@@ -66,6 +69,13 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     C, cfg = ctx.num_slots, ctx.config
     model = model_for(ctx)
     use_c = model.forward is dynamics.bicycle_step and use_step_c(ctx, state, step)
+    if use_c and int(cfg.action_space) == 0 and discrete_motion_tables() is not None:
+        # discrete actions: flags, decoding and dynamics in two C passes (kernels.step_cpu)
+        step.in_play, step.loss_mask, pos, heading, speed = motion_discrete_cpu(
+            controlled=state.controlled, present=state.present, stopped=state.stopped, removed=state.removed,
+            world_done=state.world_done, pos=state.pos, heading=state.heading, speed=state.speed,
+            length=state.length, actions=step.actions, dt=cfg.dt, check=not step.checked)
+        return {"pos": pos, "heading": heading, "speed": speed}
     if use_c:  # the same flags in one C pass (kernels.step_cpu.in_play_cpu)
         step.in_play, step.loss_mask = in_play_cpu(controlled=state.controlled, present=state.present,
                                                    stopped=state.stopped, removed=state.removed,
