@@ -80,6 +80,30 @@ def as_cupy(t: torch.Tensor):
         return cupy.asarray(t)
 
 
+class _StreamHandle:
+    """A raw ``cudaStream_t`` behind the CUDA stream protocol (``__cuda_stream__``: version 0 and
+    the handle, as cuda-python's ``IsStreamT`` protocol defines it)."""
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def cupy_stream(handle: int, device_index: int):
+    """A CuPy stream object for the external CUDA stream ``handle`` (an int, e.g. torch's
+    ``current_stream().cuda_stream``) on device ``device_index``: ``cupy.cuda.Stream.from_external``
+    where CuPy has it (CuPy 14 deprecates ``ExternalStream``), else ``cupy.cuda.ExternalStream``
+    (CuPy 13). Use it as a context manager to make it CuPy's current stream."""
+    import cupy
+
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:
+        return from_external(_StreamHandle(int(handle)))
+    return cupy.cuda.ExternalStream(int(handle), device_index)
+
+
 def _launch(t: torch.Tensor, kern, grid: int, block: int, args: tuple) -> None:
     """Launch ``kern`` on ``t``'s device and torch's current stream; ``args`` holds torch tensors
     (viewed through :func:`as_cupy` here) and NumPy scalars.
@@ -91,8 +115,7 @@ def _launch(t: torch.Tensor, kern, grid: int, block: int, args: tuple) -> None:
     import cupy
 
     with cupy.cuda.Device(t.device.index):
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream(t.device).cuda_stream)
-        with stream:
+        with cupy_stream(torch.cuda.current_stream(t.device).cuda_stream, t.device.index):
             kern((grid,), (block,), tuple(as_cupy(a) if isinstance(a, torch.Tensor) else a for a in args))
 
 
