@@ -42,6 +42,9 @@ same scenario mix (world ``w`` runs scenario ``w mod S``), so per-agent costs co
 ``--backend triton`` needs CUDA (Triton's CPU interpreter is a test tool, far too slow to time).
 ``--backend torch-compiled`` is the torch backend with ``EnvConfig(compile=True)``: observations
 through ``torch.compile`` (``gpusim.kernels.observations.observations_compiled``).
+``--graphed`` steps through :class:`gpusim.graphed_env.GraphedEnv` (steady steps replayed from a CUDA
+graph; only meaningful on CUDA: elsewhere it steps eagerly and prints the reason once); the
+``--breakdown`` pass always runs eagerly (its stage hook turns the graph off).
 """
 
 from __future__ import annotations
@@ -97,19 +100,26 @@ def _sync(device: torch.device):
 
 def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, device: str, seed: int = 0,
           breakdown: bool = False, episode_end: bool = False, scenarios: str = "drawn",
-          clock: str = "wall", stat: str = "median") -> dict:
+          clock: str = "wall", stat: str = "median", graphed: bool = False) -> dict:
     """Measure one configuration (see the module docstring for the keys of the returned dict).
     ``scenarios``: ``"drawn"`` (the env's seeded draw) or ``"balanced"`` (world ``w`` runs scenario
     ``w mod S``, the same mix at every size; see ``--scenarios``). ``clock``: ``"wall"``
     (``time.perf_counter``) or ``"cpu"`` (``time.process_time``: this process's CPU time, all its
     threads; for the CPU backends on a machine shared with other jobs) for the timed steps (the
     ``breakdown`` is always wall clock, as :class:`profiling.timers.KernelTimer`). ``stat``:
-    ``"median"`` or ``"min"`` of the repeats (the fastest repeat: the least disturbed by other jobs)."""
+    ``"median"`` or ``"min"`` of the repeats (the fastest repeat: the least disturbed by other jobs).
+    ``graphed``: step through :class:`gpusim.graphed_env.GraphedEnv` (timed steps, warm-up, episode-end
+    times; not the breakdown); the row's ``graph`` says ``"captured"`` or why it stepped eagerly."""
     from gpusim.env import DriveEnv
 
     from profiling.timers import KernelTimer, instrument_env
 
     env = DriveEnv(pack, num_worlds, config, device=device, seed=seed)
+    stepper = env
+    if graphed:
+        from gpusim.graphed_env import GraphedEnv
+
+        stepper = GraphedEnv(env, say=lambda msg: None)  # the reason is printed once by main()
     chosen = (torch.arange(num_worlds, device=env.device) % pack.num_scenarios) if scenarios == "balanced" else None
     _sync(env.device)
     t_reset = time.perf_counter()
@@ -126,11 +136,11 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
         return torch.rand(shape, generator=g, device=env.device) * 2 - 1
 
     t_first = time.perf_counter()
-    env.step(actions())  # the first step compiles the step graphs with EnvConfig(compile=True)
+    stepper.step(actions())  # the first step compiles the step graphs with EnvConfig(compile=True)
     _sync(env.device)
     t_first = time.perf_counter() - t_first
     for _ in range(warmup):
-        env.step(actions())
+        stepper.step(actions())
     timer = time.process_time if clock == "cpu" else time.perf_counter
     rates, per_step, agents = [], [], []
     for _ in range(repeats):
@@ -140,7 +150,7 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
         t0 = timer()
         for a in acts:
             count += env.state.slot_active.sum()  # the agents that act in this step
-            env.step(a)
+            stepper.step(a)
         _sync(env.device)
         dt = timer() - t0
         n = int(count)
@@ -164,8 +174,10 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
         "reset_s": t_reset,
         "first_step_s": t_first,
     }
+    if graphed:
+        row["graph"] = "captured" if stepper.fallback_reason is None else stepper.fallback_reason
     if episode_end:
-        row.update(_episode_end_times(env, actions, repeats))
+        row.update(_episode_end_times(stepper, actions, repeats))
     if breakdown:
         clock_fn = time.perf_counter  # wall clock, as KernelTimer's per-stage times
         ktimer = KernelTimer(sync_cuda=env.device.type == "cuda")
@@ -197,7 +209,7 @@ def _episode_end_times(env, actions, repeats: int) -> dict:
     """Milliseconds of the step that ends an episode (auto-reset: new scenarios drawn, initial
     state, observation of the new episode) vs the median other step of the same episodes.
 
-    Steps the env to the end of its current episode, then through ``max(1, repeats // 2)`` whole
+    ``env``: a DriveEnv or a GraphedEnv. Steps the env to the end of its current episode, then through ``max(1, repeats // 2)`` whole
     episodes, timing every step."""
     dev = env.device
     end_ms, other_ms = [], []
@@ -247,6 +259,9 @@ def parse_args(argv=None):
     ap.add_argument("--breakdown", action="store_true", help="also time each stage of the step (per-stage ms/step)")
     ap.add_argument("--episode-end", action="store_true",
                     help="also time the step that ends an episode (auto-reset) against the other steps")
+    ap.add_argument("--graphed", action="store_true",
+                    help="step through gpusim.graphed_env.GraphedEnv (CUDA-graph replay of the steady steps; "
+                         "needs CUDA, else eager with the reason printed once; --breakdown stays eager)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ap.add_argument("--compare", metavar="REF", default=None,
                     help="A/B: this tree vs REF (a git commit-ish of this repository, or a directory holding "
@@ -295,7 +310,8 @@ def main(argv=None) -> dict:
                 for w in args.worlds:
                     runs[w].append(bench(pack, config, w, args.steps, args.repeats, args.warmup, device,
                                          breakdown=args.breakdown, episode_end=args.episode_end,
-                                         scenarios=args.scenarios, clock=args.clock, stat=args.stat))
+                                         scenarios=args.scenarios, clock=args.clock, stat=args.stat,
+                                         graphed=args.graphed))
             rows += [pick_round(runs[w], args.stat) for w in args.worlds]
     for r in rows:  # per-agent cost against the largest size of the same C (flatness across sizes)
         big = max((b for b in rows if b["max_controlled"] == r["max_controlled"]), key=lambda b: b["worlds"])
@@ -303,10 +319,12 @@ def main(argv=None) -> dict:
     meta = {"device": device, "backend": args.backend, "threads": torch.get_num_threads(),
             "mix": args.scenarios, "clock": args.clock, "stat": args.stat,
             "scenarios": pack.num_scenarios, "steps": args.steps, "repeats": args.repeats, "warmup": args.warmup,
-            "rounds": max(1, args.rounds or 1),
+            "rounds": max(1, args.rounds or 1), "graphed": args.graphed,
             "torch": torch.__version__, "data": str(args.data or "data/womd_sample"),
             "loadavg_1min": _loadavg()}
     result = {"meta": meta, "results": rows}
+    for reason in sorted({r["graph"] for r in rows if r.get("graph", "captured") != "captured"}):
+        print(f"bench_env: --graphed: stepping eagerly: {reason}", file=sys.stderr)
     if args.json:
         json.dump(result, sys.stdout, indent=1)
         print()

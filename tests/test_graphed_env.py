@@ -255,6 +255,18 @@ def test_constructor_errors(pack):
         GraphedEnv(DriveEnv(pack, 1, _config()), capture=FakeGraphCapture(), warmup=0)
 
 
+def test_bench_env_graphed_flag_on_cpu(pack, capsys):
+    """profiling/bench_env.py --graphed on the CPU: runs (eagerly) and says why, once."""
+    from profiling.bench_env import bench, main
+
+    row = bench(pack, EnvConfig(max_controlled=C), 2, steps=2, repeats=1, warmup=1, device="cpu", graphed=True)
+    assert row["graph"] == "needs a CUDA device (the env runs on cpu)" and row["agent_steps_per_s"] > 0
+    main(["--worlds", "1", "2", "--max-controlled", str(C), "--steps", "1", "--repeats", "1", "--warmup", "0",
+          "--graphed", "--json"])
+    err = capsys.readouterr().err
+    assert err.count("--graphed: stepping eagerly: needs a CUDA device") == 1
+
+
 # ---------------------------------------------------------------------------- real CUDA graphs
 @needs_cuda
 @pytest.mark.parametrize("kw", [{}, {"goal_behavior": "new_goal", "goal_radius": 30.0},
