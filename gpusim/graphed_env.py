@@ -3,7 +3,7 @@
 On a GPU an env step is host-bound below a few thousand worlds: about 100 small kernels launched
 from Python (docs/gpu.md, docs/performance.md). The trainer replays its whole rollout step from a
 CUDA graph (train/graphed_rollout.py); :class:`GraphedEnv` does the same for the env step alone,
-so a hand-written loop, or an adapter around the env, gets it too::
+so a hand-written loop gets it too::
 
     from gpusim.graphed_env import GraphedEnv
 
