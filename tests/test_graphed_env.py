@@ -267,6 +267,37 @@ def test_bench_env_graphed_flag_on_cpu(pack, capsys):
     assert err.count("--graphed: stepping eagerly: needs a CUDA device") == 1
 
 
+@pytest.mark.slow
+def test_replayed_step_makes_no_host_sync(pack):
+    """What a real capture rejects, caught on the CPU (Triton backend under the interpreter, slow):
+    no sync-causing op (tests/test_syncs.py's counter) while the captured step replays, the action
+    check, the env step and the static copies included."""
+    from test_syncs import SyncCounter
+
+    from gpusim.backend import use_backend
+
+    counters = []
+
+    class Watching(FakeGraphCapture):
+        def capture(self, fn, roots=None):
+            graph = super().capture(fn, roots)
+            replay = graph.replay
+
+            def watched():
+                counters.append(SyncCounter())
+                with counters[-1]:
+                    replay()
+
+            graph.replay = watched
+            return graph
+
+    for kw in ({}, {"goal_behavior": "trial", "k_trials": 2, "scenario_length": 2}):
+        with use_backend("triton"):
+            _, _, genv = _run(pack, _config(**kw), True, 4, capture=Watching(), num_worlds=2, warmup=1)
+        assert genv.stats["replays"] > 0 and genv.fallback_reason is None
+    assert counters and all(c.hits == [] for c in counters), [c.hits for c in counters if c.hits]
+
+
 # ---------------------------------------------------------------------------- real CUDA graphs
 @needs_cuda
 @pytest.mark.parametrize("kw", [{}, {"goal_behavior": "new_goal", "goal_radius": 30.0},
