@@ -271,7 +271,7 @@ class DriveEnv:
                   "collided": step.collided_in_play()[:, :C],
                   "offroad": step.offroad_in_play()[:, :C],
                   "truncated": step.truncated,
-                  "episode_end": sim.end_flags[int(step.episode_end)][0],
+                  "episode_end": sim.end_scalars[int(step.episode_end)],
                   **step.info},
         )
         return state, result

@@ -24,7 +24,7 @@ from gpusim.kernels import dynamics
 from gpusim.kernels.events import events_reference
 from gpusim.kernels.signals import red_light_violation_reference
 from gpusim.kernels.replay import replay_reference
-from gpusim.kernels.step_cpu import (bicycle_slots_cpu, discrete_motion_tables, events_cpu, in_play_cpu,
+from gpusim.kernels.step_cpu import (accounting_cpu, bicycle_slots_cpu, discrete_motion_tables, events_cpu, in_play_cpu,
                                     motion_discrete_cpu, red_light_cpu, replay_state_cpu, step_kernels_status)
 from gpusim.state import in_play
 from tests.synthetic import driver, lane, small_config, synthetic_pack
@@ -234,6 +234,37 @@ def test_motion_discrete_matches_reference(pack, worlds, C):
     with pytest.raises(ValueError, match="motion_discrete: actions"):
         motion_discrete_cpu(**flags, world_done=world_done, pos=pos, heading=heading, speed=speed, length=length,
                             actions=acts.int(), dt=0.1)
+
+
+@pytest.mark.parametrize("W,A,C", [(1, 64, 8), (13, 7, 3), (5, 33, 33)])
+def test_accounting_matches_torch(W, A, C):
+    """The C accounting pass equals the torch expressions of stage ``accounting`` bit for bit (NaN
+    and infinite returns included), returns the contacts of agents in play and counts terminals."""
+    g = torch.Generator().manual_seed(W * A + C)
+    rnd = lambda p, *shape: torch.rand(*shape, generator=g) < p  # noqa: E731
+    ep_return = torch.randn(W, C, generator=g) * 1e3
+    ep_return.view(-1)[0] = float("nan")
+    ep_return.view(-1)[-1] = float("inf")
+    inp = dict(ep_return=ep_return, reward=torch.randn(W, C, generator=g),
+               ep_length=torch.randint(0, 2 ** 31 - 2, (W, C), generator=g, dtype=torch.int32),
+               loss_mask=rnd(0.5, W, C), goal_reached=rnd(0.2, W, A), goal_now=rnd(0.1, W, A),
+               in_play=rnd(0.7, W, A), collided=rnd(0.2, W, A), offroad=rnd(0.2, W, A),
+               ever_collided=rnd(0.1, W, A), ever_offroad=rnd(0.1, W, A), ever_red_light=rnd(0.1, W, C),
+               red_light_now=rnd(0.1, W, C), terminal=rnd(0.2, W, C))
+    for check in (True, False):
+        changes, col_ip, off_ip, n = accounting_cpu(**inp, check=check)
+        want_c, want_o = inp["in_play"] & inp["collided"], inp["in_play"] & inp["offroad"]
+        want = {"ep_return": inp["ep_return"] + inp["reward"], "ep_length": inp["ep_length"] + inp["loss_mask"],
+                "goal_reached": inp["goal_reached"] | inp["goal_now"], "ever_collided": inp["ever_collided"] | want_c,
+                "ever_offroad": inp["ever_offroad"] | want_o,
+                "ever_red_light": inp["ever_red_light"] | inp["red_light_now"]}
+        assert changes.keys() == want.keys()
+        for k, v in want.items():
+            assert changes[k].dtype == v.dtype and torch.equal(bits(changes[k]), bits(v)), k
+        assert torch.equal(col_ip, want_c) and torch.equal(off_ip, want_o)
+        assert n == int(inp["terminal"].sum())
+    with pytest.raises(ValueError, match="accounting: ep_length"):
+        accounting_cpu(**dict(inp, ep_length=inp["ep_length"].long()))
 
 
 def test_motion_tables_equal_per_agent_ops():

@@ -24,7 +24,7 @@
 #endif
 
 /* Bumped whenever an argument list below changes (step_cpu.py checks it). */
-#define GPUSIM_STEP_ABI 5
+#define GPUSIM_STEP_ABI 6
 
 int gpusim_step_abi(void) { return GPUSIM_STEP_ABI; }
 
@@ -475,4 +475,46 @@ void gpusim_motion_discrete(const float *pos, const float *heading, const float 
                          min_length, pi, two_pi);
         }
     }
+}
+
+/* Stage accounting (gpusim/sim/accounting.py): the per-slot episode accumulators and the contact
+ * flags of agents in play, flat loops over [W, C] and [W, A] (each output a new array):
+ * ep_return + reward, ep_length + loss_mask, goal_reached | goal_now, collided_ip = in_play &
+ * collided, offroad_ip = in_play & offroad, ever_collided | collided_ip, ever_offroad | offroad_ip,
+ * ever_red_light | red_light_now. Returns the number of terminal slots (terminal [W, C]). */
+int64_t gpusim_accounting(const float *restrict ep_return, const float *restrict reward,
+                          const int32_t *restrict ep_length, const uint8_t *restrict loss_mask,
+                          const uint8_t *restrict goal_reached, const uint8_t *restrict goal_now,
+                          const uint8_t *restrict in_play, const uint8_t *restrict collided,
+                          const uint8_t *restrict offroad, const uint8_t *restrict ever_collided,
+                          const uint8_t *restrict ever_offroad, const uint8_t *restrict ever_red_light,
+                          const uint8_t *restrict red_light_now, const uint8_t *restrict terminal,
+                          float *restrict ep_return_out, int32_t *restrict ep_length_out,
+                          uint8_t *restrict goal_reached_out, uint8_t *restrict collided_ip,
+                          uint8_t *restrict offroad_ip, uint8_t *restrict ever_collided_out,
+                          uint8_t *restrict ever_offroad_out, uint8_t *restrict ever_red_light_out,
+                          int64_t W, int64_t A, int64_t C, int num_threads) {
+    const int64_t nc = W * C, na = W * A;
+    int64_t i, terminals = 0;
+#pragma omp parallel num_threads(num_threads) if (num_threads > 1)
+    {
+#pragma omp for schedule(static) nowait
+        for (i = 0; i < nc; i++) {
+            ep_return_out[i] = ep_return[i] + reward[i];
+            ep_length_out[i] = ep_length[i] + (int32_t)(loss_mask[i] != 0);
+            ever_red_light_out[i] = (uint8_t)(ever_red_light[i] | red_light_now[i]);
+        }
+#pragma omp for schedule(static)
+        for (i = 0; i < na; i++) {
+            const uint8_t c = (uint8_t)(in_play[i] & collided[i]), o = (uint8_t)(in_play[i] & offroad[i]);
+            collided_ip[i] = c;
+            offroad_ip[i] = o;
+            goal_reached_out[i] = (uint8_t)(goal_reached[i] | goal_now[i]);
+            ever_collided_out[i] = (uint8_t)(ever_collided[i] | c);
+            ever_offroad_out[i] = (uint8_t)(ever_offroad[i] | o);
+        }
+#pragma omp for schedule(static) reduction(+ : terminals)
+        for (i = 0; i < nc; i++) terminals += terminal[i] != 0;
+    }
+    return terminals;
 }

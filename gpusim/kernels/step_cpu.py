@@ -51,7 +51,7 @@ from gpusim.kernels.signals import STOP_LINE_HALF_WIDTH, STOP_LINE_MAX_ANGLE, re
 from gpusim.kernels.trimath import PI, TWO_PI
 
 #: Version of the C argument lists (``gpusim_step_abi()`` in step_cpu.c must return it).
-ABI = 5
+ABI = 6
 SOURCE = Path(__file__).with_name("step_cpu.c")
 _REMOVE, _STOP, _GOAL_STOP = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP), int(GoalBehavior.STOP)
 
@@ -73,6 +73,8 @@ def _declare(lib) -> None:
         (lib.gpusim_motion_discrete, [p] * 14 + [i64] * 4 + [f32] * 7 + [i32]),
     ):
         fn.restype, fn.argtypes = None, args
+    lib.gpusim_accounting.restype = i64
+    lib.gpusim_accounting.argtypes = [p] * 22 + [i64] * 3 + [i32]
 
 
 _LIB = CLibrary(name="step_cpu", source=SOURCE, prefix="gpusim_step", abi=ABI, declare=_declare,
@@ -590,3 +592,54 @@ def motion_discrete_cpu(controlled, present, stopped, removed, world_done, pos, 
                                dynamics.MAX_ACCEL, dynamics.MIN_SPEED, dynamics.MAX_SPEED, dynamics.MIN_LENGTH, PI,
                                TWO_PI, threads)
     return play, mask, out[0], out[1], out[2]
+
+
+def accounting_cpu(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
+                   ever_collided, ever_offroad, ever_red_light, red_light_now, terminal, check: bool = True):
+    """The accumulator updates of stage ``accounting`` in one C pass (new tensors, equal to the torch
+    expressions bit for bit): ``ep_return + reward``, ``ep_length + loss_mask``,
+    ``goal_reached | goal_now``, ``ever_collided | (in_play & collided)``,
+    ``ever_offroad | (in_play & offroad)``, ``ever_red_light | red_light_now``, plus the contacts of
+    agents in play and the number of terminal slots (a host int from the C call: no tensor read).
+
+    Args:
+        ep_return, reward: [W, C] float32. ep_length: [W, C] int32. loss_mask: [W, C] bool.
+        goal_reached, goal_now, in_play, collided, offroad, ever_collided, ever_offroad: [W, A] bool.
+        ever_red_light, red_light_now, terminal: [W, C] bool.
+        check: False skips the argument checks (``StepVars.checked``).
+
+    Returns:
+        ``(changes, collided_in_play [W, A] bool, offroad_in_play [W, A] bool, terminals: int)``;
+        ``changes`` maps ``ep_return``, ``ep_length``, ``goal_reached``, ``ever_collided``,
+        ``ever_offroad``, ``ever_red_light`` to their new tensors.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    W, A = in_play.shape
+    C = ep_return.shape[1]
+    b = torch.bool
+    ins = [ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
+           ever_collided, ever_offroad, ever_red_light, red_light_now, terminal]
+    if check:
+        specs = ((torch.float32, (W, C)), (torch.float32, (W, C)), (torch.int32, (W, C)), (b, (W, C))) + \
+            ((b, (W, A)),) * 7 + ((b, (W, C)),) * 3
+        names = ("ep_return", "reward", "ep_length", "loss_mask", "goal_reached", "goal_now", "in_play", "collided",
+                 "offroad", "ever_collided", "ever_offroad", "ever_red_light", "red_light_now", "terminal")
+        ins = [_c(t, "accounting", n, d, sh) for t, n, (d, sh) in zip(ins, names, specs)]
+    lib = _LIB.load(stacklevel=3)
+    if lib is None:
+        ret, rew, length, mask, reached, now, play, col, off, ever_c, ever_o, ever_r, red, term = ins
+        col_ip, off_ip = play & col, play & off
+        changes = {"ep_return": ret + rew, "ep_length": length + mask, "goal_reached": reached | now,
+                   "ever_collided": ever_c | col_ip, "ever_offroad": ever_o | off_ip, "ever_red_light": ever_r | red}
+        return changes, col_ip, off_ip, int(term.sum())
+    e = torch.empty
+    outs = [e(W, C), e(W, C, dtype=torch.int32), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
+            e(W, A, dtype=b), e(W, A, dtype=b), e(W, C, dtype=b)]
+    terminals = lib.gpusim_accounting(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in outs], W, A, C,
+                                      torch.get_num_threads())
+    ret, length, reached, col_ip, off_ip, ever_c, ever_o, ever_r = outs
+    changes = {"ep_return": ret, "ep_length": length, "goal_reached": reached, "ever_collided": ever_c,
+               "ever_offroad": ever_o, "ever_red_light": ever_r}
+    return changes, col_ip, off_ip, int(terminals)

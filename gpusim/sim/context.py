@@ -70,7 +70,8 @@ class SimContext:
         t: steps taken in the current synchronous episode (host int; the auto-reset clock),
         start: the state of the current episode at its reset (trial restarts restore from it),
         end_flags: cached constant [W] bool tensors ``(all False, all True)`` for the kernels'
-        ``episode_end`` argument (no per-step host->device copy), obs_buf / obs_written: the
+        ``episode_end`` argument (no per-step host->device copy), end_scalars: their first elements
+        (0-d views, ``StepResult.info["episode_end"]``), obs_buf / obs_written: the
         reused observation buffer [W, C, D] and the [W*C] bool slots that may be non-zero, obs_core:
         the partner/road kernel's own [W, C, D0] buffer when observations have a signal block,
         coplayer_metrics: the co-player slots' metrics log (None without co-players),
@@ -89,6 +90,7 @@ class SimContext:
     t: int = 0
     start: object = None
     end_flags: tuple = ()
+    end_scalars: tuple = ()
     obs_buf: torch.Tensor | None = None
     obs_written: torch.Tensor | None = None
     obs_core: torch.Tensor | None = None
@@ -101,6 +103,7 @@ class SimContext:
         W = self.num_worlds
         self.end_flags = (torch.zeros(W, dtype=torch.bool, device=self.device),
                           torch.ones(W, dtype=torch.bool, device=self.device))
+        self.end_scalars = (self.end_flags[0][0], self.end_flags[1][0])  # 0-d views: the result's flag
 
     def step_checked(self, state) -> bool:
         """True when ``state`` is what the last eager step of the built-in pipeline returned and
@@ -195,6 +198,12 @@ class StepVars:
     def offroad_in_play(self) -> torch.Tensor:
         """[W, A] bool ``in_play & offroad`` (computed once per step: accounting and the result)."""
         return self._contacts_in_play()[1]
+
+    def set_contacts_in_play(self, collided: torch.Tensor, offroad: torch.Tensor) -> None:
+        """Record ``in_play & collided`` and ``in_play & offroad`` ([W, A] bool) when a stage has
+        computed them (the C accounting pass), so :meth:`collided_in_play` / :meth:`offroad_in_play`
+        return them instead of computing them again."""
+        self._in_play_contacts = (collided, offroad)
 
     def _contacts_in_play(self) -> tuple:
         if self._in_play_contacts is None:
