@@ -85,7 +85,8 @@ class GraphedEnv:
 
     Attributes:
         env: the wrapped env. fallback_reason: why every step runs eagerly now (None while
-        graphs are used). stats: ``captures``, ``replays``, ``warm_steps``, ``eager_steps``.
+        graphs are used). stats: ``captures``, ``replays``, ``warm_steps``, ``eager_steps`` (steps
+        completed; one that raised is not counted).
         captured (property): a graph is held for the current pack.
         Other attributes (``num_worlds``, ``metrics``, ``check_errors``, ``horizon``, ...) are
         read from the env.
@@ -111,6 +112,7 @@ class GraphedEnv:
         self._pins = PinnedAttributes()
         self._graph = self._key = self._pack = self._pack_key = None
         self._warm = 0
+        self._other_actions = False  # this step's actions differ in shape/dtype/device from the graph's
         self.capture = capture
         if capture is None:
             enabled, reason = graph_decision("on", env.device, backend_for(env.state.pos))
@@ -151,14 +153,19 @@ class GraphedEnv:
             overwritten by the next step (aliasing contract, module docstring).
         """
         env = self.env
+        self._other_actions = False
         if self.fallback_reason is None and env.stage_hook is not None:
             self._fallback("a stage hook is set on the env (env.stage_hook runs Python around every stage)")
         if self.fallback_reason is None and env.sim.t + 1 < env.horizon and self._graph_step(actions):
             env.sim.t += 1
             env.state = self._state
             return self._result()
+        res = env.step(actions)
         self.stats["eager_steps"] += 1
-        return env.step(actions)
+        if self._other_actions:  # valid actions of another dtype: warm up and capture again for them
+            self._other_actions = False
+            self._graph, self._key, self._warm = None, None, 0
+        return res
 
     # ------------------------------------------------------------------ the graphed step
     def _graph_step(self, actions) -> bool:
@@ -170,7 +177,10 @@ class GraphedEnv:
         key = (self._pack_id(), sig)
         if key != self._key:
             if self._graph is not None and key[0] == self._key[0]:
-                return False  # a graph for other action metadata: this step eagerly (it raises if bad)
+                # actions unlike the captured ones: this step eagerly (it raises on bad ones and
+                # keeps the graph; after valid ones the next steps capture again)
+                self._other_actions = True
+                return False
             self._graph, self._key, self._warm = None, key, 0
             self._actions = torch.empty_like(actions)
         self._sync_inputs(actions)

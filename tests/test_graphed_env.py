@@ -173,7 +173,7 @@ def test_sync_action_check_runs_eagerly(pack):
     genv.step(_actions(env, 1)[0])
     with pytest.raises(ValueError, match="discrete actions must be in"):
         genv.step(torch.full((W, C), 500, dtype=torch.int64))
-    assert genv.stats["eager_steps"] == 2 and genv.capture.captures == 0
+    assert genv.stats["eager_steps"] == 1 and genv.capture.captures == 0  # a step that raised is not counted
 
 
 def test_cpu_default_is_eager_without_error(pack, monkeypatch):
@@ -212,19 +212,25 @@ def test_async_bad_action_is_raised_at_check_errors(pack):
 
 
 def test_bad_action_shape_raises_and_the_graph_stays(pack):
+    """A wrong shape or type raises ValueError (as eagerly) and keeps the graph; valid actions of
+    another dtype run eagerly once, then warm up and capture again."""
     env = DriveEnv(pack, W, _config(scenario_length=20), seed=3)
     genv = GraphedEnv(env, capture=FakeGraphCapture())
     genv.reset(seed=5)
-    acts = _actions(env, 6)
+    acts = _actions(env, 10)
     for a in acts[:4]:
         genv.step(a)
     with pytest.raises(ValueError, match=r"must have shape \[W, C\]"):
         genv.step(torch.zeros(W, C + 1, dtype=torch.int64))
     with pytest.raises(ValueError, match="actions must be a torch.Tensor"):
         genv.step([[0] * C] * W)
-    genv.step(acts[4].to(torch.int32))  # another dtype (valid): this step eagerly
-    genv.step(acts[5])
-    assert genv.stats["captures"] == 1 and genv.fallback_reason is None and genv.captured
+    replays = genv.stats["replays"]
+    genv.step(acts[4])
+    assert genv.stats["replays"] == replays + 1 and genv.stats["captures"] == 1  # the graph stayed
+    for a in acts[5:]:
+        genv.step(a.to(torch.int32))  # eager once, 2 warm-ups, capture, replay
+    assert genv.stats["captures"] == 2 and genv.stats["eager_steps"] == 1 and genv.fallback_reason is None
+    assert genv.captured
 
 
 class _FailingCapture(FakeGraphCapture):
