@@ -78,3 +78,21 @@ def test_no_private_names_imported_across_modules(path):
         if n.startswith("_") and not n.startswith("__") and m.split(".")[0] == "gpusim"
     ]
     assert not bad, f"{path.relative_to(ROOT)} imports private names {bad}"
+
+
+def test_every_kernel_source_ships_in_the_wheel():
+    """Each C / CUDA source under gpusim/ matches a ``[tool.setuptools.package-data]`` pattern of its
+    package: without one, a non-editable install lacks the file and the env silently runs the torch
+    reference instead of the C kernels (step_cpu.c and observations/cpu.c were missing once)."""
+    import fnmatch
+    import tomllib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    sources = [p for ext in ("*.c", "*.cu", "*.cuh", "*.cpp") for p in (root / "gpusim").rglob(ext)]
+    assert sources
+    for src in sources:
+        package = ".".join(src.parent.relative_to(root).parts)
+        patterns = data.get(package, [])
+        assert any(fnmatch.fnmatch(src.name, pat) for pat in patterns), (
+            f"{src.relative_to(root)}: add it to [tool.setuptools.package-data] \"{package}\" in pyproject.toml")
