@@ -275,9 +275,11 @@ def test_bench_env_graphed_flag_on_cpu(pack, capsys):
 
 @pytest.mark.slow
 def test_replayed_step_makes_no_host_sync(pack):
-    """What a real capture rejects, caught on the CPU (Triton backend under the interpreter, slow):
-    no sync-causing op (tests/test_syncs.py's counter) while the captured step replays, the action
-    check, the env step and the static copies included."""
+    """What a real capture rejects, caught on the CPU (Triton backend under the interpreter, slow;
+    on a GPU machine on CUDA tensors, ``synthetic.KERNEL_DEVICE``): no sync-causing op
+    (tests/test_syncs.py's counter) while the captured step replays, the action check, the env
+    step and the static copies included."""
+    from synthetic import KERNEL_DEVICE
     from test_syncs import SyncCounter
 
     from gpusim.backend import use_backend
@@ -299,7 +301,8 @@ def test_replayed_step_makes_no_host_sync(pack):
 
     for kw in ({}, {"goal_behavior": "trial", "k_trials": 2, "scenario_length": 2}):
         with use_backend("triton"):
-            _, _, genv = _run(pack, _config(**kw), True, 4, capture=Watching(), num_worlds=2, warmup=1)
+            _, _, genv = _run(pack, _config(**kw), True, 4, capture=Watching(), num_worlds=2, warmup=1,
+                              device=KERNEL_DEVICE)
         assert genv.stats["replays"] > 0 and genv.fallback_reason is None
     assert counters and all(c.hits == [] for c in counters), [c.hits for c in counters if c.hits]
 
