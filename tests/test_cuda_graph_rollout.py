@@ -15,7 +15,7 @@ import warnings
 import pytest
 import torch
 
-from gpusim.backend import use_backend
+from gpusim.backend import interpreter_active, use_backend
 from gpusim.config import ActionSpace, EnvConfig
 from gpusim.cuda_graph import ENV_FLAG, FakeGraphCapture, graph_decision
 from gpusim.data.pool import ScenarioPool
@@ -27,6 +27,11 @@ from train.graphed_rollout import GraphedRollout, make_rollout
 from train.rollout import STEP_FIELDS, RolloutBatch, TrialLog, collect_rollout
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+# Triton kernels on CPU tensors run only under TRITON_INTERPRET=1 (tests/conftest.py sets it on a
+# machine without a GPU); on a GPU machine the real-capture tests (needs_cuda) cover the same paths
+needs_interpreter = pytest.mark.skipif(not interpreter_active(),
+                                       reason="Triton on CPU tensors needs TRITON_INTERPRET=1 (a machine without "
+                                              "a GPU); the CUDA tests of this file cover it on a GPU")
 W = 3
 
 
@@ -145,6 +150,7 @@ def test_pool_swap_recaptures_and_matches():
 
 
 @pytest.mark.slow
+@needs_interpreter
 def test_triton_backend_matches():
     """The backend a GPU runs (here under Triton's interpreter, ~9 s): one short episode."""
     cfg = _config(scenario_length=4)
@@ -370,6 +376,7 @@ def test_trainer_with_the_graphed_rollout_trains_identically(tmp_path, monkeypat
 
 
 @pytest.mark.slow
+@needs_interpreter
 def test_launch_count_outside_the_graph():
     """profiling/kernel_costs.py's count (Triton interpreter, ~10 s): a replayed step issues exactly
     one launch (no copy outside the graph in the steady state)."""
@@ -382,6 +389,7 @@ def test_launch_count_outside_the_graph():
 
 
 @pytest.mark.slow
+@needs_interpreter
 def test_replayed_step_makes_no_host_sync(monkeypatch):
     """What a real capture rejects, caught on the CPU (Triton backend under the interpreter, ~10 s):
     no sync-causing op (tests/test_syncs.py's counter) while the captured step replays, policy,
