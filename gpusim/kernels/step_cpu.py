@@ -26,6 +26,10 @@ equals the reference's bit for bit (tests/test_contacts_c.py, tests/test_stages_
 per world (OpenMP over worlds, ``torch.get_num_threads()`` threads); the only torch ops left
 around them are those transcendental functions.
 
+This module is longer than most (~650 lines) on purpose: it is the one Python face of one C
+library, a ctypes declaration and a checked wrapper per C entry point, and the wrappers share
+the library handle and the argument checks, which are private to it.
+
 Build: :class:`gpusim.kernels.cbuild.CLibrary` (compiled at first use with ``$CC``, cached in
 ``~/.cache/gpusim/step_cpu-<hash>.so``). Where it cannot be built, one ``RuntimeWarning`` names the
 reason and each function runs its torch reference (same results, slower).
