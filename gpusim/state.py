@@ -169,6 +169,19 @@ class EnvState:
         d.update(changes)
         return new
 
+    def set_fields(self, changes: dict) -> None:
+        """Replace the named fields of *this* state in place (no new object). Only for a state that
+        nothing else holds yet: :func:`gpusim.sim.pipeline.run_pipeline` makes one copy of its input
+        with :meth:`replace` and applies every stage's changes to that copy (one copy per step
+        instead of one per stage; the input state is never modified).
+
+        Raises:
+            TypeError: a name that is not a state field.
+        """
+        if not _FIELD_SET.issuperset(changes):
+            raise TypeError(f"EnvState.set_fields: unknown fields {sorted(set(changes) - _FIELD_SET)}")
+        self.__dict__.update(changes)
+
     def tensors(self) -> dict[str, torch.Tensor]:
         """All fields by name (declaration order)."""
         return {name: getattr(self, name) for name in STATE_FIELDS}

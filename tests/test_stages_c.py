@@ -85,6 +85,10 @@ def test_events_match_reference_every_behaviour(pack, worlds):
     seen = torch.zeros(4, dtype=torch.int64)
     for t in range(6):
         inp = event_inputs(env, g)
+        W, C = inp["slot_active"].shape
+        wide = torch.rand(W, inp["present"].shape[1], generator=g) < 0.5  # other columns: noise
+        wide[:, :C] = inp["slot_active"]
+        view = wide[:, :C]
         for gb in GoalBehavior:
             for cb in ContactBehavior:
                 for ob in ContactBehavior:
@@ -94,6 +98,8 @@ def test_events_match_reference_every_behaviour(pack, worlds):
                               stop_truncate_fraction=(0.5, 1.0 / 3.0, 1.0)[t % 3])
                     want = events_reference(**inp, **kw)
                     assert_same(events_cpu(**inp, **kw), want)
+                    # unchecked: slot_active may be the row-strided view controlled[:, :C] (read in place)
+                    assert_same(events_cpu(**dict(inp, slot_active=view), **kw, check=False), want)
                     seen += torch.stack([want.goal_now.sum(), want.truncated.sum(), want.terminal.sum(),
                                          (want.removed & ~inp["removed"]).sum()])
         env.step(torch.randint(0, 91, (worlds, env.num_slots), generator=g))

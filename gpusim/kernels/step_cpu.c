@@ -24,7 +24,7 @@
 #endif
 
 /* Bumped whenever an argument list below changes (step_cpu.py checks it). */
-#define GPUSIM_STEP_ABI 6
+#define GPUSIM_STEP_ABI 7
 
 int gpusim_step_abi(void) { return GPUSIM_STEP_ABI; }
 
@@ -277,7 +277,8 @@ void gpusim_in_play(const uint8_t *controlled, const uint8_t *present, const uin
 /* events.events_reference: goals, rewards, contact behaviours, early truncation, terminal flags.
  * Flags: rm_col / rm_off (collision / offroad REMOVE), stop_col / stop_off (STOP), stop_goal (goal
  * STOP). r2 = float32(goal_radius^2); reward_* and frac float32 (torch's float32 opmath of a
- * tensor-scalar op); the [W, A] outputs may alias nothing. reward, terminal, slot_done_out [W, C]. */
+ * tensor-scalar op); the [W, A] outputs may alias nothing. reward, terminal, slot_done_out [W, C].
+ * slot_active: [W, C] with row stride sa_stride (C, or A for the view controlled[:, :C]). */
 void gpusim_events(const float *pos, const float *goal, const float *speed, const uint8_t *controlled,
                    const uint8_t *in_play, const uint8_t *present, const uint8_t *collided,
                    const uint8_t *offroad, const uint8_t *hit, const uint8_t *stopped,
@@ -288,7 +289,7 @@ void gpusim_events(const float *pos, const float *goal, const float *speed, cons
                    uint8_t *world_done_out, uint8_t *trunc_out, uint8_t *terminal, uint8_t *slot_done_out,
                    int64_t W, int64_t A, int64_t C, float r2, float reward_goal, float reward_collision,
                    float reward_offroad, int rm_col, int rm_off, int stop_col, int stop_off, int stop_goal,
-                   float frac, int num_threads) {
+                   float frac, int64_t sa_stride, int num_threads) {
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {
@@ -321,7 +322,7 @@ void gpusim_events(const float *pos, const float *goal, const float *speed, cons
         world_done_out[w] = (uint8_t)(world_done[w] || trunc);
         for (int64_t c = 0; c < C; c++) {
             const int64_t g = w * C + c;
-            int term = (trunc || episode_end[w]) && slot_active[g] && !slot_done[g];
+            int term = (trunc || episode_end[w]) && slot_active[w * sa_stride + c] && !slot_done[g];
             terminal[g] = (uint8_t)term;
             slot_done_out[g] = (uint8_t)(slot_done[g] || term);
         }

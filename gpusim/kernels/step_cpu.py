@@ -55,7 +55,7 @@ from gpusim.kernels.signals import STOP_LINE_HALF_WIDTH, STOP_LINE_MAX_ANGLE, re
 from gpusim.kernels.trimath import PI, TWO_PI
 
 #: Version of the C argument lists (``gpusim_step_abi()`` in step_cpu.c must return it).
-ABI = 6
+ABI = 7
 SOURCE = Path(__file__).with_name("step_cpu.c")
 _REMOVE, _STOP, _GOAL_STOP = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP), int(GoalBehavior.STOP)
 
@@ -68,7 +68,7 @@ def _declare(lib) -> None:
         (lib.gpusim_hit_by, [p] * 8 + [i64, i64, i64, f32, i32]),
         (lib.gpusim_offroad, [p] * 9 + [i32] + [p] * 4 + [i64] * 5 + [f32] * 3 + [i32]),
         (lib.gpusim_replay, [p] * 15 + [i64] * 3 + [i32]),
-        (lib.gpusim_events, [p] * 27 + [i64] * 3 + [f32] * 4 + [i32] * 5 + [f32, i32]),
+        (lib.gpusim_events, [p] * 27 + [i64] * 3 + [f32] * 4 + [i32] * 5 + [f32, i64, i32]),
         (lib.gpusim_red_light, [p] * 13 + [i64] * 4 + [i32, i32, f32, f32, i32]),
         (lib.gpusim_motion, [p] * 13 + [i64] * 3 + [f32] * 7 + [i32]),
         (lib.gpusim_replay_state, [p] * 9 + [i64] + [p] * 8 + [i64] * 3 + [i32]),
@@ -368,7 +368,8 @@ def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad
 
     Args:
         check: False skips the argument checks (the env's pipeline, on a state whose layout an
-            earlier checked step established: ``gpusim.sim.context.StepVars.checked``).
+            earlier checked step established: ``gpusim.sim.context.StepVars.checked``); then
+            ``slot_active`` may also be a row-strided view such as ``controlled[:, :C]``.
 
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
@@ -377,6 +378,8 @@ def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad
     C = slot_active.shape[1]
     f32, b = torch.float32, torch.bool
     if not check:  # the caller guarantees the layout: no per-argument calls (fixed cost per step)
+        if slot_active.stride(-1) != 1:  # a row-strided view (e.g. controlled[:, :C]) is read in place
+            slot_active = slot_active.contiguous()
         ins = [pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped,
                removed, world_done, episode_end, slot_active, slot_done]
     else:
@@ -400,7 +403,7 @@ def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad
     lib.gpusim_events(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in out], W, A, C,
                       goal_radius * goal_radius, reward_goal, reward_collision, reward_offroad,
                       col == _REMOVE, off == _REMOVE, col == _STOP, off == _STOP, int(goal_behavior) == _GOAL_STOP,
-                      stop_truncate_fraction, torch.get_num_threads())
+                      stop_truncate_fraction, ins[14].stride(0), torch.get_num_threads())
     return out
 
 

@@ -77,7 +77,8 @@ class SimContext:
         coplayer_metrics: the co-player slots' metrics log (None without co-players),
         pack_facts: host values derived from the pack, per pack object (:meth:`pack_fact`),
         last_checked: ``(state, pack)`` after the last eager step of the built-in pipeline whose
-        input was :meth:`checkable` (:meth:`step_checked`).
+        input was :meth:`checkable` (:meth:`step_checked`), config_facts: values derived from the
+        config, computed once (:meth:`cached`).
     """
 
     config: EnvConfig
@@ -98,6 +99,7 @@ class SimContext:
     pool: object = None  # gpusim.data.pool.ScenarioPool when streaming (issue 21), else None
     pack_facts: tuple = (None, {})  # (pack, {name: value}): host facts of the pack (pack_fact)
     last_checked: tuple = (None, None)  # (state, pack) of the last eager built-in step (step_checked)
+    config_facts: dict = field(default_factory=dict)  # {name: value} derived from the config (cached)
 
     def __post_init__(self):
         W = self.num_worlds
@@ -119,6 +121,14 @@ class SimContext:
         carried over unchanged would stay). Metadata only, no device sync."""
         return (all(t.is_contiguous() for t in state.__dict__.values())
                 and self.pack_fact("contiguous", lambda pk: all(t.is_contiguous() for t in pk.tensors().values())))
+
+    def cached(self, name: str, compute: Callable):
+        """``compute(config)`` computed once per context (host values derived from the config, e.g.
+        a stage's scalar kernel arguments; the config of a context never changes)."""
+        value = self.config_facts.get(name)
+        if value is None:
+            value = self.config_facts[name] = compute(self.config)
+        return value
 
     def pack_fact(self, name: str, compute: Callable):
         """``compute(pack)`` for the current pack, computed once per pack object (a host read of a

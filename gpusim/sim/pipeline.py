@@ -6,7 +6,7 @@
             ─▶ trial ─▶ accounting ─▶ restart ─▶ observe ─▶ StepResult
 
 Each stage is ``fn(ctx, state, step) -> changes`` (see :mod:`gpusim.sim.context`); the pipeline
-applies ``state = state.replace(**changes)`` after each one. A stage hook (``DriveEnv.stage_hook``)
+applies the changes after each one (to its one working copy of the input state). A stage hook (``DriveEnv.stage_hook``)
 may wrap every stage call, e.g. to time it (``profiling/timers.py``) or to put it in a profiler
 range (``profiling/trace.py``): ``hook(name, call) -> changes`` where ``call()`` runs the stage.
 """
@@ -14,6 +14,8 @@ range (``profiling/trace.py``): ``hook(name, call) -> changes`` where ``call()``
 from __future__ import annotations
 
 from typing import Callable, NamedTuple
+
+import torch
 
 from gpusim.sim.accounting import accounting
 from gpusim.sim.contacts import contacts
@@ -54,12 +56,24 @@ PIPELINE: tuple[Stage, ...] = (
 
 def run_pipeline(ctx: SimContext, state: EnvState, step: StepVars, hook: Callable | None = None,
                  stages: tuple[Stage, ...] = PIPELINE) -> EnvState:
-    """Run ``stages`` on ``state``; returns the new state (``step`` holds the per-step values)."""
+    """Run ``stages`` on ``state``; returns the new state (``step`` holds the per-step values).
+
+    ``state`` itself is not modified: the stages work on one copy of it (``state.replace()``), to
+    which each stage's changes are applied in place (``EnvState.set_fields``), so a stage sees the
+    fields as the stages before it left them. Under ``torch.compile`` tracing every stage's changes
+    make a new state (``replace``), as the tracer prefers."""
+    if torch.compiler.is_compiling():
+        for stage in stages:
+            changes = stage.run(ctx, state, step)
+            if changes:
+                state = state.replace(**changes)
+        return state
+    work = state.replace()
     for stage in stages:
         if hook is None:
-            changes = stage.run(ctx, state, step)
+            changes = stage.run(ctx, work, step)
         else:
-            changes = hook(stage.name, lambda stage=stage, state=state: stage.run(ctx, state, step))
+            changes = hook(stage.name, lambda stage=stage, work=work: stage.run(ctx, work, step))
         if changes:
-            state = state.replace(**changes)
-    return state
+            work.set_fields(changes)
+    return work

@@ -34,7 +34,31 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ``removed``, ``last_reward`` (and ``world_done``, ``slot_done`` outside trial mode)."""
     cfg = ctx.config
     use_c = use_step_c(ctx, state, step)
-    ev = (partial(events_cpu, check=not step.checked) if use_c else events)(
+    if use_c and step.checked:  # the env's checked layout: the C kernel with its scalars cached per context
+        ev = events_cpu(
+            pos=state.pos, goal=state.goal, speed=state.speed, controlled=state.controlled, in_play=step.in_play,
+            present=state.present, collided=step.collided, offroad=step.offroad, hit=step.hit,
+            stopped=state.stopped, contact_stopped=state.contact_stopped, removed=state.removed,
+            world_done=state.world_done, episode_end=ctx.end_flags[int(step.episode_end)],
+            slot_active=state.slot_active, slot_done=state.slot_done, check=False,
+            **ctx.cached("event_scalars", _event_scalars))
+    else:
+        ev = _events(ctx, state, step, use_c)
+    return _apply(ctx, state, step, ev)
+
+
+def _event_scalars(cfg) -> dict:
+    """The scalar keyword arguments of ``events`` from ``cfg`` (``EnvConfig``)."""
+    return dict(goal_radius=cfg.goal_radius, reward_goal=cfg.reward_goal, reward_collision=cfg.reward_collision,
+                reward_offroad=cfg.reward_offroad, goal_behavior=int(cfg.goal_behavior),
+                collision_behavior=int(cfg.collision_behavior), offroad_behavior=int(cfg.offroad_behavior),
+                stop_truncate_fraction=cfg.stop_truncate_fraction)
+
+
+def _events(ctx: SimContext, state: EnvState, step: StepVars, use_c: bool):
+    """``events`` (or its C kernel with the argument checks) on the stage's inputs."""
+    cfg = ctx.config
+    return (partial(events_cpu, check=not step.checked) if use_c else events)(
         pos=state.pos.contiguous(),
         goal=state.goal,
         speed=state.speed.contiguous(),
@@ -60,6 +84,11 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         offroad_behavior=int(cfg.offroad_behavior),
         stop_truncate_fraction=cfg.stop_truncate_fraction,
     )
+
+
+def _apply(ctx: SimContext, state: EnvState, step: StepVars, ev) -> dict:
+    """Record ``ev``'s per-step values in ``step``; the state changes of the stage."""
+    cfg = ctx.config
     reward = ev.reward
     if cfg.reward_red_light != 0.0:  # red_light_now is only set for in-play slots (gpusim/sim/signals.py)
         reward = reward + cfg.reward_red_light * state.red_light_now.to(reward.dtype)
