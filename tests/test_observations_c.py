@@ -17,7 +17,7 @@ from gpusim.data import ScenarioPack
 from gpusim.env import DriveEnv
 from gpusim.kernels.obs_layout import EGO_FEATURES
 from gpusim.kernels.observations import cpu_kernel_status, obs_layout, observations_cpu, observations_reference
-from gpusim.kernels.observations.cpu import observations_cpu_state
+from gpusim.kernels.observations.cpu import observations_cpu_state, observations_cpu_static
 from gpusim.kernels.observations import cpu as cpu_mod
 
 GOAL_DIST = EGO_FEATURES.index("goal_dist/100")
@@ -289,6 +289,18 @@ def test_state_entry_matches_classic_call(pack, check, trial):
     assert torch.equal(new_written, flat)
     assert_same_obs(got, want)
     assert torch.isnan(got.view(W * C, -1)[~(flat | written)]).all()  # rows not listed are untouched
+    # the pack/config arguments computed once (the env caches them per pack): the same result
+    static = observations_cpu_static(road_seg=kw["road_seg"], road_type=kw["road_type"], grid_road=kw["grid_road"],
+                                     grid_start=kw.get("grid_start"), grid_origin=kw["grid_origin"],
+                                     grid_dims=kw["grid_dims"], cell_size=kw["cell_size"],
+                                     num_partners=kw["num_partners"], partner_radius=kw["partner_radius"],
+                                     road_radius=kw["road_radius"], A=A, C=C)
+    again = torch.full((W, C, D + 5), float("nan"))
+    observations_cpu_state(
+        **{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, collided=collided, offroad=offroad,
+        t_index=t_index, t_time=t_time, last_reward=last_reward, controlled=controlled, written=written,
+        out=again[..., :D], zero_tail=3, check=check, static=static)
+    assert torch.equal(again.nan_to_num(7.0), got.nan_to_num(7.0))
     with pytest.raises(ValueError, match="controlled"):
         observations_cpu_state(**{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, collided=collided,
                                offroad=offroad, t_index=t_index, t_time=t_time, last_reward=last_reward,

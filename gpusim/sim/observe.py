@@ -36,7 +36,7 @@ import torch
 
 from gpusim.backend import backend_for
 from gpusim.kernels.observations import cpu_kernel_available, observations, observations_compiled
-from gpusim.kernels.observations.cpu import observations_cpu_state
+from gpusim.kernels.observations.cpu import observations_cpu_state, observations_cpu_static
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, heading_trig, slots
 from gpusim.sim.signals import no_signal_pack, signal_log_index
@@ -101,7 +101,12 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
             grid_dims=p.grid_dims, cell_size=p.cell_size, num_partners=cfg.num_partners,
             partner_radius=cfg.partner_radius, road_radius=cfg.road_radius, out=full[..., :d0],
             zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h,
-            check=step is None or not step.checked)
+            check=step is None or not step.checked,
+            static=ctx.pack_fact("observations_cpu_static", lambda pk: observations_cpu_static(
+                road_seg=pk.road_seg, road_type=pk.road_type, grid_road=pk.grid_road, grid_start=pk.grid_start,
+                grid_origin=pk.grid_origin, grid_dims=pk.grid_dims, cell_size=pk.cell_size,
+                num_partners=cfg.num_partners, partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
+                A=state.pos.shape[1], C=C)))
         active = written.view(-1, C)
     elif not on_cpu:
         active = (state.slot_active & state.present[:, :C]).contiguous()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -219,7 +220,7 @@ def observations_cpu_state(
     pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index, t_time,
     last_reward, controlled, written, scenario, road_seg, road_type, grid_road, grid_origin, grid_dims,
     cell_size, num_partners, partner_radius, road_radius, out, grid_start=None, zero_tail=0, cos_h=None,
-    sin_h=None, check=True,
+    sin_h=None, check=True, static=None,
 ) -> torch.Tensor:
     """The env's observation stage (``gpusim.sim.observe``) in one C call, reading the state's own
     fields: what :func:`observations_cpu` computes with ``goal = goal[:, :C]``, ``ego_active =
@@ -235,6 +236,7 @@ def observations_cpu_state(
             controlled when its column is set, ``EnvState.slot_active``).
         written: [W*C] bool, slots whose rows may be non-zero (those not in play are zeroed).
         out: required, as in :func:`observations_cpu` (a column view of a wider buffer allowed).
+        static: :func:`observations_cpu_static` of the same pack and config, or None (derived here).
     Returns:
         [W*C] bool, new tensor: the in-play flags (``ego_active`` flattened), which rows are non-zero now.
     Raises:
@@ -282,22 +284,55 @@ def observations_cpu_state(
                          out=out, rows=(flat | written).nonzero().squeeze(1), grid_start=grid_start,
                          zero_tail=zero_tail, cos_h=cos_h, sin_h=sin_h, check=False)
         return flat
-    P, R = int(num_partners), road_seg.shape[1]
-    grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
-    geo, feat = road_table(road_seg, road_type)
+    if static is None:
+        static = observations_cpu_static(road_seg=road_seg, road_type=road_type, grid_road=grid_road,
+                                         grid_start=grid_start, grid_origin=grid_origin, grid_dims=grid_dims,
+                                         cell_size=cell_size, num_partners=num_partners,
+                                         partner_radius=partner_radius, road_radius=road_radius, A=A, C=C)
     if cos_h is None or sin_h is None:
         cos_h, sin_h = torch.cos(heading), torch.sin(heading)
     written_out = torch.empty(W * C, dtype=torch.bool, device=pos.device)
-    K = grid_road.shape[-1]
-    ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731  (layout established by a checked call)
+    # layout established by a checked call (or checked above); optional inputs are NULL
     rc = lib.gpusim_observations_state(
-        ptr(pos), ptr(cos_h), ptr(sin_h), ptr(speed), ptr(length), ptr(width), ptr(agent_type),
-        ptr(present), ptr(goal), ptr(collided), ptr(offroad), ptr(t_index), ptr(t_time), ptr(last_reward),
-        ptr(controlled), ptr(written), ptr(written_out), ptr(scenario), ptr(geo), ptr(feat),
-        ptr(grid2), int(grid2.dtype == torch.int16), ptr(start), ptr(grid_origin), ptr(grid_dims),
-        W, ptr(out), out.stride(1), int(zero_tail),
-        *_kernel_constants(A, C, K, R, P, cell_size, partner_radius, road_radius),
+        pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), speed.data_ptr(), length.data_ptr(), width.data_ptr(),
+        agent_type.data_ptr(), present.data_ptr(), goal.data_ptr(), collided.data_ptr(), offroad.data_ptr(),
+        None if t_index is None else t_index.data_ptr(), None if t_time is None else t_time.data_ptr(),
+        last_reward.data_ptr(), controlled.data_ptr(), written.data_ptr(), written_out.data_ptr(),
+        scenario.data_ptr(), *static.pack_args, W, out.data_ptr(), out.stride(1), int(zero_tail),
+        *static.constants, torch.get_num_threads(),
     )
     if rc != 0:
-        raise RuntimeError(f"observations_cpu_state: the C kernel returned {rc} (A={A}, K={K})")
+        raise RuntimeError(f"observations_cpu_state: the C kernel returned {rc} (A={A}, K={static.K})")
     return written_out
+
+
+class StateCallStatic(NamedTuple):
+    """The arguments of the C state entry that depend only on the pack and the config
+    (:func:`observations_cpu_static`): ``pack_args`` (road tables, grid table and its layout flag,
+    grid starts, origins and dims, as the C call takes them), ``constants`` (sizes, index bits,
+    radii and scales, threads excluded) and ``K``; ``keep`` holds the tensors the pointers point
+    into, so they live as long as this tuple."""
+
+    pack_args: tuple
+    constants: tuple
+    K: int
+    keep: tuple
+
+
+def observations_cpu_static(road_seg, road_type, grid_road, grid_start, grid_origin, grid_dims, cell_size,
+                            num_partners, partner_radius, road_radius, A: int, C: int) -> StateCallStatic:
+    """What :func:`observations_cpu_state` derives from the pack and the config on every call,
+    computed once (the env caches it per pack, ``SimContext.pack_fact``): pass it as ``static=``.
+    Arguments as :func:`observations_cpu_state`'s; A, C: agent and policy slots.
+
+    Raises:
+        ValueError: a grid table of the wrong layout (``grid_table_rows``).
+    """
+    grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
+    geo, feat = road_table(road_seg, road_type)
+    grid2, start = grid2.contiguous(), start.contiguous()
+    K, R = grid_road.shape[-1], road_seg.shape[1]
+    pack_args = (geo.data_ptr(), feat.data_ptr(), grid2.data_ptr(), int(grid2.dtype == torch.int16),
+                 start.data_ptr(), grid_origin.data_ptr(), grid_dims.data_ptr())
+    constants = _kernel_constants(A, C, K, R, int(num_partners), cell_size, partner_radius, road_radius)[:-1]
+    return StateCallStatic(pack_args, constants, K, (geo, feat, grid2, start, grid_origin, grid_dims))
