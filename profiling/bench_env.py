@@ -121,6 +121,10 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
 
         stepper = GraphedEnv(env, say=lambda msg: None)  # the reason is printed once by main()
     chosen = (torch.arange(num_worlds, device=env.device) % pack.num_scenarios) if scenarios == "balanced" else None
+    if chosen is not None and 1 + warmup + repeats * steps > env.horizon:
+        print(f"bench_env: --scenarios balanced: 1 + --warmup + --repeats x --steps = {1 + warmup + repeats * steps} "
+              f"steps cross the auto-reset at step {env.horizon}; the repeats after it run redrawn scenarios "
+              f"(keep the total <= {env.horizon} to compare sizes on the same mix)", file=sys.stderr)
     _sync(env.device)
     t_reset = time.perf_counter()
     env.reset(scenarios=chosen)
