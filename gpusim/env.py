@@ -30,6 +30,7 @@ from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.episode import begin_episode, draw_scenarios
 from gpusim.sim.motion import expert_actions, model_for
 from gpusim.sim.observe import observe_state
+from gpusim.sim import fused_cpu
 from gpusim.sim.pipeline import PIPELINE, run_pipeline
 from gpusim.state import EnvState
 
@@ -252,7 +253,10 @@ class DriveEnv:
         elif self.pipeline is PIPELINE:  # the C kernels skip their checks on a state they checked before
             pack, step.checked = sim.pack, sim.step_checked(state)
             establishes = step.checked or sim.checkable(state)
-            state = run_pipeline(sim, state, step, hook=self.stage_hook, stages=self.pipeline)
+            if self.stage_hook is None and fused_cpu.applies(sim, state, step):  # the C path in one function
+                state = fused_cpu.fused_step(sim, state, step)
+            else:
+                state = run_pipeline(sim, state, step, hook=self.stage_hook, stages=self.pipeline)
             sim.last_checked = (state, pack) if establishes else (None, None)
         else:
             state = run_pipeline(sim, state, step, hook=self.stage_hook, stages=self.pipeline)

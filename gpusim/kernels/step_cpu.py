@@ -90,6 +90,13 @@ def step_kernels_available() -> bool:
     return _LIB.load(stacklevel=3) is not None
 
 
+def step_library():
+    """The loaded C library (ctypes handle, built on first call), or None where it cannot be built.
+    For callers that drive the kernels directly on a layout they established themselves
+    (``gpusim.sim.fused_cpu``); every other caller goes through the checked wrappers here."""
+    return _LIB.load(stacklevel=3)
+
+
 def step_kernels_status() -> dict:
     """``{"available", "reason", "openmp", "path"}`` of the library (builds it on first call)."""
     return _LIB.status()

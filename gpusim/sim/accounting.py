@@ -52,6 +52,15 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         if not cfg.compile and on_torch(state, step) and step.terminal.device.type == "cpu" \
                 and not bool(step.terminal.any()):
             return changes
+    record_finished(ctx, state, step, changes)
+    return changes
+
+
+def record_finished(ctx: SimContext, state: EnvState, step: StepVars, changes: dict) -> None:
+    """Add the agent-episodes that end in this step (``step.terminal`` [W, C]) to ``ctx.metrics``
+    (ego slots) and ``ctx.coplayer_metrics`` (co-player slots), with the accumulators ``changes``
+    (this stage's new ``ep_return`` ... ``ever_red_light``) and ``state`` as the stage saw it."""
+    C, cfg = ctx.num_slots, ctx.config
     values = episode_values(
         ep_return=changes["ep_return"],
         ep_length=changes["ep_length"],
@@ -67,4 +76,3 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ctx.metrics.add(values, step.terminal & state.ego)
     if ctx.coplayer_metrics is not None:
         ctx.coplayer_metrics.add(values, step.terminal & ~state.ego)
-    return changes
