@@ -101,3 +101,12 @@ def test_first_and_episode_end_steps_run_the_pipeline(pack, counted):
     pipeline: 2 episodes of 6 steps give 12 - 1 - 2 fused steps."""
     _run(pack, EnvConfig(max_controlled=8, scenario_length=6), pipeline=False, steps=12)
     assert len(counted) == 12 - 1 - 2
+
+
+def test_fused_step_knows_every_stage():
+    """A stage added to, removed from or moved in PIPELINE switches the fused step off until
+    gpusim/sim/fused_cpu.py reproduces the new pipeline (and its STAGES says so)."""
+    from gpusim.sim.pipeline import PIPELINE
+
+    assert tuple(stage.name for stage in PIPELINE) == fused_cpu.STAGES, (
+        "PIPELINE changed: update gpusim/sim/fused_cpu.py (fused_step and STAGES) to run the new stage")

@@ -13,6 +13,7 @@ It runs only where every stage would take its plain C path and the state's layou
 checked (:func:`applies`); otherwise, and whenever a stage hook is set (e.g. the profilers'), the
 env runs the pipeline. The conditions:
 
+- ``PIPELINE`` holds exactly the stages of :data:`STAGES`;
 - ``StepVars.checked`` and the C kernels (``use_step_c``);
 - not the episode-end step: the auto-reset runs in stage ``restart``;
 - discrete actions, the kinematic bicycle as the registered model (``motion.DYNAMICS``), and the
@@ -44,8 +45,17 @@ from gpusim.kernels.signals import SIGNAL_DIM
 from gpusim.sim.accounting import record_finished
 from gpusim.sim.context import SimContext, StepVars, use_step_c
 from gpusim.sim.motion import model_for
+from gpusim.sim.pipeline import PIPELINE
 from gpusim.sim.signals import no_signal_pack
 from gpusim.state import EnvState
+
+
+#: The stages :func:`fused_step` reproduces, in the pipeline's order. Where ``PIPELINE`` holds
+#: other stages (one added, removed or reordered) the fused step does not run until it is updated
+#: (``tests/test_fused_cpu.py`` fails then, naming this file).
+STAGES = ("signals_before", "motion", "replay", "signals", "contacts", "rewards", "goals", "trial", "accounting",
+          "restart", "observe")
+_PIPELINE_MATCHES = tuple(stage.name for stage in PIPELINE) == STAGES
 
 
 class Plan(NamedTuple):
@@ -64,7 +74,7 @@ def applies(ctx: SimContext, state: EnvState, step: StepVars) -> bool:
     """True when :func:`fused_step` may run this step (module docstring for the conditions).
     Host values only: no tensor is read."""
     cfg = ctx.config
-    return (step.checked and not step.episode_end and use_step_c(ctx, state, step)
+    return (_PIPELINE_MATCHES and step.checked and not step.episode_end and use_step_c(ctx, state, step)
             and cfg.action_space == ActionSpace.DISCRETE and model_for(ctx).forward is dynamics.bicycle_step
             and not cfg.trial_mode and cfg.goal_behavior not in (GoalBehavior.RESPAWN, GoalBehavior.NEW_GOAL)
             and ctx.pack_fact("no_signals", no_signal_pack) and ctx.pack.traj_valid.shape[-1] > 0
