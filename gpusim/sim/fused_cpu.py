@@ -139,6 +139,9 @@ def fused_step(ctx: SimContext, state: EnvState, step: StepVars) -> EnvState:
     lib.gpusim_replay_state(ptr(pos1), ptr(heading1), ptr(speed1), ptr(s.present), ptr(s.controlled), ptr(s.removed),
                             ptr(s.scenario), ptr(new_step), ptr(s.trial_start), int(cfg.init_steps), *plan.traj,
                             ptr(pos), ptr(heading), ptr(speed2), ptr(present2), W, A, plan.T, nt)
+    # free what is dead as soon as it is (as the pipeline frees a stage's replaced fields): at large
+    # sizes the allocations that follow then reuse warm memory instead of fresh pages
+    del pos1, heading1, speed1, theta, cos_t, sin_t
     # signals: a pack without signals has no stop line to cross
     red = torch.zeros(W, C, dtype=b)
     # contacts: collisions, offroad of the slots, hit-by (collision REMOVE)
@@ -166,6 +169,7 @@ def fused_step(ctx: SimContext, state: EnvState, step: StepVars) -> EnvState:
                       ptr(collided), ptr(offroad), ptr(hit), ptr(s.stopped), ptr(s.contact_stopped), ptr(s.removed),
                       ptr(s.world_done), ptr(ctx.end_flags[0]), ptr(s.controlled), ptr(s.slot_done),
                       *[ptr(t) for t in ev], W, A, C, *plan.events, A, nt)
+    del speed2, present2, live
     if cfg.reward_red_light != 0.0:
         reward = reward + cfg.reward_red_light * red.to(reward.dtype)
     # trial (not trial mode): no truncation, no trial end
