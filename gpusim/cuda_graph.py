@@ -444,6 +444,29 @@ def copy_all(dst: list, src: list) -> None:
     torch._foreach_copy_(dst, src)
 
 
+def adopt_static_state(env, state, start, dst: list, src: list) -> tuple:
+    """Keep ``env.state`` and ``env.sim.start`` (the episode's start state, trial restarts) in static
+    buffers between graph replays. The first call clones them (``state`` / ``start`` None) and makes
+    the clones the env's own; later calls append to ``dst`` / ``src`` the fields whose tensor the
+    env replaced since (after an eager step or a reset), for one :func:`copy_all`, and point the env
+    back at the static buffers. Returns the static ``(state, start)`` (``start`` None while the env
+    has none)."""
+    if state is None:
+        state = env.state = env.state.clone()
+    if env.sim.start is not None and start is None:
+        start = env.sim.start = env.sim.start.clone()
+    for static, cur in ((state, env.state), (start, env.sim.start)):
+        if cur is not None and cur is not static:
+            for name, s in static.tensors().items():
+                x = getattr(cur, name)
+                if x is not s:
+                    dst.append(s)
+                    src.append(x)
+    if env.sim.start is not None:
+        env.sim.start = start
+    return state, start
+
+
 def pack_key(pack) -> tuple:
     """Key of the scenario pack a captured step reads: ``(num_scenarios, (field, data_ptr, shape,
     dtype), ...)`` over the pack's tensor attributes. A graph replays fixed addresses, so a step

@@ -59,8 +59,8 @@ import warnings
 import torch
 
 from gpusim.backend import backend_for
-from gpusim.cuda_graph import (CudaGraphCapture, PinnedAttributes, copy_all, graph_decision, host_syncs,
-                               pack_key)
+from gpusim.cuda_graph import (CudaGraphCapture, PinnedAttributes, adopt_static_state, copy_all, graph_decision,
+                               host_syncs, pack_key)
 from gpusim.env import DriveEnv, StepResult
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(StepResult) if f.name != "info")
@@ -265,20 +265,8 @@ class GraphedEnv:
         the state and start state after an eager step or a reset; pinned attributes reassigned
         eagerly). Between replayed steps only the actions are copied."""
         env = self.env
-        if self._state is None:
-            self._state = env.state = env.state.clone()
-        if env.sim.start is not None and self._start is None:
-            self._start = env.sim.start = env.sim.start.clone()
         dst, src = [self._actions], [actions]
-        for static, cur in ((self._state, env.state), (self._start, env.sim.start)):
-            if cur is not None and cur is not static:
-                for name, s in static.tensors().items():
-                    x = getattr(cur, name)
-                    if x is not s:
-                        dst.append(s)
-                        src.append(x)
-        if env.sim.start is not None:
-            env.sim.start = self._start
+        self._state, self._start = adopt_static_state(env, self._state, self._start, dst, src)
         self._pins.sync_inputs(dst, src)
         copy_all(dst, src)
         env.state = self._state

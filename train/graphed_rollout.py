@@ -59,8 +59,8 @@ import warnings
 
 import torch
 
-from gpusim.cuda_graph import (CudaGraphCapture, PinnedAttributes, copy_all, graph_decision, host_syncs,
-                               pack_key)
+from gpusim.cuda_graph import (CudaGraphCapture, PinnedAttributes, adopt_static_state, copy_all, graph_decision,
+                               host_syncs, pack_key)
 from train.rollout import RolloutBatch, begin_rollout, collect_rollout, rollout_step
 
 
@@ -249,20 +249,8 @@ class GraphedRollout:
         after an eager step or a reset, the episode's start state, the observation, pinned
         attributes reassigned eagerly). Nothing to copy between graphed steps."""
         env = self.env
-        if self._state is None:
-            self._state = env.state = env.state.clone()
-        if env.sim.start is not None and self._start is None:
-            self._start = env.sim.start = env.sim.start.clone()
         dst, src = [], []
-        for static, cur in ((self._state, env.state), (self._start, env.sim.start)):
-            if cur is not None and cur is not static:
-                for name, s in static.tensors().items():
-                    x = getattr(cur, name)
-                    if x is not s:
-                        dst.append(s)
-                        src.append(x)
-        if env.sim.start is not None:
-            env.sim.start = self._start
+        self._state, self._start = adopt_static_state(env, self._state, self._start, dst, src)
         if obs is not self._obs:
             dst.append(self._obs)
             src.append(obs)

@@ -378,6 +378,15 @@ void gpusim_red_light(const float *pos_before, const float *pos, const float *co
  * [W, C]. Agents with moving[w, c] take the new pose; others, and every column >= C, keep theirs.
  * pos_out [W, A, 2], heading_out, speed_out [W, A] fully written. Constants float32 as torch's
  * tensor-scalar ops round them. */
+/* The motion kernels' outputs start as copies of world w's rows (agents that do not move keep
+ * their pose bit for bit). */
+static inline void copy_world(const float *pos, const float *heading, const float *speed, float *pos_out,
+                              float *heading_out, float *speed_out, int64_t base, int64_t A) {
+    memcpy(pos_out + 2 * base, pos + 2 * base, (size_t)(2 * A) * sizeof(float));
+    memcpy(heading_out + base, heading + base, (size_t)A * sizeof(float));
+    memcpy(speed_out + base, speed + base, (size_t)A * sizeof(float));
+}
+
 /* One moving agent g of the bicycle step (reference order of operations); a, tan_d, cos_b, cos_t,
  * sin_t: its control and the transcendental values the caller took from torch. */
 static inline void motion_agent(const float *pos, const float *heading, const float *speed,
@@ -411,9 +420,7 @@ void gpusim_motion(const float *pos, const float *heading, const float *speed, c
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {
         const int64_t base = w * A;
-        memcpy(pos_out + 2 * base, pos + 2 * base, (size_t)(2 * A) * sizeof(float));
-        memcpy(heading_out + base, heading + base, (size_t)A * sizeof(float));
-        memcpy(speed_out + base, speed + base, (size_t)A * sizeof(float));
+        copy_world(pos, heading, speed, pos_out, heading_out, speed_out, base, A);
         for (int64_t c = 0; c < C; c++) {
             const int64_t g = base + c, k = w * C + c;
             if (!moving[k]) continue;
@@ -463,9 +470,7 @@ void gpusim_motion_discrete(const float *pos, const float *heading, const float 
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {
         const int64_t base = w * A;
-        memcpy(pos_out + 2 * base, pos + 2 * base, (size_t)(2 * A) * sizeof(float));
-        memcpy(heading_out + base, heading + base, (size_t)A * sizeof(float));
-        memcpy(speed_out + base, speed + base, (size_t)A * sizeof(float));
+        copy_world(pos, heading, speed, pos_out, heading_out, speed_out, base, A);
         for (int64_t c = 0; c < C; c++) {
             const int64_t g = base + c, j = w * C + c;
             if (!moving[j]) continue;
