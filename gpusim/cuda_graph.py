@@ -517,6 +517,28 @@ class PinnedAttributes:
     def __len__(self) -> int:
         return len(self.pins)
 
+    def capture_and_replay(self, backend, body: Callable[[], Any], roots: dict, device) -> tuple:
+        """Capture ``body`` with ``backend`` (:class:`CudaGraphCapture` / :class:`FakeGraphCapture`)
+        under :meth:`audit`, then replay it once, audited too: a capture records the step, it does
+        not run it. Returns ``(graph, reason)``:
+
+        * ``(None, reason)``: the capture raised (CUDA synchronised afterwards) or its audit found
+          something; nothing ran, the caller runs the step eagerly;
+        * ``(graph, None)``: captured, and this step ran through the replay;
+        * ``(graph, reason)``: captured and ran, but the replay's audit found something a later
+          replay could not reproduce (the caller stops replaying).
+        """
+        box: list = []
+        try:
+            problem = self.audit(lambda: box.append(backend.capture(body, roots)), roots, capturing=True)
+        except Exception as e:  # capture is best effort: say why
+            if torch.device(device).type == "cuda":  # pragma: no cover  (needs a CUDA device)
+                torch.cuda.synchronize(device)
+            return None, f"capture failed: {type(e).__name__}: {e}"
+        if problem:
+            return None, problem
+        return box[0], self.audit(box[0].replay, roots, capturing=False)
+
     def audit(self, call: Callable[[], Any], roots: dict, capturing: bool) -> str | None:
         """Run ``call()`` and compare what is reachable from ``roots`` before and after.
 

@@ -210,22 +210,12 @@ class GraphedEnv:
             self._fallback(problem)
 
     def _capture_step(self) -> bool:
-        env = self.env
-        box: list = []
-        try:
-            problem = self._pins.audit(lambda: box.append(self.capture.capture(self._body, self._roots())),
-                                       self._roots(), capturing=True)
-        except Exception as e:  # capture is best effort: say why, run eagerly
-            self._fallback(f"capture failed: {type(e).__name__}: {e}")
-            if env.device.type == "cuda":  # pragma: no cover  (needs a CUDA device)
-                torch.cuda.synchronize(env.device)
-            return False
-        if problem:
+        graph, problem = self._pins.capture_and_replay(self.capture, self._body, self._roots(), self.env.device)
+        if graph is None:  # nothing ran: the caller steps eagerly
             self._fallback(problem)
             return False
-        self._graph = box[0]
+        self._graph = graph
         self.stats["captures"] += 1
-        problem = self._pins.audit(self._graph.replay, self._roots(), capturing=False)  # a capture does not run
         self.stats["replays"] += 1
         if problem:
             self._fallback(problem)

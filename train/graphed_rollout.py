@@ -208,21 +208,12 @@ class GraphedRollout:
             if problem:  # this step ran (eagerly); later ones cannot be graphed
                 self._fallback(problem)
         else:
-            box: list = []
-            try:
-                problem = self._audited(lambda: box.append(self.capture.capture(self._body, self._roots())),
-                                        capturing=True)
-            except Exception as e:  # capture is best effort: say why, run eagerly
-                self._fallback(f"capture failed: {type(e).__name__}: {e}")
-                if env.device.type == "cuda":  # pragma: no cover  (needs a CUDA device)
-                    torch.cuda.synchronize(env.device)
-                return False
-            if problem:
+            graph, problem = self._pins.capture_and_replay(self.capture, self._body, self._roots(), env.device)
+            if graph is None:  # nothing ran: the caller steps eagerly
                 self._fallback(problem)
                 return False
-            self._graph = graph = box[0]
+            self._graph = graph
             self.stats["captures"] += 1
-            problem = self._audited(graph.replay, capturing=False)  # a capture records, it does not run
             self.stats["replays"] += 1
             if problem:
                 self._fallback(problem)
