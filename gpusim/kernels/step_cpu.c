@@ -256,6 +256,17 @@ void gpusim_replay_state(const float *pos, const float *heading, const float *sp
                      out_heading, out_speed, out_present, A, T);
 }
 
+/* Agent g of a live world (world_done[w] == 0) is in play (gpusim.state.in_play). */
+static inline uint8_t in_play_flag(int live, const uint8_t *controlled, const uint8_t *present,
+                                   const uint8_t *stopped, const uint8_t *removed, int64_t g) {
+    return (uint8_t)(live && controlled[g] && present[g] && !stopped[g] && !removed[g]);
+}
+
+/* A discrete action index clamped to [0, num_actions), as dynamics.decode_actions clamps it. */
+static inline int64_t clamp_action(int64_t k, int64_t num_actions) {
+    return k < 0 ? 0 : (k >= num_actions ? num_actions - 1 : k);
+}
+
 /* state.in_play: controlled & present & ~stopped & ~removed & ~world_done[w]; loss_mask = its first
  * C columns. in_play [W, A] and loss_mask [W, C] fully written. */
 void gpusim_in_play(const uint8_t *controlled, const uint8_t *present, const uint8_t *stopped,
@@ -267,7 +278,7 @@ void gpusim_in_play(const uint8_t *controlled, const uint8_t *present, const uin
         const int live = world_done[w] == 0;
         for (int64_t a = 0; a < A; a++) {
             const int64_t g = w * A + a;
-            const uint8_t p = (uint8_t)(live && controlled[g] && present[g] && !stopped[g] && !removed[g]);
+            const uint8_t p = in_play_flag(live, controlled, present, stopped, removed, g);
             in_play[g] = p;
             if (a < C) loss_mask[w * C + a] = p;
         }
@@ -445,11 +456,10 @@ void gpusim_motion_prepare(const uint8_t *controlled, const uint8_t *present, co
         const int live = world_done[w] == 0;
         for (int64_t a = 0; a < A; a++) {
             const int64_t g = w * A + a;
-            const uint8_t p = (uint8_t)(live && controlled[g] && present[g] && !stopped[g] && !removed[g]);
+            const uint8_t p = in_play_flag(live, controlled, present, stopped, removed, g);
             in_play[g] = p;
             if (a < C) {
-                int64_t k = action[w * C + a];
-                k = k < 0 ? 0 : (k >= num_actions ? num_actions - 1 : k);
+                const int64_t k = clamp_action(action[w * C + a], num_actions);
                 loss_mask[w * C + a] = p;
                 theta[w * C + a] = heading[g] + beta_of[k];
             }
@@ -474,8 +484,7 @@ void gpusim_motion_discrete(const float *pos, const float *heading, const float 
         for (int64_t c = 0; c < C; c++) {
             const int64_t g = base + c, j = w * C + c;
             if (!moving[j]) continue;
-            int64_t k = action[j];
-            k = k < 0 ? 0 : (k >= num_actions ? num_actions - 1 : k);
+            const int64_t k = clamp_action(action[j], num_actions);
             motion_agent(pos, heading, speed, length, g, accel_of[k], tan_of[k], cos_b_of[k], cos_t[j],
                          sin_t[j], pos_out, heading_out, speed_out, dt, max_accel, min_speed, max_speed,
                          min_length, pi, two_pi);
