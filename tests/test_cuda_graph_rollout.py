@@ -398,30 +398,15 @@ def test_replayed_step_makes_no_host_sync(monkeypatch):
     The policy has CPU-only fast paths with host reads (policy/transformer.py, policy/encoders.py:
     guarded by the device type, off under ``torch.compile``); a GPU never runs them. Reporting
     ``torch.compiler.is_compiling()`` during the replays makes the CPU run the GPU's path."""
-    from test_syncs import SyncCounter
+    from test_syncs import SyncWatchingCapture
 
+    watching = SyncWatchingCapture()
+    counters = watching.counters
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: bool(counters) and counters[-1].active)
-
-    counters = []
-
-    class Watching(FakeGraphCapture):
-        def capture(self, fn, roots=None):
-            graph = super().capture(fn, roots)
-            replay = graph.replay
-
-            def watched():
-                counters.append(SyncCounter())
-                counters[-1].active = True
-                with counters[-1]:
-                    replay()
-                counters[-1].active = False
-
-            graph.replay = watched
-            return graph
 
     for trial in (False, True):
         cfg = _config(trial, check_actions="async", scenario_length=4 if not trial else 3)
         with use_backend("triton"):
-            _, _, roll = _rollouts(cfg, True, n=1, capture=Watching(), warmup=1, trial_log=trial)
+            _, _, roll = _rollouts(cfg, True, n=1, capture=watching, warmup=1, trial_log=trial)
         assert roll.stats["replays"] > 0 and roll.fallback_reason is None
     assert counters and all(c.hits == [] for c in counters), [c.hits for c in counters if c.hits]

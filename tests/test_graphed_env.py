@@ -60,14 +60,22 @@ def _snapshot(env, res) -> dict:
     return out
 
 
-def _run(pack, cfg, graphed, steps, capture="fake", device="cpu", num_worlds=W, **kw):
-    """``steps`` steps of an env (``graphed``: through GraphedEnv); a snapshot per step."""
+def _stepper(pack, cfg, graphed, capture="fake", device="cpu", num_worlds=W, **kw):
+    """``(env, genv, stepper)``: an env reset with seed 5, and with ``graphed`` the GraphedEnv
+    around it (``genv`` None otherwise); ``stepper`` is the one to call ``step`` on."""
     env = DriveEnv(pack, num_worlds, cfg, device=device, seed=3)
     genv = None
     if graphed:
         genv = GraphedEnv(env, capture=FakeGraphCapture() if capture == "fake" else capture, **kw)
     stepper = genv if graphed else env
     stepper.reset(seed=5)
+    return env, genv, stepper
+
+
+def _run(pack, cfg, graphed, steps, **kw):
+    """``steps`` steps of an env (``graphed``: through GraphedEnv; ``kw`` as :func:`_stepper`); a
+    snapshot per step."""
+    env, genv, stepper = _stepper(pack, cfg, graphed, **kw)
     snaps = [_snapshot(env, stepper.step(a)) for a in _actions(env, steps)]
     return snaps, env, genv
 
@@ -113,10 +121,7 @@ def test_pack_swap_recaptures(pack, sample_dir):
     other = ScenarioPack.from_json(sorted(sample_dir.glob("*.json*"))[:3], cfg.data_config())
     runs = []
     for graphed in (False, True):
-        env = DriveEnv(pack, W, cfg, seed=3)
-        genv = GraphedEnv(env, capture=FakeGraphCapture()) if graphed else None
-        stepper = genv or env
-        stepper.reset(seed=5)
+        env, genv, stepper = _stepper(pack, cfg, graphed)
         snaps = []
         for i, a in enumerate(_actions(env, 3 * cfg.horizon)):
             if i == cfg.horizon:  # a new pack from the next episode on (as streaming evaluation does)
@@ -194,10 +199,7 @@ def test_async_bad_action_is_raised_at_check_errors(pack):
     cfg = _config(action_space="continuous", scenario_length=10)
     messages = []
     for graphed in (False, True):
-        env = DriveEnv(pack, W, cfg, seed=3)
-        genv = GraphedEnv(env, capture=FakeGraphCapture()) if graphed else None
-        stepper = genv or env
-        stepper.reset(seed=5)
+        env, genv, stepper = _stepper(pack, cfg, graphed)
         for i, a in enumerate(_actions(env, 7)):
             if i == 5:
                 a[1, 2, 0] = float("nan")
@@ -280,28 +282,15 @@ def test_replayed_step_makes_no_host_sync(pack):
     (tests/test_syncs.py's counter) while the captured step replays, the action check, the env
     step and the static copies included."""
     from synthetic import KERNEL_DEVICE
-    from test_syncs import SyncCounter
+    from test_syncs import SyncWatchingCapture
 
     from gpusim.backend import use_backend
 
-    counters = []
-
-    class Watching(FakeGraphCapture):
-        def capture(self, fn, roots=None):
-            graph = super().capture(fn, roots)
-            replay = graph.replay
-
-            def watched():
-                counters.append(SyncCounter())
-                with counters[-1]:
-                    replay()
-
-            graph.replay = watched
-            return graph
-
+    watching = SyncWatchingCapture()
+    counters = watching.counters
     for kw in ({}, {"goal_behavior": "trial", "k_trials": 2, "scenario_length": 2}):
         with use_backend("triton"):
-            _, _, genv = _run(pack, _config(**kw), True, 4, capture=Watching(), num_worlds=2, warmup=1,
+            _, _, genv = _run(pack, _config(**kw), True, 4, capture=watching, num_worlds=2, warmup=1,
                               device=KERNEL_DEVICE)
         assert genv.stats["replays"] > 0 and genv.fallback_reason is None
     assert counters and all(c.hits == [] for c in counters), [c.hits for c in counters if c.hits]

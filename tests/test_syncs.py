@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from gpusim.backend import use_backend
 from gpusim.config import EnvConfig
+from gpusim.cuda_graph import FakeGraphCapture
 from gpusim.env import DriveEnv
 from synthetic import KERNEL_DEVICE, driver, lane, parked, small_config, synthetic_pack
 
@@ -77,6 +78,31 @@ class SyncCounter(TorchDispatchMode):
                     and torch.device(dst_dev).type != "cpu":
                 self._hit(f"aten.{name} host->device")
         return func(*args, **kwargs)
+
+
+class SyncWatchingCapture(FakeGraphCapture):
+    """:class:`gpusim.cuda_graph.FakeGraphCapture` whose graphs run every replay under a new
+    :class:`SyncCounter` (kept in ``counters``; its ``active`` is True while the replay runs): the
+    CPU stand-in for what a real capture rejects, a host sync inside the captured step."""
+
+    def __init__(self):
+        super().__init__()
+        self.counters: list[SyncCounter] = []
+
+    def capture(self, fn, roots=None):
+        graph = super().capture(fn, roots)
+        replay = graph.replay
+
+        def watched():
+            counter = SyncCounter()
+            counter.active = True
+            self.counters.append(counter)
+            with counter:
+                replay()
+            counter.active = False
+
+        graph.replay = watched
+        return graph
 
 
 @pytest.fixture()
