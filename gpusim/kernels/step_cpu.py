@@ -406,12 +406,22 @@ def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad
     e = torch.empty
     out = EventsOut(e(W, C), e(W, A, dtype=b), e(W, A), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
                     e(W, A, dtype=b), e(W, dtype=b), e(W, dtype=b), e(W, C, dtype=b), e(W, C, dtype=b))
-    col, off = int(collision_behavior), int(offroad_behavior)
-    lib.gpusim_events(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in out], W, A, C,
-                      goal_radius * goal_radius, reward_goal, reward_collision, reward_offroad,
-                      col == _REMOVE, off == _REMOVE, col == _STOP, off == _STOP, int(goal_behavior) == _GOAL_STOP,
-                      stop_truncate_fraction, ins[14].stride(0), torch.get_num_threads())
+    scalars = events_scalar_args(goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior,
+                                 collision_behavior, offroad_behavior, stop_truncate_fraction)
+    lib.gpusim_events(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in out], W, A, C, *scalars,
+                      ins[14].stride(0), torch.get_num_threads())
     return out
+
+
+def events_scalar_args(goal_radius: float, reward_goal: float, reward_collision: float, reward_offroad: float,
+                       goal_behavior: int, collision_behavior: int, offroad_behavior: int,
+                       stop_truncate_fraction: float) -> tuple:
+    """The scalar arguments of the C events kernel, in its order, from ``events``' keywords: the
+    squared goal radius (m^2), the three rewards, the REMOVE / STOP flags of collisions and offroad,
+    the goal STOP flag and the truncation fraction."""
+    col, off = int(collision_behavior), int(offroad_behavior)
+    return (goal_radius * goal_radius, reward_goal, reward_collision, reward_offroad, col == _REMOVE,
+            off == _REMOVE, col == _STOP, off == _STOP, int(goal_behavior) == _GOAL_STOP, stop_truncate_fraction)
 
 
 def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_pos, signal_dir, signal_state,

@@ -37,15 +37,16 @@ from gpusim.kernels import dynamics
 from gpusim.kernels.collision import CIRCLE_MARGIN
 from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.observations.cpu import load_library as observation_library
-from gpusim.kernels.observations.cpu import observations_cpu_static
 from gpusim.kernels.offroad import PRECHECK_MARGIN
-from gpusim.kernels.step_cpu import discrete_motion_tables, step_library
+from gpusim.kernels.step_cpu import discrete_motion_tables, events_scalar_args, step_library
 from gpusim.kernels.trimath import PI, TWO_PI
 from gpusim.kernels.signals import SIGNAL_DIM
 from gpusim.sim.accounting import record_finished
 from gpusim.sim.context import SimContext, StepVars, use_step_c
 from gpusim.sim.motion import model_for
+from gpusim.sim.observe import cpu_static
 from gpusim.sim.pipeline import PIPELINE
+from gpusim.sim.rewards import event_scalars
 from gpusim.sim.signals import no_signal_pack
 from gpusim.state import EnvState
 
@@ -65,7 +66,6 @@ class Plan(NamedTuple):
     traj: tuple
     offroad: tuple
     events: tuple
-    observe: object  # observations_cpu_static(...)
     T: int
     keep: tuple
 
@@ -82,24 +82,14 @@ def applies(ctx: SimContext, state: EnvState, step: StepVars) -> bool:
 
 
 def _plan(ctx: SimContext, pack) -> Plan:
-    cfg, C = ctx.config, ctx.num_slots
     edge2, start = grid_table_rows(pack.grid_edge, pack.grid_start, "offroad: grid_edge")
     edge2, start = edge2.contiguous(), start.contiguous()
     offroad = (pack.road_seg.data_ptr(), edge2.data_ptr(), int(edge2.dtype == torch.int16), start.data_ptr(),
                pack.grid_origin.data_ptr(), pack.grid_dims.data_ptr())
-    col, off = int(cfg.collision_behavior), int(cfg.offroad_behavior)
-    remove, stop = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP)
-    events = (cfg.goal_radius * cfg.goal_radius, cfg.reward_goal, cfg.reward_collision, cfg.reward_offroad,
-              col == remove, off == remove, col == stop, off == stop, int(cfg.goal_behavior) == int(GoalBehavior.STOP),
-              cfg.stop_truncate_fraction)
-    observe = observations_cpu_static(
-        road_seg=pack.road_seg, road_type=pack.road_type, grid_road=pack.grid_road, grid_start=pack.grid_start,
-        grid_origin=pack.grid_origin, grid_dims=pack.grid_dims, cell_size=pack.cell_size,
-        num_partners=cfg.num_partners, partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
-        A=pack.traj_valid.shape[1], C=C)
+    events = events_scalar_args(**ctx.cached("event_scalars", event_scalars))
     traj = (pack.traj_pos.data_ptr(), pack.traj_heading.data_ptr(), pack.traj_vel.data_ptr(),
             pack.traj_valid.data_ptr())
-    return Plan(traj, offroad, events, observe, pack.traj_valid.shape[-1], (edge2, start))
+    return Plan(traj, offroad, events, pack.traj_valid.shape[-1], (edge2, start))
 
 
 def fused_step(ctx: SimContext, state: EnvState, step: StepVars) -> EnvState:
@@ -198,7 +188,7 @@ def fused_step(ctx: SimContext, state: EnvState, step: StepVars) -> EnvState:
     full = ctx.obs_buf
     d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
     written = e(W * C, dtype=b)
-    o = plan.observe
+    o = cpu_static(ctx)
     rc = olib.gpusim_observations_state(
         ptr(pos), ptr(cos_h), ptr(sin_h), ptr(speed), ptr(s.length), ptr(s.width), ptr(s.agent_type), ptr(present),
         ptr(s.goal), ptr(collided), ptr(offroad), None, None, ptr(reward), ptr(s.controlled), ptr(ctx.obs_written),

@@ -78,6 +78,17 @@ def _observe_inputs(ctx: SimContext, state: EnvState, active: torch.Tensor) -> d
     )
 
 
+def cpu_static(ctx: SimContext):
+    """The C observation kernel's pack- and config-derived arguments
+    (:func:`~gpusim.kernels.observations.cpu.observations_cpu_static`), computed once per pack."""
+    cfg = ctx.config
+    return ctx.pack_fact("observations_cpu_static", lambda pk: observations_cpu_static(
+        road_seg=pk.road_seg, road_type=pk.road_type, grid_road=pk.grid_road, grid_start=pk.grid_start,
+        grid_origin=pk.grid_origin, grid_dims=pk.grid_dims, cell_size=pk.cell_size,
+        num_partners=cfg.num_partners, partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
+        A=pk.traj_valid.shape[1], C=ctx.num_slots))
+
+
 def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None) -> torch.Tensor:
     """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned). ``step``: the
     running step, whose cos/sin of the headings the C kernel reuses (:func:`heading_trig`)."""
@@ -102,11 +113,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
             partner_radius=cfg.partner_radius, road_radius=cfg.road_radius, out=full[..., :d0],
             zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h,
             check=step is None or not step.checked,
-            static=ctx.pack_fact("observations_cpu_static", lambda pk: observations_cpu_static(
-                road_seg=pk.road_seg, road_type=pk.road_type, grid_road=pk.grid_road, grid_start=pk.grid_start,
-                grid_origin=pk.grid_origin, grid_dims=pk.grid_dims, cell_size=pk.cell_size,
-                num_partners=cfg.num_partners, partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
-                A=state.pos.shape[1], C=C)))
+            static=cpu_static(ctx))
         active = written.view(-1, C)
     elif not on_cpu:
         active = (state.slot_active & state.present[:, :C]).contiguous()

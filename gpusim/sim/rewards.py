@@ -41,13 +41,13 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
             stopped=state.stopped, contact_stopped=state.contact_stopped, removed=state.removed,
             world_done=state.world_done, episode_end=ctx.end_flags[int(step.episode_end)],
             slot_active=state.slot_active, slot_done=state.slot_done, check=False,
-            **ctx.cached("event_scalars", _event_scalars))
+            **ctx.cached("event_scalars", event_scalars))
     else:
         ev = _events(ctx, state, step, use_c)
     return _apply(ctx, state, step, ev)
 
 
-def _event_scalars(cfg) -> dict:
+def event_scalars(cfg) -> dict:
     """The scalar keyword arguments of ``events`` from ``cfg`` (``EnvConfig``)."""
     return dict(goal_radius=cfg.goal_radius, reward_goal=cfg.reward_goal, reward_collision=cfg.reward_collision,
                 reward_offroad=cfg.reward_offroad, goal_behavior=int(cfg.goal_behavior),
@@ -57,7 +57,6 @@ def _event_scalars(cfg) -> dict:
 
 def _events(ctx: SimContext, state: EnvState, step: StepVars, use_c: bool):
     """``events`` (or its C kernel with the argument checks) on the stage's inputs."""
-    cfg = ctx.config
     return (partial(events_cpu, check=not step.checked) if use_c else events)(
         pos=state.pos.contiguous(),
         goal=state.goal,
@@ -75,14 +74,9 @@ def _events(ctx: SimContext, state: EnvState, step: StepVars, use_c: bool):
         episode_end=ctx.end_flags[int(step.episode_end)],
         slot_active=state.slot_active.contiguous(),
         slot_done=state.slot_done,
-        goal_radius=cfg.goal_radius,
-        reward_goal=cfg.reward_goal,
-        reward_collision=cfg.reward_collision,
-        reward_offroad=cfg.reward_offroad,
-        goal_behavior=int(cfg.goal_behavior),
-        collision_behavior=int(cfg.collision_behavior),
-        offroad_behavior=int(cfg.offroad_behavior),
-        stop_truncate_fraction=cfg.stop_truncate_fraction,
+        # not ctx.cached here: filling that cache lazily in this path would change the context
+        # during a CUDA-graph warm-up step, which the graph's audit rejects
+        **event_scalars(ctx.config),
     )
 
 
