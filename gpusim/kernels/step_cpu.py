@@ -26,7 +26,7 @@ equals the reference's bit for bit (tests/test_contacts_c.py, tests/test_stages_
 per world (OpenMP over worlds, ``torch.get_num_threads()`` threads); the only torch ops left
 around them are those transcendental functions.
 
-This module is longer than most (~650 lines) on purpose: it is the one Python face of one C
+This module is longer than most (~670 lines) on purpose: it is the one Python face of one C
 library, a ctypes declaration and a checked wrapper per C entry point, and the wrappers share
 the library handle and the argument checks, which are private to it.
 
