@@ -343,6 +343,13 @@ class DriveEnv:
             raise ValueError(f"DriveEnv.metrics: role must be 'ego' or 'coplayer', got {role!r}")
         return self.sim.metrics.report(kind)
 
+    def commit(self, state: EnvState) -> None:
+        """The host side of a step that ran through :meth:`advance` (``episode_end=False``) outside
+        :meth:`step`, e.g. replayed from a CUDA graph (gpusim/cuda_graph.py): ``state`` becomes the
+        current state and the clock :attr:`episode_step` advances by one."""
+        self.sim.t += 1
+        self.state = state
+
 
 def _check_pack(pack: ScenarioPack, num_worlds: int, config: EnvConfig) -> None:
     """Raise ValueError when ``pack`` cannot run under ``config`` (the message says what to change)."""
