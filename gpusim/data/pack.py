@@ -32,8 +32,8 @@ import dataclasses
 import json
 import os
 import pathlib
-import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -42,16 +42,16 @@ from gpusim.config import DataConfig
 from gpusim.data.build import ScenarioData
 from gpusim.data.convert import convert_sources
 from gpusim.data.errors import PackFileError, ScenarioError
+from gpusim.data.integrity import (INDEX_NAME, SHARD_GLOB, check_invariants, checksum_mismatch, clear_dataset,
+                                   dataset_in, pack_checksums)
+from gpusim.data.pack_file import FORMAT_VERSION, atomic_torch_save, read_payload
 
 from gpusim.data.layout import cell_counts, flatten_grid, grid_dtype, grid_rows, padded_grid, starts_of
 
 PACK_FILE = "pack.pt"
 META_FILE = "meta.json"
-#: 2 added agent_interest/agent_predict and the signal tensors; version-1 packs still load (no signals).
-#: 3: compact grid tables (int16, cells of all scenarios concatenated, ``grid_start``); versions 1
-#: and 2 (padded int32 tables) still load and are compacted on load.
-FORMAT_VERSION = 3
-_READABLE_VERSIONS = (1, 2, 3)
+#: Files already noted as written before checksums (the note is given once per file).
+_NOTED_UNVERIFIED: set[str] = set()
 #: Allowed dtypes of the grid tables (int16 unless a scenario has more than 32768 segments).
 GRID_DTYPES = (torch.int16, torch.int32)
 
@@ -368,10 +368,16 @@ class ScenarioPack:
             raise ValueError("; ".join(problems))
 
     # ------------------------------------------------------------------ persistence
-    def save(self, path) -> pathlib.Path:
-        """Write the pack to a directory (``pack.pt`` + ``meta.json``) or to a single ``.pt`` file.
+    def save(self, path, *, overwrite: bool = False) -> pathlib.Path:
+        """Write the pack to a directory (``pack.pt`` + ``meta.json``) or to a single ``.pt`` file,
+        with a CRC-32C of every tensor and of the meta (format 4, :mod:`gpusim.data.integrity`).
 
         Writes are atomic (temporary file, then rename). Returns the path written.
+
+        Raises:
+            FileExistsError: the directory holds a sharded pack or the shards of an interrupted
+                conversion (one dataset per directory) and ``overwrite`` is False; with
+                ``overwrite`` those files are removed first.
         """
         path = pathlib.Path(path)
         meta = {
@@ -381,58 +387,69 @@ class ScenarioPack:
             "config": dataclasses.asdict(self.config),
             "stats": self.stats,
         }
-        payload = {"meta": meta, "tensors": {k: v.detach().cpu() for k, v in self.compact().tensors().items()}}
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.compact().tensors().items()}
+        meta["checksums"] = pack_checksums(meta, tensors)
+        payload = {"meta": meta, "tensors": tensors}
         if path.suffix == ".pt":
             path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_torch_save(payload, path)
+            atomic_torch_save(payload, path)
             return path
+        if (path / INDEX_NAME).exists() or any(path.glob(SHARD_GLOB)):
+            held = dataset_in(path)
+            if not overwrite:
+                raise FileExistsError(f"{path} already holds {held}; pass overwrite=True (--overwrite) to "
+                                      f"replace it, or choose another directory")
+            clear_dataset(path)
         path.mkdir(parents=True, exist_ok=True)
-        _atomic_torch_save(payload, path / PACK_FILE)
+        atomic_torch_save(payload, path / PACK_FILE)
         tmp = path / (META_FILE + ".tmp")
         tmp.write_text(json.dumps(meta, indent=1))
         os.replace(tmp, path / META_FILE)
         return path
 
     @classmethod
-    def load(cls, path, device="cpu") -> "ScenarioPack":
+    def load(cls, path, device="cpu", *, verify: bool = True, expect_crc32c: int | None = None,
+             expect_bytes: int | None = None) -> "ScenarioPack":
         """Load a pack written by :meth:`save` (directory or ``.pt`` file) onto ``device``.
 
         Only tensors and plain containers are unpickled (``torch.load(weights_only=True)``).
-        Version-1 packs (before signals) load with no signal.
+        Version-1 packs (before signals) load with no signal; packs before format 4 (no
+        checksums) load with a one-line ``UserWarning`` to convert them again. The invariants
+        (:func:`gpusim.data.integrity.check_invariants`) are checked on ``device`` every time.
+
+        Args:
+            verify: check the checksums (format 4: every tensor and the meta; with
+                ``expect_crc32c``: the file's bytes instead, which covers them all).
+            expect_crc32c / expect_bytes: the file's CRC-32C / size recorded elsewhere (a sharded
+                pack's index); a file that differs is refused (corrupt, truncated or replaced).
 
         Raises:
             FileNotFoundError: if nothing is there.
             PackFileError: (a ``ScenarioError`` / ``ValueError``) one line naming the file and what
                 is wrong: empty, truncated or not a torch file, not a gpusim pack, another format
-                version, a missing or inconsistent tensor.
+                version, a checksum mismatch (naming the tensor), a missing or inconsistent tensor,
+                a broken invariant (naming the field).
         """
         path = pathlib.Path(path)
         file = path if path.suffix == ".pt" else path / PACK_FILE
-        if not file.exists():
-            raise FileNotFoundError(f"no scenario pack at {file}")
-        again = "convert the data again (python -m gpusim.data convert ...)"
-        if file.stat().st_size == 0:
-            raise PackFileError(file, "", f"empty file; {again}")
-        try:
-            payload = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as exc:  # torch raises many types for corrupt files (zip, pickle, EOF, ...)
-            # torch's own text is multi-line and, for random bytes, advises weights_only=False
-            # (unsafe): only the exception type is kept.
-            raise PackFileError(file, "", f"truncated or not a scenario pack ({type(exc).__name__} from "
-                                          f"torch.load); {again}") from None
-        if not (isinstance(payload, dict) and isinstance(payload.get("meta"), dict)
-                and isinstance(payload.get("tensors"), dict)):
-            raise PackFileError(file, "", f"not a gpusim scenario pack (no meta/tensors); {again}")
+        payload = read_payload(file, verify, expect_crc32c, expect_bytes)
         meta, tensors = payload["meta"], payload["tensors"]
         version = meta.get("format_version")
-        if version not in _READABLE_VERSIONS:
-            raise PackFileError(file, "", f"pack format {version} is not one of {_READABLE_VERSIONS}; {again}")
+        again = "convert the data again (python -m gpusim.data convert ...)"
         optional = set(_OPTIONAL_FIELDS) if version == 1 else set()
         if version < 3:
             optional.add("grid_start")
         for k in TENSOR_FIELDS:
             if k not in optional and not isinstance(tensors.get(k), torch.Tensor):
                 raise PackFileError(file, k, f"missing tensor; {again}")
+        if version >= 4 and verify and expect_crc32c is None:
+            bad = checksum_mismatch(meta, tensors)
+            if bad is not None:
+                raise PackFileError(file, bad, f"checksum mismatch: the file is corrupt; {again}")
+        elif version < 4 and str(file) not in _NOTED_UNVERIFIED:
+            _NOTED_UNVERIFIED.add(str(file))
+            warnings.warn(f"{file}: pack format {version} has no checksums (corruption cannot be detected); "
+                          f"convert the data again to add them", stacklevel=2)
         try:
             pack = cls(
                 scenario_ids=list(meta["scenario_ids"]),
@@ -444,6 +461,7 @@ class ScenarioPack:
             )
             pack.validate()
             pack = pack.compact()
+            check_invariants(pack)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
             raise PackFileError(file, "", f"inconsistent pack ({type(exc).__name__}: {exc}); {again}") from None
         return pack
@@ -535,15 +553,3 @@ def convert(paths, config: DataConfig = DataConfig(), *, on_error: str = "collec
     pack = pack_scenarios(scenarios, config, stats)
     stats["seconds"] = round(time.perf_counter() - t0, 3)
     return pack
-
-
-def _atomic_torch_save(obj, path: pathlib.Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

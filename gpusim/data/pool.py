@@ -18,8 +18,13 @@ episodes) waits for the *loader thread* if it is not done (host wait, counted in
 no host sync on the step's stream) and returns the new device pack. Swaps happen at fixed
 episode counts, so the same seed gives the same scenario sequence whatever the thread timing.
 
-A corrupt or missing shard is named in a ``UserWarning`` once, and its scenarios are left out of
-the stream (the others are still used); if every shard is unreadable, :class:`PackFileError`.
+A corrupt, truncated or missing shard is named in a ``UserWarning`` once, saying how many
+scenarios were lost, and its scenarios are left out of the stream (the others are still used);
+if every shard is unreadable, :class:`PackFileError`. Every shard file is checked against the
+index when the pool opens (size always; CRC-32C too when the dataset is at most
+``verify_bytes``, 1 GiB by default: one read of each file), so ``num_scenarios`` counts the
+usable scenarios from the start; a shard found corrupt later (when loaded, always verified) is
+left out from then on.
 """
 
 from __future__ import annotations
@@ -69,8 +74,11 @@ class ScenarioPool:
             same scenarios either way).
         resample_every: K >= 1, the env swaps in the next pool every K finished episodes
             (:meth:`episode_done`).
+        verify_bytes: check every shard's CRC-32C when the pool opens if the dataset's shards
+            hold at most this many bytes (0: sizes only; shards are verified when loaded anyway).
 
-    Attributes: ``current`` (the device pack in use), ``num_scenarios`` (dataset size N),
+    Attributes: ``current`` (the device pack in use), ``num_scenarios`` (usable scenarios: the
+    dataset's N less those of shards found bad),
     ``refreshes``, ``stats`` (``{"swaps", "waits", "wait_s", "build_s", "scenarios_loaded",
     "bad_shards"}``), ``history`` (global dataset indices of each pool handed out, in slot order).
 
@@ -80,7 +88,7 @@ class ScenarioPool:
     """
 
     def __init__(self, source, pool_size: int, device="cpu", *, replace_fraction: float = 0.25, seed: int = 0,
-                 background: bool = True, resample_every: int = 1):
+                 background: bool = True, resample_every: int = 1, verify_bytes: int = 1 << 30):
         if int(pool_size) < 1:
             raise ValueError(f"pool_size must be >= 1, got {pool_size}")
         if int(resample_every) < 1:
@@ -99,13 +107,14 @@ class ScenarioPool:
             self.data = _InMemory(ScenarioPack.load(source))
         self.device = torch.device(device)
         self.seed = int(seed)
-        self.pool_size = min(int(pool_size), self.data.num_scenarios)
+        self.stats = {"swaps": 0, "waits": 0, "wait_s": 0.0, "build_s": 0.0, "scenarios_loaded": 0, "bad_shards": []}
+        self._bad: set[int] = set()
+        self._check_shards(int(verify_bytes))
+        self.pool_size = min(int(pool_size), self.num_scenarios)
         self.replace = max(1, math.ceil(float(replace_fraction) * self.pool_size))
         self.config = self.data.config
-        self.stats = {"swaps": 0, "waits": 0, "wait_s": 0.0, "build_s": 0.0, "scenarios_loaded": 0, "bad_shards": []}
         self.history: list[list[int]] = []
         self.background = bool(background)
-        self._bad: set[int] = set()
         self._shard_cache: tuple[int, ScenarioPack] | None = None
         self._stream = self._order()
         self._slots: list[int] = []  # global ids in the host pool, oldest first
@@ -124,8 +133,28 @@ class ScenarioPool:
     # ------------------------------------------------------------------ stream order
     @property
     def num_scenarios(self) -> int:
-        """N, scenarios in the dataset (corrupt shards included)."""
-        return self.data.num_scenarios
+        """Usable scenarios: the dataset's less those of the shards found bad so far."""
+        return self.data.num_scenarios - sum(len(self.data.shard_scenarios(sh)) for sh in self._bad)
+
+    def _check_shards(self, verify_bytes: int) -> None:
+        """Check every shard file against the index (CRC-32C too when the dataset holds at most
+        ``verify_bytes``), leaving the bad ones out. Raises PackFileError when none is left."""
+        if not isinstance(self.data, ShardedPack):
+            return
+        total = sum(int(e.get("bytes") or 0) for e in self.data.shards)
+        for sh, reason in self.data.check_files(verify=total <= verify_bytes):
+            self._mark_bad(sh, f"{self.data.shard_file(sh)}: {reason}", stacklevel=4)
+        if self.num_scenarios == 0:
+            raise PackFileError(self.data.path, "", "no readable shard for the scenario pool; convert the data again")
+
+    def _mark_bad(self, sh: int, what: str, stacklevel: int) -> None:
+        """Leave shard ``sh`` out of the stream, with a warning naming it and the scenarios lost."""
+        self._bad.add(sh)
+        self.stats["bad_shards"].append(what)
+        lost = sum(len(self.data.shard_scenarios(b)) for b in self._bad)
+        warnings.warn(f"scenario pool: skipping {what}; {len(self.data.shard_scenarios(sh))} scenario(s) lost "
+                      f"({self.data.num_scenarios - lost} of {self.data.num_scenarios} left)",
+                      stacklevel=stacklevel + 1)
 
     def _order(self):
         """Generator of global scenario ids (module docstring), skipping bad shards."""
@@ -154,9 +183,7 @@ class ScenarioPool:
         try:
             pack = self.data.load_shard(sh)
         except ScenarioError as exc:  # PackFileError: names the file
-            self._bad.add(sh)
-            self.stats["bad_shards"].append(str(exc))
-            warnings.warn(f"scenario pool: skipping {exc}", stacklevel=3)
+            self._mark_bad(sh, str(exc), stacklevel=3)
             return None
         self._shard_cache = (sh, pack)
         return pack

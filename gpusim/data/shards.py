@@ -4,17 +4,23 @@ bounded memory and read one shard at a time.
 
 Layout of a sharded pack directory::
 
-    DIR/index.json          {"format": "gpusim-shards", "version": 1, "config": {...DataConfig},
+    DIR/index.json          {"format": "gpusim-shards", "version": 2, "config": {...DataConfig},
                              "max_segments": R, "max_signals": L, "max_cells": NC,
-                             "shards": [{"file": "shard-00000.pt", "scenarios": n, "bytes": b}, ...],
+                             "shards": [{"file": "shard-00000.pt", "scenarios": n, "bytes": b,
+                                         "crc32c": c}, ...],
                              "scenarios": [{"id", "source", "shard", "row", "agents", "controlled",
                                             "segments", "cells", "signals"}, ...], "stats": {...}}
-    DIR/shard-00000.pt      a format-3 ScenarioPack file (gpusim.data.pack), one per shard
+    DIR/shard-00000.pt      a ScenarioPack file (gpusim.data.pack), one per shard
 
 Global scenario ``i`` is row ``scenarios[i]["row"]`` of shard ``scenarios[i]["shard"]``, in
 conversion (input) order. Shards are written as they fill (memory: one shard of scenarios plus
 the conversion's records in flight); the index is written last, atomically, so a directory
-without ``index.json`` is an unfinished conversion. Loading a shard reads only its file.
+without ``index.json`` is an unfinished conversion (named as such when read:
+"interrupted conversion: N orphan shard(s), no index.json"). Loading a shard reads only its file
+and checks its size and CRC-32C against the index (:mod:`gpusim.data.integrity`); a shard that
+differs is corrupt, truncated or left over from another conversion and is refused. Version-1
+indexes (no CRC) still load, with a one-line note to convert again. A directory holds one dataset:
+converting into one that holds another refuses unless ``overwrite`` (which removes it first).
 
 :func:`concat_packs` joins packs of one dataset with common R and L (the index maxima), which is
 how a streaming pool (:mod:`gpusim.data.pool`) and :meth:`ShardedPack.load_all` assemble scenarios
@@ -35,12 +41,17 @@ from gpusim.config import DataConfig
 from gpusim.data.build import ScenarioData
 from gpusim.data.convert import convert_sources
 from gpusim.data.errors import PackFileError, ScenarioError
+from gpusim.data.integrity import clear_dataset, dataset_in, file_crc32c, orphan_shards
 from gpusim.data.layout import grid_dtype, starts_of
 from gpusim.data.pack import TENSOR_FIELDS, ScenarioPack, pack_scenarios
 
 INDEX_FILE = "index.json"
 SHARD_FORMAT = "gpusim-shards"
-SHARD_VERSION = 1
+SHARD_VERSION = 2
+#: Index versions read (1: no shard checksums).
+_READABLE_INDEX = (1, 2)
+#: Datasets already noted as written before checksums (once per directory).
+_NOTED_UNVERIFIED: set[str] = set()
 
 #: Padding values of the per-scenario tensors with an R or L axis (concat_packs).
 _SEG_PAD = {"road_seg": 0.0, "road_type": -1}
@@ -51,6 +62,23 @@ def is_sharded(path) -> bool:
     """``path`` is a directory holding a sharded pack's ``index.json``."""
     p = pathlib.Path(path)
     return p.is_dir() and (p / INDEX_FILE).exists()
+
+
+def check_one_dataset(path) -> None:
+    """Refuse a directory that cannot be read as one dataset: a sharded pack and a pack side by
+    side (which one is meant?), or shards without an index (an interrupted conversion).
+
+    Raises:
+        PackFileError: naming the directory, what it holds and ``--overwrite``.
+    """
+    p = pathlib.Path(path)
+    orphans = orphan_shards(p)
+    if orphans and not (p / "pack.pt").exists():
+        raise PackFileError(p, "", f"interrupted conversion: {len(orphans)} orphan shard(s), no {INDEX_FILE} — "
+                                   f"rerun the conversion with --overwrite")
+    if p.is_dir() and ((p / INDEX_FILE).exists() or orphans) and (p / "pack.pt").exists():
+        raise PackFileError(p, "", f"holds two datasets, {dataset_in(p)}; convert again into it with "
+                                   f"--overwrite (or into an empty directory)")
 
 
 def _pad_axis(t: torch.Tensor, axis: int, size: int, value) -> torch.Tensor:
@@ -124,16 +152,22 @@ class ShardedPack:
 
         Raises:
             FileNotFoundError: no index. PackFileError: the index is not valid JSON or not a
-                sharded-pack index (one line naming the file).
+                sharded-pack index (one line naming the file); the directory also holds a pack,
+                or holds shards without an index (:func:`check_one_dataset`).
         """
         path = pathlib.Path(path)
         file = path / INDEX_FILE
+        check_one_dataset(path)
         if not file.exists():
             raise FileNotFoundError(f"no sharded pack index at {file}")
         try:
             idx = json.loads(file.read_text())
-            if idx.get("format") != SHARD_FORMAT or idx.get("version") != SHARD_VERSION:
-                raise ValueError(f"not a {SHARD_FORMAT} v{SHARD_VERSION} index")
+            if idx.get("format") != SHARD_FORMAT or idx.get("version") not in _READABLE_INDEX:
+                raise ValueError(f"not a {SHARD_FORMAT} index of version {_READABLE_INDEX}")
+            if idx["version"] < 2 and str(path) not in _NOTED_UNVERIFIED:
+                _NOTED_UNVERIFIED.add(str(path))
+                warnings.warn(f"{path}: sharded pack written before checksums (index version 1; corruption "
+                              f"cannot be detected); convert the data again to add them", stacklevel=2)
             return cls(path=path, config=DataConfig(**idx["config"]), shards=list(idx["shards"]),
                        scenarios=list(idx["scenarios"]), max_segments=int(idx["max_segments"]),
                        max_signals=int(idx["max_signals"]), max_cells=int(idx["max_cells"]),
@@ -160,41 +194,73 @@ class ShardedPack:
         """Global indices of the scenarios of shard ``i``, in row order."""
         return [g for g, s in enumerate(self.scenarios) if s["shard"] == i]
 
-    def load_shard(self, i: int, device="cpu") -> ScenarioPack:
-        """Shard ``i`` as a pack (reads only its file).
+    def load_shard(self, i: int, device="cpu", *, verify: bool = True) -> ScenarioPack:
+        """Shard ``i`` as a pack (reads only its file; its size, and with ``verify`` its CRC-32C,
+        are checked against the index, then the pack's invariants on ``device``).
 
         Raises:
-            IndexError: no shard ``i``. PackFileError: the file is missing, corrupt or does not
-                match the index (the message names the file).
+            IndexError: no shard ``i``. PackFileError: the file is missing, truncated, corrupt,
+                from another conversion or does not match the index (the message names the file).
         """
         if not 0 <= i < self.num_shards:
             raise IndexError(f"{self.path}: no shard {i} (0..{self.num_shards - 1})")
-        file = self.shard_file(i)
+        file, entry = self.shard_file(i), self.shards[i]
         try:
-            pack = ScenarioPack.load(file, device=device)
+            pack = ScenarioPack.load(file, device=device, verify=verify, expect_crc32c=entry.get("crc32c"),
+                                     expect_bytes=entry.get("bytes"))
         except FileNotFoundError:
             raise PackFileError(file, "", "shard file missing; convert the data again") from None
-        if pack.num_scenarios != self.shards[i]["scenarios"] or pack.config != self.config:
+        if pack.num_scenarios != entry["scenarios"] or pack.config != self.config:
             raise PackFileError(file, "", "shard does not match index.json; convert the data again")
         return pack
 
-    def load_all(self, device="cpu") -> ScenarioPack:
-        """Every readable shard joined into one pack (a corrupt shard is named in a warning and
-        left out).
+    def lost_message(self, bad: list[int]) -> str:
+        """``"3 of 10 scenarios lost (7 left)"`` for the shards ``bad``."""
+        lost = sum(self.shards[i]["scenarios"] for i in set(bad))
+        return f"{lost} of {self.num_scenarios} scenarios lost ({self.num_scenarios - lost} left)"
+
+    def check_files(self, verify: bool = True) -> list[tuple[int, str]]:
+        """Check every shard file against the index without unpickling it: present, the recorded
+        size and (with ``verify`` and a version-2 index) CRC-32C, one read of each file.
+
+        Returns:
+            ``[(shard, reason)]`` for the shards that differ (empty when all agree).
+        """
+        bad = []
+        for i, entry in enumerate(self.shards):
+            file = self.shard_file(i)
+            if not file.is_file():
+                bad.append((i, "missing"))
+                continue
+            size = file.stat().st_size
+            if entry.get("bytes") is not None and size != entry["bytes"]:
+                bad.append((i, f"{size} bytes where the index records {entry['bytes']} (truncated or replaced)"))
+            elif verify and entry.get("crc32c") is not None and file_crc32c(file)[0] != entry["crc32c"]:
+                bad.append((i, "checksum mismatch with the index (corrupt or from another conversion)"))
+        return bad
+
+    def load_all(self, device="cpu", *, verify: bool = True) -> ScenarioPack:
+        """Every readable shard joined into one pack; a corrupt shard is left out with a
+        ``UserWarning`` naming it and saying how many scenarios were lost.
 
         Raises:
             PackFileError: no shard could be read.
         """
-        packs = []
+        packs, bad = [], []
         for i in range(self.num_shards):
             try:
-                packs.append(self.load_shard(i))
+                packs.append(self.load_shard(i, verify=verify))
             except ScenarioError as exc:
-                warnings.warn(f"skipping {exc}", stacklevel=2)
+                bad.append(i)
+                warnings.warn(f"skipping {exc}; {self.lost_message(bad[-1:])}", stacklevel=2)
         if not packs:
-            raise PackFileError(self.path, "", "no readable shard")
+            raise PackFileError(self.path, "", f"no readable shard ({self.lost_message(bad)}); convert the data again")
         pack = concat_packs(packs, self.max_segments, self.max_signals)
-        return dataclasses.replace(pack, path=str(self.path), stats=self.stats).to(device)
+        stats = dict(self.stats)
+        if bad:
+            stats["bad_shards"] = [{"file": self.shards[i]["file"], "scenarios": self.shards[i]["scenarios"]}
+                                   for i in bad]
+        return dataclasses.replace(pack, path=str(self.path), stats=stats).to(device)
 
 
 def _scenario_meta(sc: ScenarioData, shard: int, row: int) -> dict:
@@ -204,24 +270,32 @@ def _scenario_meta(sc: ScenarioData, shard: int, row: int) -> dict:
 
 
 def convert_sharded(paths, out_dir, config: DataConfig = DataConfig(), *, shard_size: int, on_error: str = "collect",
-                    limit: int | None = None, workers: int = 1, progress=None) -> tuple[ShardedPack, dict]:
+                    limit: int | None = None, workers: int = 1, progress=None,
+                    overwrite: bool = False) -> tuple[ShardedPack, dict]:
     """Convert sources into a sharded pack directory (layout in the module docstring).
 
     Arguments as :func:`gpusim.data.convert.convert_sources`; ``shard_size`` scenarios per shard
     (the last one may hold fewer). Memory: one shard of scenarios plus the records in flight.
+    Each shard's size and CRC-32C go into the index, which is written last and atomically.
+    ``overwrite``: a directory that already holds a dataset (pack, sharded pack or the shards of
+    an interrupted conversion) has those files removed first; without it, it is refused.
 
     Returns:
         ``(sharded, stats)``.
 
     Raises:
         ScenarioError: nothing usable (no index written). ValueError: ``shard_size < 1``.
+        FileExistsError: ``out_dir`` holds a dataset and ``overwrite`` is False.
     """
     if int(shard_size) < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     out_dir = pathlib.Path(out_dir)
+    held = dataset_in(out_dir)
+    if held and not overwrite:
+        raise FileExistsError(f"{out_dir} already holds {held}; pass overwrite=True (--overwrite) to replace it, "
+                              f"or choose another directory")
+    clear_dataset(out_dir)  # the index goes first: an interrupted rewrite must not look finished
     out_dir.mkdir(parents=True, exist_ok=True)
-    if (out_dir / INDEX_FILE).exists():
-        (out_dir / INDEX_FILE).unlink()  # an interrupted rewrite must not look finished
     buf: list[ScenarioData] = []
     shards, metas = [], []
 
@@ -232,7 +306,8 @@ def convert_sharded(paths, out_dir, config: DataConfig = DataConfig(), *, shard_
         pack = pack_scenarios(buf, config)
         name = f"shard-{i:05d}.pt"
         pack.save(out_dir / name)
-        shards.append({"file": name, "scenarios": len(buf), "bytes": (out_dir / name).stat().st_size})
+        crc, size = file_crc32c(out_dir / name)
+        shards.append({"file": name, "scenarios": len(buf), "bytes": size, "crc32c": crc})
         metas.extend(_scenario_meta(sc, i, r) for r, sc in enumerate(buf))
         buf.clear()
 
@@ -257,9 +332,15 @@ def convert_sharded(paths, out_dir, config: DataConfig = DataConfig(), *, shard_
     return ShardedPack.open(out_dir), stats
 
 
-def load_any(path, device="cpu") -> ScenarioPack:
+def load_any(path, device="cpu", *, verify: bool = True) -> ScenarioPack:
     """A whole pack from a sharded directory (:meth:`ShardedPack.load_all`) or a pack file /
-    directory (:meth:`ScenarioPack.load`)."""
+    directory (:meth:`ScenarioPack.load`), checksums verified unless ``verify`` is False.
+
+    Raises:
+        FileNotFoundError: nothing there. PackFileError: as the two loaders, and for a directory
+            of two datasets or of an interrupted conversion (:func:`check_one_dataset`).
+    """
+    check_one_dataset(path)
     if is_sharded(path):
-        return ShardedPack.open(path).load_all(device)
-    return ScenarioPack.load(path, device=device)
+        return ShardedPack.open(path).load_all(device, verify=verify)
+    return ScenarioPack.load(path, device=device, verify=verify)

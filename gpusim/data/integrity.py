@@ -1,0 +1,221 @@
+"""Integrity of scenario packs: checksums, invariants checked at load, one dataset per directory.
+
+Checksums are CRC-32C (the Castagnoli polynomial, as in iSCSI and ext4 metadata; computed by
+the ``crc32c`` package, hardware-accelerated where the CPU has the instruction):
+
+* every pack file (format 4, :mod:`gpusim.data.pack`) stores in its meta ``"checksums"``: one
+  CRC-32C per tensor (over its bytes in memory order) and one of the meta itself (its JSON with
+  sorted keys, the checksums left out), so a mismatch names the tensor that changed;
+* a sharded pack's ``index.json`` (version 2, :mod:`gpusim.data.shards`) stores each shard
+  file's size and CRC-32C of its bytes, so a truncated, corrupt, missing or stale shard (a file
+  left over from another conversion) is found by reading its bytes, without unpickling it.
+
+Invariants (:func:`check_invariants`) are what the kernels index with: agent, segment and
+signal counts within their padded axes, grid-table entries in ``[-1, num_segments)`` of their
+scenario, type codes within their enums, finite positions. They are computed on the pack's device
+with one host read for all of them together.
+
+A directory holds one dataset: a pack (``pack.pt`` + ``meta.json``) or a sharded pack
+(``index.json`` + ``shard-*.pt``). :func:`dataset_in` says what a directory holds (or that a
+conversion into it was interrupted) and :func:`clear_dataset` removes those files only.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import crc32c as _crc32c
+import torch
+
+from gpusim.config import ObjectType, RoadType
+from gpusim.data.signals import SignalState
+
+#: Name stored beside every checksum.
+ALGORITHM = "crc32c"
+#: File names a dataset directory may hold (pack, sharded pack, temporary files of either).
+PACK_NAMES = ("pack.pt", "meta.json")
+INDEX_NAME = "index.json"
+SHARD_GLOB = "shard-*.pt"
+_TMP_GLOBS = ("pack.pt*.tmp", "meta.json.tmp", "index.json.tmp", "shard-*.pt*.tmp")
+#: Read size of :func:`file_crc32c` (4 MiB).
+_CHUNK = 1 << 22
+
+
+def bytes_crc32c(data) -> int:
+    """CRC-32C of a bytes-like object (bytes, memoryview, contiguous NumPy array)."""
+    return int(_crc32c.crc32c(data))
+
+
+def file_crc32c(path) -> tuple[int, int]:
+    """``(crc32c, size_in_bytes)`` of a file, read in 4 MiB chunks.
+
+    Raises:
+        OSError: the file cannot be read (FileNotFoundError when missing).
+    """
+    crc, size = 0, 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = int(_crc32c.crc32c(chunk, crc))
+            size += len(chunk)
+    return crc, size
+
+
+def tensor_crc32c(t: torch.Tensor) -> int:
+    """CRC-32C of a tensor's bytes in row-major order (copied to the CPU if it is elsewhere)."""
+    flat = t.detach().reshape(-1).contiguous()
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    return bytes_crc32c(flat.view(torch.uint8).numpy()) if flat.numel() else 0
+
+
+def meta_crc32c(meta: dict) -> int:
+    """CRC-32C of a pack's meta (JSON, sorted keys) without its ``"checksums"`` entry."""
+    plain = {k: v for k, v in meta.items() if k != "checksums"}
+    return bytes_crc32c(json.dumps(plain, sort_keys=True, default=str).encode())
+
+
+def pack_checksums(meta: dict, tensors: dict[str, torch.Tensor]) -> dict:
+    """The ``"checksums"`` entry of a pack's meta: ``{"algorithm": "crc32c", "meta": int,
+    "tensors": {name: int}}`` for ``tensors`` (CPU tensors as saved)."""
+    return {"algorithm": ALGORITHM, "meta": meta_crc32c(meta),
+            "tensors": {k: tensor_crc32c(v) for k, v in tensors.items()}}
+
+
+def checksum_mismatch(meta: dict, tensors: dict[str, torch.Tensor]) -> str | None:
+    """The first field whose stored checksum differs from the data (``"meta"`` or a tensor name,
+    or ``"checksums"`` when the entry itself is malformed); None when all agree."""
+    stored = meta.get("checksums")
+    if not isinstance(stored, dict) or not isinstance(stored.get("tensors"), dict):
+        return "checksums"
+    if stored.get("meta") != meta_crc32c(meta):
+        return "meta"
+    for name, value in tensors.items():
+        if stored["tensors"].get(name) != tensor_crc32c(value):
+            return name
+    missing = set(stored["tensors"]) - set(tensors)
+    return sorted(missing)[0] if missing else None
+
+
+# ---------------------------------------------------------------------------------- invariants
+def _checks(p) -> list[tuple[str, str, torch.Tensor]]:
+    """``(field, rule, ok)`` for every invariant of pack ``p`` (``ok``: a 0-dim bool tensor)."""
+    S, A, R, L = p.num_scenarios, p.max_agents, p.road_seg.shape[1], p.max_signals
+    dev = p.traj_pos.device
+    na, nc, ns = p.num_agents.long(), p.num_controlled.long(), p.num_segments.long()
+    slot = torch.arange(A, device=dev)
+    exists_prefix = p.agent_exists == (slot[None, :] < na[:, None])
+    n_obj, n_road, n_sig = len(ObjectType), len(RoadType), len(SignalState)
+    out = [
+        ("num_agents", f"in [0, {A}]", ((na >= 0) & (na <= A)).all()),
+        ("num_controlled", "in [0, num_agents]", ((nc >= 0) & (nc <= na)).all()),
+        ("sdc_index", "in [-1, num_agents)", ((p.sdc_index >= -1) & (p.sdc_index.long() < na)).all()),
+        ("agent_exists", "a prefix of num_agents slots", exists_prefix.all()),
+        ("agent_type", f"in [-1, {n_obj})", ((p.agent_type >= -1) & (p.agent_type < n_obj)).all()),
+        ("traj_valid", "only on existing slots", ~(p.traj_valid & ~p.agent_exists[:, :, None]).any()),
+        ("num_segments", f"in [0, {R}]", ((ns >= 0) & (ns <= R)).all()),
+        ("road_type", f"in [-1, {n_road})", ((p.road_type >= -1) & (p.road_type < n_road)).all()),
+        ("grid_dims", "at least 1 cell each way", (p.grid_dims >= 1).all()),
+        ("num_signals", f"in [0, {L}]", ((p.num_signals >= 0) & (p.num_signals <= L)).all()),
+        ("signal_state", f"in [0, {n_sig})", ((p.signal_state >= 0) & (p.signal_state < n_sig)).all()),
+        ("signal_lane", ">= -1", (p.signal_lane >= -1).all()),
+        ("agent_length", ">= 0", (p.agent_length >= 0).all()),
+        ("agent_width", ">= 0", (p.agent_width >= 0).all()),
+    ]
+    for name in ("offset", "traj_pos", "traj_heading", "traj_vel", "agent_goal", "agent_length", "agent_width",
+                 "road_seg", "grid_origin", "signal_pos", "signal_dir"):
+        out.append((name, "finite", torch.isfinite(getattr(p, name)).all()))
+    if p.is_compact:
+        rows_seg = torch.repeat_interleave(ns, p.num_cells.to(dev), output_size=p.grid_road.shape[0])
+        for name in ("grid_road", "grid_edge"):
+            g = getattr(p, name)
+            out.append((name, "segment ids in [-1, num_segments) of their scenario",
+                        ((g >= -1) & (g.long() < rows_seg[:, None])).all()))
+    return out
+
+
+def check_invariants(pack) -> None:
+    """Check the invariants of a :class:`~gpusim.data.pack.ScenarioPack` (module docstring) on its
+    device: one host read for all of them (and a few more to describe the first failure).
+
+    Shapes and dtypes are :meth:`ScenarioPack.validate`'s part (call it first).
+
+    Raises:
+        ValueError: ``"<field>: <what is wrong>"`` for the first failing invariant, naming the
+            scenario for the grid tables.
+    """
+    checks = _checks(pack)
+    ok = torch.stack([c[2] for c in checks]).tolist()
+    for (name, rule, _), good in zip(checks, ok):
+        if not good:
+            raise ValueError(f"{name}: {_first_bad(pack, name)}, expected {rule}")
+
+
+def _first_bad(p, name: str) -> str:
+    """Where ``name`` first breaks its invariant (for the message; failure path only)."""
+    if name in ("grid_road", "grid_edge"):
+        g = getattr(p, name).long()
+        rows_seg = torch.repeat_interleave(p.num_segments.long(), p.num_cells.to(g.device))
+        bad = ((g < -1) | (g >= rows_seg[:, None])).any(1).nonzero()
+        row = int(bad[0])
+        s = int(torch.searchsorted(p.grid_start.cpu(), torch.tensor([row]), right=True)[0]) - 1
+        worst = g[row][(g[row] < -1) | (g[row] >= rows_seg[row])][0]
+        return (f"row {row} (scenario {s}, {p.scenario_ids[s]!r}) holds {int(worst)} with "
+                f"{int(p.num_segments[s])} segment(s)")
+    t = getattr(p, name)
+    if t.is_floating_point():
+        bad = ~torch.isfinite(t) if not bool(torch.isfinite(t).all()) else t < 0
+    else:
+        return "a value out of range"
+    idx = bad.nonzero()[0].tolist()
+    return f"{float(t[tuple(idx)])} at index {idx}"
+
+
+# ---------------------------------------------------------------------------------- directories
+def dataset_in(path) -> str | None:
+    """What dataset files the directory ``path`` holds, in words, or None when it holds none
+    (or is not a directory): ``"a sharded pack (index.json, 3 shard file(s))"``, ``"a pack
+    (pack.pt)"``, ``"an interrupted conversion: 2 orphan shard(s), no index"``, or both kinds."""
+    d = pathlib.Path(path)
+    if not d.is_dir():
+        return None
+    shards = sorted(d.glob(SHARD_GLOB))
+    has_index = (d / INDEX_NAME).exists()
+    kinds = []
+    if has_index:
+        kinds.append(f"a sharded pack ({INDEX_NAME}, {len(shards)} shard file(s))")
+    elif shards:
+        kinds.append(interrupted(len(shards)))
+    if any((d / n).exists() for n in PACK_NAMES):
+        kinds.append(f"a pack ({', '.join(n for n in PACK_NAMES if (d / n).exists())})")
+    return " and ".join(kinds) or None
+
+
+def interrupted(num_orphans: int) -> str:
+    """The words for a directory of shards without an index."""
+    return f"an interrupted conversion: {num_orphans} orphan shard(s), no {INDEX_NAME}"
+
+
+def orphan_shards(path) -> list[pathlib.Path]:
+    """Shard files of a directory without ``index.json`` (an interrupted conversion); [] else."""
+    d = pathlib.Path(path)
+    if not d.is_dir() or (d / INDEX_NAME).exists():
+        return []
+    return sorted(d.glob(SHARD_GLOB))
+
+
+def clear_dataset(path) -> int:
+    """Remove the dataset files of directory ``path`` (index first, so that an interruption
+    leaves a recognisably unfinished directory; then shards, pack, meta and temporary files;
+    other files are kept). Returns how many files were removed."""
+    d = pathlib.Path(path)
+    if not d.is_dir():
+        return 0
+    files = [d / INDEX_NAME] + sorted(d.glob(SHARD_GLOB)) + [d / n for n in PACK_NAMES]
+    files += [f for g in _TMP_GLOBS for f in sorted(d.glob(g))]
+    n = 0
+    for f in files:
+        if f.is_file():
+            f.unlink()
+            n += 1
+    return n
