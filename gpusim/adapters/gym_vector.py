@@ -29,6 +29,7 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+from gpusim.adapters.actions import env_actions
 from gpusim.config import ActionSpace
 
 
@@ -82,18 +83,19 @@ class DriveVectorEnv(VectorEnv):
 
         Args:
             actions: ``[N]`` integer (discrete) or ``[N, 2]`` float in [-1, 1] (continuous), a torch
-                tensor (any device; moved to the env's) or anything ``torch.as_tensor`` takes.
+                tensor (any device; moved to the env's) or anything ``torch.as_tensor`` takes. The
+                dtype is kept, so the env's own checks apply (:mod:`gpusim.adapters.actions`).
 
         Returns:
             ``(obs [N, D], reward [N], terminated [N], truncated [N], info)``, torch tensors on the
             env's device (see the module docstring for their meaning).
 
         Raises:
-            ValueError: wrong action shape or values (from DriveEnv; the state is untouched).
+            ValueError: wrong action shape, dtype (float for a discrete env, integer for a
+                continuous one) or values (NaN named; from DriveEnv; the state is untouched).
         """
         W, C = self.env.num_worlds, self.env.num_slots
-        a = torch.as_tensor(actions, device=self.device)
-        a = a.to(torch.float32) if self.continuous else a.to(torch.int64)
+        a = env_actions(actions, self.device, self.continuous, "DriveVectorEnv.step")
         expect = (self.num_envs, 2) if self.continuous else (self.num_envs,)
         if tuple(a.shape) != expect:
             raise ValueError(f"DriveVectorEnv.step: actions must have shape {expect}, got {tuple(a.shape)}")

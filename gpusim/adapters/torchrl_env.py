@@ -27,6 +27,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import Bounded, Categorical, Composite, Unbounded
 from torchrl.envs import EnvBase
 
+from gpusim.adapters.actions import env_actions
 from gpusim.config import ActionSpace
 
 
@@ -82,8 +83,8 @@ class DriveTorchRLEnv(EnvBase):
                            **self._flags(no, no)}, batch_size=self.batch_size, device=self.device)
 
     def _step(self, tensordict: TensorDictBase) -> TensorDictBase:
-        action = tensordict.get("action")
-        res = self.env.step(action.to(torch.float32) if self.continuous else action.to(torch.int64))
+        action = env_actions(tensordict.get("action"), self.device, self.continuous, "DriveTorchRLEnv.step")
+        res = self.env.step(action)  # dtype kept: the env's own action checks apply
         self._obs = res.obs
         self._t += 1
         if self._t >= self.env.horizon:  # the env started the next episode of every world

@@ -1,20 +1,26 @@
 """Command line: convert WOMD scenarios (GPUDrive JSON or Waymo TFRecord) into a pack, describe a pack.
 
-    python -m gpusim.data convert SRC... --out DIR_OR_FILE.pt [--limit N] [--workers N] [--no-progress]
-                                  [--shard-size N] [--max-agents N] [--max-controlled N] [--init-steps N]
-                                  [--cell-size M] [...]
-    python -m gpusim.data info PACK_DIR_OR_PT_OR_SHARDED_DIR_OR_SOURCES...
+    python -m gpusim.data convert SRC... --out DIR_OR_FILE.pt [--overwrite] [--limit N] [--workers N]
+                                  [--no-progress] [--shard-size N] [--max-agents N] [--max-controlled N]
+                                  [--init-steps N] [--cell-size M] [...]
+    python -m gpusim.data info PACK_DIR_OR_PT_OR_SHARDED_DIR_OR_SOURCES... [--no-verify | --verify]
 
 ``--shard-size N`` writes a sharded pack directory (``gpusim.data.shards``: shards of N scenarios
 plus ``index.json``), converting with bounded memory; ``info`` on such a directory summarises it
-from the index and each shard's file size without loading any shard.
+from the index and each shard file's real size without unpickling any shard, and checks each
+shard's CRC-32C against the index (by default when the shards hold at most 1 GiB; ``--verify``
+always, ``--no-verify`` never); it exits with 1 when a shard is missing, truncated or corrupt.
+``--out`` must not hold another dataset (a pack, a sharded pack, the shards of an interrupted
+conversion, an existing ``.pt``): ``--overwrite`` removes those files before converting.
 
 ``convert`` prints one line per bad file or record (``error: <file>: <field>: <reason>``, the
 field starting with ``record[i]`` for TFRecords) and per skipped scenario, then a summary, writes
 the pack of the good scenarios and exits with 0 if at least one scenario was converted, 1 if none
-was, 2 for bad usage. A progress bar (rich, on stderr) follows the bytes read. ``info`` loads a
-pack (directory or ``.pt``) or converts sources in memory and prints totals (signals included)
-and a per-scenario table.
+was, 2 for bad usage. Empty files are named (``empty file (0 bytes)``) and counted in the
+summary. A progress bar (rich, on stderr) follows the bytes read. ``info`` loads a pack
+(directory or ``.pt``; checksums and invariants checked, a pack written before checksums noted on
+stderr) or converts sources in memory and prints totals (signals included) and a per-scenario
+table.
 """
 
 from __future__ import annotations
@@ -30,8 +36,12 @@ import warnings
 from gpusim.config import DataConfig, ObjectType, RoadType
 from gpusim.data.errors import ScenarioError
 from gpusim.data.pack import META_FILE, PACK_FILE, ScenarioPack
-from gpusim.data.shards import ShardedPack, convert_sharded, is_sharded
+from gpusim.data.integrity import clear_dataset, dataset_in
+from gpusim.data.shards import ShardedPack, check_one_dataset, convert_sharded, is_sharded
 from gpusim.data.signals import SignalState
+
+#: ``info`` verifies shard checksums by default up to this many bytes of shards (1 GiB).
+VERIFY_LIMIT = 1 << 30
 
 _CONFIG_FLAGS = {
     "max_agents": int,
@@ -114,7 +124,9 @@ def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, pr
             if stats.get("records") else f"{stats['converted']} of {stats['files']} file(s)")
     print(
         f"converted {what} in {seconds:.1f} s; "
-        f"{len(stats['errors'])} bad, {len(stats['skipped'])} skipped (no controllable agent)"
+        f"{len(stats['errors'])} bad"
+        + (f" ({stats['empty_files']} empty file(s))" if stats.get("empty_files") else "")
+        + f", {len(stats['skipped'])} skipped (no controllable agent)"
         + (f"; stopped at --limit {limit}" if stats.get("limit_reached") else ""),
         file=out,
     )
@@ -214,15 +226,25 @@ def describe(pack: ScenarioPack, out=None) -> None:
         )
 
 
-def describe_sharded(sp: ShardedPack, out=None) -> None:
-    """Print a sharded pack's summary from its index (no shard is loaded): scenarios, shards and
-    bytes, agents, segments, cells, signals, the maxima a pool pads to, config, a per-shard table."""
+def describe_sharded(sp: ShardedPack, out=None, *, verify: bool | None = True) -> int:
+    """Print a sharded pack's summary from its index and each shard file's real size (no shard is
+    unpickled): scenarios, shards and bytes, agents, segments, cells, signals, the maxima a pool
+    pads to, config, a per-shard table with each file's state. ``verify``: also check each
+    shard's CRC-32C against the index (one read of each file); None: only when the shards hold at
+    most :data:`VERIFY_LIMIT` bytes (a line says when they were not verified).
+
+    Returns:
+        The number of bad shards (missing, truncated, corrupt or replaced).
+    """
     out = out if out is not None else sys.stdout
     sc = sp.scenarios
     total = sum(s["bytes"] for s in sp.shards)
+    check = verify if verify is not None else total <= VERIFY_LIMIT
+    bad = dict(sp.check_files(verify=check))
+    real = sum((sp.shard_file(i).stat().st_size if sp.shard_file(i).is_file() else 0) for i in range(sp.num_shards))
     print(f"sharded pack: {sp.path}", file=out)
-    print(f"scenarios: {sp.num_scenarios} in {sp.num_shards} shard(s); {total} bytes on disk "
-          f"({total / max(1, sp.num_scenarios) / 2**20:.2f} MiB per scenario)", file=out)
+    print(f"scenarios: {sp.num_scenarios} in {sp.num_shards} shard(s); {real} bytes on disk "
+          f"({real / max(1, sp.num_scenarios) / 2**20:.2f} MiB per scenario)", file=out)
     print(f"agents: {sum(s['agents'] for s in sc)} ({sum(s['controlled'] for s in sc)} controlled)", file=out)
     print(f"road segments: {sum(s['segments'] for s in sc)} (max {sp.max_segments} per scenario)", file=out)
     print(f"grid cells: {sum(s['cells'] for s in sc)} (max {sp.max_cells} per scenario)", file=out)
@@ -231,15 +253,92 @@ def describe_sharded(sp: ShardedPack, out=None) -> None:
     errors, skipped = sp.stats.get("errors", []), sp.stats.get("skipped", [])
     print(f"conversion: {len(errors)} bad, {len(skipped)} skipped", file=out)
     print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(sp.config).items()), file=out)
+    has_crc = all(s.get("crc32c") is not None for s in sp.shards)
+    state = ("checksums verified" if check and has_crc else "sizes checked, checksums not verified"
+             + ("" if has_crc else " (index written before checksums: convert the data again)")
+             + ("" if check or verify is False else f" ({total} bytes > {VERIFY_LIMIT}: pass --verify)"))
+    print(f"files: {state}; {len(bad)} bad shard(s)"
+          + (f", {sp.lost_message(list(bad))}" if bad else ""), file=out)
     print("", file=out)
-    print(f"{'shard':<18} {'scenarios':>9} {'bytes':>12}  first scenario", file=out)
+    print(f"{'shard':<18} {'scenarios':>9} {'bytes':>12}  {'state':<8} first scenario", file=out)
     for i, s in enumerate(sp.shards):
         first = next((m["id"] for m in sc if m["shard"] == i), "-")
-        print(f"{s['file']:<18} {s['scenarios']:>9} {s['bytes']:>12}  {first}", file=out)
+        size = sp.shard_file(i).stat().st_size if sp.shard_file(i).is_file() else 0
+        print(f"{s['file']:<18} {s['scenarios']:>9} {size:>12}  {'BAD' if i in bad else 'ok':<8} {first}", file=out)
+    for i, reason in bad.items():
+        print(f"error: {sp.shard_file(i)}: {reason}; convert the data again", file=out)
+    return len(bad)
+
+
+def _cmd_convert(args, config: DataConfig) -> int:
+    """``convert``: check the flags and the output (one dataset per directory), convert, write."""
+    for flag, v in (("--limit", args.limit), ("--workers", args.workers), ("--shard-size", args.shard_size)):
+        if v is not None and v < 1:
+            print(f"error: {flag} must be >= 1, got {v}", file=sys.stderr)
+            return 2
+    if args.shard_size is not None and args.out.endswith(".pt"):
+        print(f"error: --out {args.out}: a sharded pack is a directory, not a .pt file", file=sys.stderr)
+        return 2
+    out = pathlib.Path(args.out)
+    held = f"the pack file {out}" if out.suffix == ".pt" and out.exists() else dataset_in(out)
+    if held and not args.overwrite:
+        print(f"error: --out {args.out} already holds {held}: pass --overwrite to replace it, or choose "
+              f"another directory", file=sys.stderr)
+        return 2
+    if held:
+        out.unlink() if out.suffix == ".pt" else clear_dataset(out)
+    pack = _convert_with_report(args.sources, config, limit=args.limit, workers=args.workers,
+                                progress=not args.no_progress and sys.stderr.isatty(),
+                                shard_dir=args.out if args.shard_size else None, shard_size=args.shard_size)
+    if isinstance(pack, ShardedPack):
+        total = sum(s["bytes"] for s in pack.shards)
+        print(f"wrote {pack.num_shards} shard(s) of <= {args.shard_size} scenarios ({total} bytes) and "
+              f"{pack.path / 'index.json'}")
+        return 0
+    if pack is None:
+        print("nothing converted; no pack written", file=sys.stderr)
+        return 1
+    path = pack.save(args.out)
+    shown = path if path.suffix == ".pt" else path / PACK_FILE
+    print(f"wrote {shown} ({shown.stat().st_size} bytes)" + ("" if path.suffix == ".pt" else f" and {path / META_FILE}"))
+    return 0
+
+
+def _cmd_info(args, config: DataConfig) -> int:
+    """``info``: describe a sharded pack, a pack (loaded, so verified) or sources (converted)."""
+    first = pathlib.Path(args.sources[0])
+    verify = False if args.no_verify else (True if args.verify else None)
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always")
+        try:
+            if len(args.sources) == 1 and first.is_dir():
+                check_one_dataset(first)
+            if len(args.sources) == 1 and is_sharded(first):
+                return 1 if describe_sharded(ShardedPack.open(first), verify=verify) else 0
+            if len(args.sources) == 1 and _is_pack(first):
+                pack = ScenarioPack.load(first, verify=verify is not False)
+                print(f"pack: {first}" + ("" if verify is not False else " (checksums not verified)"))
+            else:
+                pack = _convert_with_report(args.sources, config)
+                if pack is None:
+                    return 1
+                print("")
+        except ScenarioError as exc:  # PackFileError: the message names the file
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        except (OSError, ValueError, RuntimeError) as exc:
+            print(f"error: {first}: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            for n in notes:
+                if issubclass(n.category, UserWarning) and "checksums" in str(n.message):
+                    print(f"note: {n.message}", file=sys.stderr)
+    describe(pack)
+    return 0
 
 
 def main(argv=None) -> int:
-    """Entry point; returns the exit code (0 ok, 1 nothing usable, 2 usage error)."""
+    """Entry point; returns the exit code (0 ok, 1 nothing usable or a bad pack, 2 usage error)."""
     parser = argparse.ArgumentParser(prog="python -m gpusim.data", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     pc = sub.add_parser("convert", help="convert WOMD JSON files/directories/globs into a scenario pack")
@@ -250,9 +349,14 @@ def main(argv=None) -> int:
     pc.add_argument("--no-progress", action="store_true", help="no progress bar")
     pc.add_argument("--shard-size", type=int, default=None,
                     help="write a sharded pack directory: shards of N scenarios + index.json")
+    pc.add_argument("--overwrite", action="store_true",
+                    help="--out already holds a dataset: remove its files first (else refused)")
     _add_config_flags(pc)
     pi = sub.add_parser("info", help="describe a pack (directory or .pt) or JSON sources")
     pi.add_argument("sources", nargs="+", metavar="PACK_OR_SRC")
+    pi.add_argument("--no-verify", action="store_true", help="do not check checksums (sizes are still checked)")
+    pi.add_argument("--verify", action="store_true",
+                    help=f"check every shard's checksum even past {VERIFY_LIMIT} bytes of shards")
     _add_config_flags(pi)
     args = parser.parse_args(argv)
     try:
@@ -260,57 +364,7 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-    if args.cmd == "convert":
-        for flag, v in (("--limit", args.limit), ("--workers", args.workers), ("--shard-size", args.shard_size)):
-            if v is not None and v < 1:
-                print(f"error: {flag} must be >= 1, got {v}", file=sys.stderr)
-                return 2
-        if args.shard_size is not None and args.out.endswith(".pt"):
-            print(f"error: --out {args.out}: a sharded pack is a directory, not a .pt file", file=sys.stderr)
-            return 2
-        pack = _convert_with_report(args.sources, config, limit=args.limit, workers=args.workers,
-                                    progress=not args.no_progress and sys.stderr.isatty(),
-                                    shard_dir=args.out if args.shard_size else None, shard_size=args.shard_size)
-        if isinstance(pack, ShardedPack):
-            total = sum(s["bytes"] for s in pack.shards)
-            print(f"wrote {pack.num_shards} shard(s) of <= {args.shard_size} scenarios ({total} bytes) and "
-                  f"{pack.path / 'index.json'}")
-            return 0
-        if pack is None:
-            print("nothing converted; no pack written", file=sys.stderr)
-            return 1
-        path = pack.save(args.out)
-        shown = path if path.suffix == ".pt" else path / PACK_FILE
-        print(f"wrote {shown} ({shown.stat().st_size} bytes)" + ("" if path.suffix == ".pt" else f" and {path / META_FILE}"))
-        return 0
-
-    # info
-    first = pathlib.Path(args.sources[0])
-    if len(args.sources) == 1 and is_sharded(first):
-        try:
-            describe_sharded(ShardedPack.open(first))
-        except ScenarioError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        return 0
-    if len(args.sources) == 1 and _is_pack(first):
-        try:
-            pack = ScenarioPack.load(first)
-        except ScenarioError as exc:  # PackFileError: the message names the file
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        except (OSError, ValueError, RuntimeError) as exc:
-            print(f"error: {first}: {exc}", file=sys.stderr)
-            return 1
-        print(f"pack: {first}")
-    else:
-        pack = _convert_with_report(args.sources, config)
-        if pack is None:
-            return 1
-        print("")
-    describe(pack)
-    return 0
+    return _cmd_convert(args, config) if args.cmd == "convert" else _cmd_info(args, config)
 
 
 if __name__ == "__main__":

@@ -27,10 +27,14 @@ import torch
 from gpusim.config import DataConfig
 from gpusim.data.build import ScenarioData, build_scenario
 from gpusim.data.errors import NoControllableAgentError, ScenarioError
+from gpusim.data.integrity import dataset_in
 from gpusim.data.parse import is_scenario_file, read_scenario
 from gpusim.data.parse_proto import parse_record
 from gpusim.data.tfrecord import is_tfrecord_file, iter_records
 
+
+#: The reason given for a file of 0 bytes (counted in ``stats["empty_files"]``).
+EMPTY_FILE = "empty file (0 bytes)"
 
 #: Summed per-scenario counters reported in ``stats``.
 COUNTERS = ("never_valid_objects", "controllable", "controllable_over_cap", "dropped_over_max_agents",
@@ -69,7 +73,7 @@ def expand_sources(paths) -> tuple[list[str], list[dict]]:
         if p.is_dir():
             found = sorted(str(c) for c in p.iterdir() if c.is_file() and is_source_file(c))
             if not found:
-                errors.append({"file": src, "reason": "directory holds no .json/.json.gz/.json.xz/.tfrecord file"})
+                errors.append({"file": src, "reason": _no_sources_reason(p)})
             for c in found:
                 add(c)
         elif p.is_file():
@@ -85,18 +89,37 @@ def expand_sources(paths) -> tuple[list[str], list[dict]]:
     return files, errors
 
 
+def _no_sources_reason(d: pathlib.Path) -> str:
+    """Why directory ``d`` gives no scenario source: it holds a dataset (a pack, a sharded pack,
+    the shards of an interrupted conversion) or nothing readable."""
+    held = dataset_in(d)
+    if held and held.startswith("an interrupted conversion"):
+        return f"{held} — rerun the conversion with --overwrite"
+    if held:
+        return f"holds {held}, not scenario sources: load it as a pack"
+    return "directory holds no .json/.json.gz/.json.xz/.tfrecord file"
+
+
 def _tasks(files):
     """Yield ``(file, record_or_None, payload_or_error_or_None, bytes_done)`` in order: one per JSON
-    file, one per TFRecord record (payload bytes, or the framing error)."""
+    file, one per TFRecord record (payload bytes, or the framing error); an empty file, or a
+    TFRecord file without a record, gives one error naming it."""
     done = 0
     for f in files:
         size = os.path.getsize(f) if os.path.exists(f) else 0
-        if is_tfrecord_file(f):
+        if size == 0 and os.path.exists(f):
+            yield f, None, ScenarioError(f, "", EMPTY_FILE), done
+        elif is_tfrecord_file(f):
+            records = 0
             try:
                 for index, item, pos in iter_records(f, positions=True):
+                    records += 1
                     yield f, index, item, done + pos
             except ScenarioError as exc:
                 yield f, None, exc, done + size
+            else:
+                if records == 0:
+                    yield f, None, ScenarioError(f, "", "the TFRecord file holds no record"), done + size
         else:
             yield f, None, None, done + size
         done += size
@@ -174,7 +197,7 @@ def convert_sources(paths, config: DataConfig = DataConfig(), *, on_error: str =
     Returns:
         ``(scenarios, stats)`` with ``stats``: ``files``, ``records`` (TFRecord records met, bad
         ones included),
-        ``converted``, ``errors`` / ``skipped`` (lists of ``{"file", "reason"[, "record"]}``; the
+        ``converted``, ``empty_files`` (files of 0 bytes, also listed in ``errors``), ``errors`` / ``skipped`` (lists of ``{"file", "reason"[, "record"]}``; the
         reason reads ``"<field>: <problem>"``), summed :data:`COUNTERS`, ``ignored_objects`` /
         ``unknown_road_types`` (counts by name), ``limit_reached`` and ``seconds``.
 
@@ -226,6 +249,7 @@ def convert_sources(paths, config: DataConfig = DataConfig(), *, on_error: str =
     finally:
         torch.set_num_threads(threads)
     stats["converted"] = converted
+    stats["empty_files"] = sum(e["reason"] == EMPTY_FILE for e in stats["errors"])
     stats["seconds"] = round(time.perf_counter() - t_start, 3)
     return scenarios, stats
 
