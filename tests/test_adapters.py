@@ -130,3 +130,36 @@ def test_readme_examples_run(lib, monkeypatch):
     assert len(code.strip().splitlines()) <= 12
     monkeypatch.chdir(REPO)
     exec(compile(code, f"README.md ({lib} example)", "exec"), {})
+
+
+@pytest.mark.parametrize("lib", ["gymnasium", "torchrl"])
+def test_adapters_apply_the_env_action_checks(pack, lib):
+    # a float action for a discrete env was cast to int64 (1.7 -> joint 1) and stepped the worlds
+    pytest.importorskip(lib, reason=f"optional extra: pip install -e '.[{lib}]'")
+    from gpusim.adapters import DriveTorchRLEnv, DriveVectorEnv
+
+    raw, wrapped = _pair(pack)
+    W, C = raw.num_worlds, raw.num_slots
+    if lib == "gymnasium":
+        env = DriveVectorEnv(wrapped)
+        env.reset(seed=3)
+
+        def step(a):
+            return env.step(a.reshape(W * C))
+    else:
+        env = DriveTorchRLEnv(wrapped)
+        env.set_seed(3)
+        td = env.reset()
+
+        def step(a):
+            return env.step(td.clone().set("action", a))
+    before = wrapped.state.pos.clone()
+    with pytest.raises(ValueError, match="discrete actions must be an integer tensor, got torch.float32"):
+        step(torch.full((W, C), 1.7))
+    with pytest.raises(ValueError, match="discrete actions contain NaN"):
+        step(torch.full((W, C), float("nan")))
+    with pytest.raises(ValueError, match=r"must be in \[0, 91\)"):
+        step(torch.full((W, C), 91, dtype=torch.int64))
+    assert torch.equal(wrapped.state.pos, before) and wrapped.sim.t == 0  # nothing was stepped
+    step(torch.full((W, C), 45, dtype=torch.int32))  # any integer dtype, as DriveEnv.step
+    assert wrapped.sim.t == 1
