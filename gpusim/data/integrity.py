@@ -102,7 +102,7 @@ def _checks(p) -> list[tuple[str, str, torch.Tensor]]:
     """``(field, rule, ok)`` for every invariant of pack ``p`` (``ok``: a 0-dim bool tensor)."""
     S, A, R, L = p.num_scenarios, p.max_agents, p.road_seg.shape[1], p.max_signals
     dev = p.traj_pos.device
-    na, nc, ns = p.num_agents.long(), p.num_controlled.long(), p.num_segments.long()
+    na, nc, ns = p.num_agents.long(), p.num_controlled.long(), p.num_segments.long()  # [S]: cheap
     slot = torch.arange(A, device=dev)
     exists_prefix = p.agent_exists == (slot[None, :] < na[:, None])
     n_obj, n_road, n_sig = len(ObjectType), len(RoadType), len(SignalState)
@@ -125,12 +125,13 @@ def _checks(p) -> list[tuple[str, str, torch.Tensor]]:
     for name in ("offset", "traj_pos", "traj_heading", "traj_vel", "agent_goal", "agent_length", "agent_width",
                  "road_seg", "grid_origin", "signal_pos", "signal_dir"):
         out.append((name, "finite", torch.isfinite(getattr(p, name)).all()))
-    if p.is_compact:
+    if p.is_compact:  # per-row min / max (no [NCT, K] temporaries): the tables are most of a pack
         rows_seg = torch.repeat_interleave(ns, p.num_cells.to(dev), output_size=p.grid_road.shape[0])
         for name in ("grid_road", "grid_edge"):
             g = getattr(p, name)
-            out.append((name, "segment ids in [-1, num_segments) of their scenario",
-                        ((g >= -1) & (g.long() < rows_seg[:, None])).all()))
+            ok = ((g.amin(1) >= -1).all() & (g.amax(1).long() < rows_seg).all() if g.shape[1]
+                  else torch.ones((), dtype=torch.bool, device=dev))
+            out.append((name, "segment ids in [-1, num_segments) of their scenario", ok))
     return out
 
 
