@@ -1,6 +1,6 @@
 """Training throughput with 0, 1 and 4 frozen partner checkpoints (population play, issue 15).
 
-Runs the trainer's own pieces (``train.run.make_env``, ``train.rollout.collect_rollout`` with a
+Runs the trainer's own pieces (``train.setup.make_env``, ``train.rollout.collect_rollout`` with a
 :class:`train.coplayer.CoplayerPool`, ``train.run.update_policy``) on the configuration
 ``train/run.py`` would use (its defaults, or the trainer flags given after ``--``), once per
 partner count:
@@ -65,7 +65,8 @@ def measure(cfg, partners: int, iters: int, warmup: int, tmp: pathlib.Path) -> d
     from train.checkpoint import save_checkpoint
     from train.coplayer import make_pool
     from train.rollout import RolloutBatch, collect_rollout
-    from train.run import make_env, update_policy
+    from train.run import update_policy
+    from train.setup import make_env
 
     env_config = cfg.env.replace(ego_slots=1) if partners else cfg.env.replace(ego_slots=0, ego_fraction=0.0)
     env = make_env(cfg, env_config, say=lambda line: None)

@@ -1,6 +1,6 @@
 """End-to-end training throughput of the ``train/run.py`` loop, with a time split.
 
-Runs the trainer's own pieces (``train.run.make_env``, ``train.rollout.collect_rollout``,
+Runs the trainer's own pieces (``train.setup.make_env``, ``train.rollout.collect_rollout``,
 ``train.run.update_policy``) on the configuration ``train/run.py`` would use (its defaults, or the
 trainer flags given after ``--``), and reports per iteration (one rollout + one PPO update):
 
@@ -135,7 +135,8 @@ def main(argv=None) -> dict:
     from train.config import parse_args as train_parse
     from train.experience import hook_context, make_hook
     from train.rollout import RolloutBatch, collect_rollout
-    from train.run import make_env, update_policy
+    from train.run import update_policy
+    from train.setup import make_env
 
     from profiling.timers import KernelTimer
 

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     from train.config import parse_args as train_parse
     from train.graphed_rollout import GraphedRollout
     from train.rollout import RolloutBatch
-    from train.run import make_env
+    from train.setup import make_env
 
     cfg = train_parse(list(sys.argv[1:] if argv is None else argv) + ["--quiet", "--device", "cuda"])
     torch.manual_seed(cfg.seed)
@@ -67,7 +67,7 @@ def bisect(cfg, policy) -> None:
     the policy's forward/sample, the KV-cache reset) after an eager warm-up step, and print which
     captures fail: the part to fix. Each part also runs eagerly, so the step goes on."""
     from gpusim.cuda_graph import capture_graph
-    from train.run import make_env
+    from train.setup import make_env
 
     device = torch.device("cuda")
     env = make_env(cfg, cfg.env)

@@ -105,7 +105,8 @@ def _train_iteration(train_argv):
     from train.config import parse_args as train_parse
     from train.experience import hook_context, make_hook
     from train.rollout import RolloutBatch, collect_rollout
-    from train.run import make_env, update_policy
+    from train.run import update_policy
+    from train.setup import make_env
 
     cfg = train_parse(list(train_argv) + ["--quiet"])
     device = torch.device(cfg.device)

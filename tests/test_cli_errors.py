@@ -18,7 +18,9 @@ from gpusim.config import EnvConfig
 from policy import PolicyConfig
 from train.checkpoint import CheckpointError, load_checkpoint
 from train.config import TrainConfig, UserError, parse_args
-from train.run import adapt_env_config, main, make_env, train
+from train.packs import adapt_env_config
+from train.run import main, train
+from train.setup import make_env
 
 from test_train_run import FakeEnv
 

@@ -16,6 +16,7 @@ from train.baselines import BASELINES, RandomActions, SteerToGoal, constant_spee
 from train.eval.report import per_scenario, summarise
 from train.eval.stats import mean_interval
 from train.eval.sweep import CallableDriver, make_sweep_env, run_sweep, sweep_plan
+from train.config import UserError
 from train.evaluate import EvalConfig, apply_num_threads, evaluate, main
 
 LENGTH = 40  # steps per episode in the crafted scenes (4 s)
@@ -356,3 +357,35 @@ def test_bad_checkpoint_and_device_exit_2(tmp_path, capsys):
     if not torch.cuda.is_available():
         assert main(["--policy", "random", "--device", "cuda", "--quiet"]) == 2
         assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_a_registered_mode_is_run_through_its_hooks(pack_file, monkeypatch, capsys):
+    """A new evaluation mode is one ``register_mode`` entry: its env changes, check, prepare, driver
+    and describe hooks are what the evaluator runs (here the mode hands the egos to
+    ``constant_speed``, so ``random`` scores constant_speed's known table), with no name test in
+    ``evaluate``; its check refuses bad options with one line (exit 2); names are unique."""
+    import train.eval.modes as modes
+
+    monkeypatch.setattr(modes, "MODES", dict(modes.MODES))
+    seen = []
+
+    def check(opts):
+        if opts.seed < 0:
+            raise UserError(f"{opts.flag} autopilot needs --seed >= 0")
+
+    modes.register_mode(modes.EvalMode(
+        "autopilot", "constant speed drives the egos", env_changes=(("max_controlled", 4),), check=check,
+        prepare=lambda env, opts: seen.append(env.config.max_controlled) or "cs",
+        drive=lambda driver, context, opts: CallableDriver(make_baseline("constant_speed", seed=opts.seed)),
+        describe=lambda context: {"driven_by": context}))
+    with pytest.raises(ValueError, match="already registered"):
+        modes.register_mode(modes.EvalMode("autopilot", "again"))
+    res = evaluate(EvalConfig(policy=("random",), data=str(pack_file), mode=("self_play", "autopilot"), device="cpu",
+                              num_threads=1))
+    runs = {r["mode"]: r for r in res["runs"]}
+    assert seen == [4] and runs["autopilot"]["driven_by"] == "cs" and "driven_by" not in runs["self_play"]
+    assert [r["goal_reached"] for r in runs["autopilot"]["per_scenario"]] == [k[0] for k in KNOWN]
+    assert [r["collided"] for r in runs["autopilot"]["per_scenario"]] == [k[1] for k in KNOWN]
+    assert main(["--policy", "random", "--data", str(pack_file), "--mode", "autopilot", "--seed", "-1",
+                 "--device", "cpu", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith("error: --mode autopilot needs --seed >= 0")

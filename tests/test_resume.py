@@ -90,13 +90,13 @@ def test_restored_metric_state_reports_what_was_saved(tmp_path, small_pack):
     from gpusim.config import EnvConfig
     from gpusim.data import ScenarioPack
     from gpusim.env import DriveEnv
-    from train.run import _metric_log
+    from train.setup import find_metric_log
 
     out = train(_cfg(tmp_path, data=str(small_pack), total_timesteps=200))
     ck = load_checkpoint(out["checkpoint"])
     env = DriveEnv(ScenarioPack.load(small_pack), 2, config=EnvConfig(**ENV))
     assert env.metrics() == {}
-    _metric_log(env).load_state_dict(ck["extra"]["env_metrics"])
+    find_metric_log(env).load_state_dict(ck["extra"]["env_metrics"])
     last = out["reports"][-1]
     got = env.metrics()
     assert got and all(abs(got[k] - last[k]) < 1e-9 for k in got)

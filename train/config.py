@@ -30,9 +30,39 @@ class UserError(Exception):
     the message as one line and exit with code 2 (the traceback only with ``--debug``)."""
 
 
+#: Errors that are the user's to fix: the CLIs (``train/run.py``, ``train/evaluate.py``) print them as
+#: one line and exit with code 2 (``ScenarioError`` and ``CheckpointError`` are ValueErrors).
+USER_ERRORS = (UserError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, ValueError,
+               ImportError)
+
+
+def one_line(exc: BaseException) -> str:
+    """``exc``'s message on one line (first line; the exception type when there is no message)."""
+    text = str(exc).strip()
+    if isinstance(exc, KeyError) or not text:
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text.splitlines()[0]
+
+
 def default_device() -> str:
     """``cuda`` if a CUDA device is available, else ``cpu``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_device(device: str) -> torch.device:
+    """``torch.device(device)``, refusing a CUDA device when none is available.
+
+    Raises:
+        UserError: unknown device string, or ``cuda`` without CUDA (says what to pass instead).
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise UserError(f"--device {device}: not a torch device ({e}); use cpu or cuda") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA device is available to torch "
+                        f"(torch {torch.__version__}, torch.cuda.is_available() is False); use --device cpu")
+    return dev
 
 
 @dataclass
@@ -186,6 +216,31 @@ class TrainConfig:
                 raise ValueError(f"{source}: cuda_graph must be 'auto', 'on' or 'off', got {v!r}")
             changes[k] = v
         return dataclasses.replace(base, **changes)
+
+
+def env_config_from_dict(d: dict) -> EnvConfig:
+    """The :class:`gpusim.config.EnvConfig` of a saved ``env_config`` dict (a checkpoint's, a
+    ``config.json``'s ``env`` group); keys that are not EnvConfig fields (written by an older or newer
+    gpusim) are left out, missing ones keep EnvConfig's defaults.
+
+    Raises:
+        ValueError: a value EnvConfig refuses (its own message).
+    """
+    names = {f.name for f in dataclasses.fields(EnvConfig)}
+    return EnvConfig(**{k: v for k, v in d.items() if k in names})
+
+
+def user_set(cfg: TrainConfig, group: str) -> set[str]:
+    """Names of the fields of ``cfg.<group>`` (``"env"``, ``"policy"``, ``"ppo"``) that differ from
+    :class:`TrainConfig`'s defaults, i.e. the ones the user set."""
+    ours, default = getattr(cfg, group), getattr(TrainConfig(), group)
+    return {f.name for f in dataclasses.fields(ours) if getattr(ours, f.name) != getattr(default, f.name)}
+
+
+def flag(group: str, name: str) -> str:
+    """The command-line flag of field ``name`` of group ``group``: ``flag("env", "k_trials")`` is
+    ``--env.k-trials``."""
+    return f"--{group}.{name.replace('_', '-')}"
 
 
 def _plain(x):

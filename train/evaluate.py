@@ -46,13 +46,14 @@ import torch
 from rich.markup import escape
 
 from train.baselines import BASELINES, make_baseline
-from train.config import UserError, default_device, resolve_path
+from train.config import (USER_ERRORS, UserError, check_device, default_device, env_config_from_dict, one_line,
+                          resolve_path)
 from gpusim.data.errors import PackFileError
 from gpusim.data.shards import ShardedPack
-from train.eval.modes import get_mode
+from train.eval.modes import ModeOptions, get_mode, mode_env
 from train.eval.report import per_scenario, scenario_table, summarise, summary_table
-from train.eval.sweep import (CallableDriver, CoplayerDriver, PolicyDriver, default_num_worlds, ego_rows,
-                              make_sweep_env, run_sweep, sweep_plan)
+from train.eval.sweep import (CallableDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
+                              sweep_plan)
 from train.eval.streaming import first_pack, local_records, streaming_sweep
 
 
@@ -142,13 +143,6 @@ def apply_num_threads(requested: int) -> int:
     return n
 
 
-def _env_config_from_dict(d: dict):
-    from gpusim.config import EnvConfig
-
-    names = {f.name for f in dataclasses.fields(EnvConfig)}
-    return EnvConfig(**{k: v for k, v in d.items() if k in names})
-
-
 def _policy_label(spec: str, taken: set) -> str:
     label = spec
     if spec not in BASELINES:
@@ -187,10 +181,10 @@ def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
     from train.config import TrainConfig
 
     ckpts = [p for p in policies if p["kind"] == "checkpoint"]
-    env_config = _env_config_from_dict(ckpts[0]["ckpt"]["env_config"]) if ckpts else TrainConfig().env
+    env_config = env_config_from_dict(ckpts[0]["ckpt"]["env_config"]) if ckpts else TrainConfig().env
     notes = []
     for other in ckpts[1:]:
-        theirs = _env_config_from_dict(other["ckpt"]["env_config"])
+        theirs = env_config_from_dict(other["ckpt"]["env_config"])
         diff = [f"{f.name}={getattr(theirs, f.name)}" for f in dataclasses.fields(env_config)
                 if getattr(theirs, f.name) != getattr(env_config, f.name)]
         if diff:
@@ -229,30 +223,7 @@ def _check(cfg: EvalConfig) -> list[str]:
             raise UserError(f"{name} must be >= {low}, got {value}")
     if not 0.0 < cfg.level < 1.0:
         raise UserError(f"--level must be in (0, 1), got {cfg.level}")
-    if "coplayer" in cfg.mode and not cfg.coplayer:
-        raise UserError("--mode coplayer needs partner checkpoints: --coplayer PATH [PATH ...]")
     return specs
-
-
-def mode_env(mode, base, data: str, device, stream: bool = False) -> tuple:
-    """``(env_config, pack, notes)`` of ``mode``: the pack of ``data`` (converted with the mode's
-    settings, or loaded; with ``stream`` a sharded pack directory is only opened: a
-    :class:`gpusim.data.shards.ShardedPack`, streamed later) and the env settings adapted to a saved
-    pack (``train.run``'s rules)."""
-    from gpusim.data.shards import is_sharded
-    from train.run import adapt_env_config, load_pack
-
-    env_config = mode.env_config(base)
-    path = resolve_path(data)
-    pack = ShardedPack.open(path) if stream and is_sharded(path) else load_pack(data, env_config, device)
-    changed = {k for k, _ in mode.env_changes}
-    built = getattr(getattr(pack, "config", None), "max_controlled", env_config.max_controlled)
-    if "max_controlled" in changed and built != env_config.max_controlled:
-        raise UserError(f"--mode {mode.name} needs a pack with max_controlled={env_config.max_controlled}, "
-                        f"{data} was built with {built}: pass the WOMD JSON directory as --data, or convert "
-                        f"with `python -m gpusim.data convert ... --max-controlled {env_config.max_controlled}`")
-    env_config, notes = adapt_env_config(env_config, pack, changed)
-    return env_config, pack, notes
 
 
 @torch.no_grad()
@@ -276,10 +247,11 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         UserError, FileNotFoundError, ValueError (incl. ``ScenarioError`` and ``CheckpointError``):
         bad flags, files or data, with a one-line message.
     """
-    from train.run import check_device
-
     specs = _check(cfg)
     modes = [get_mode(m) for m in (("human_replay",) if cfg.human_replay else cfg.mode)]
+    opts = ModeOptions.from_config(cfg)
+    for mode in modes:
+        mode.check(opts)
     threads = apply_num_threads(cfg.num_threads)
     device = check_device(cfg.device)
     policies = _load_policies(specs, device)
@@ -301,16 +273,9 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         W = cfg.num_worlds or default_num_worlds(min(S, cfg.chunk_size if sharded else S) * N)
         out["num_worlds"] = W
         env = make_sweep_env(first_pack(sharded) if sharded else pack, W, env_config, device, cfg.seed)
-        pool = None
-        if mode.partners:
-            from train.coplayer import make_pool
-
-            pool = make_pool(cfg.coplayer, env, device, seed=cfg.seed, deterministic=not cfg.coplayer_sample)
+        context = mode.prepare(env, opts)  # what the mode builds once per env (the partner pool, ...)
         for entry in policies:
-            driver = _make_driver(entry, env, cfg)
-            if pool is not None:
-                pool.generator.manual_seed(cfg.seed)  # the same partner draws for every policy
-                driver = CoplayerDriver(driver, pool)
+            driver = mode.drive(_make_driver(entry, env, cfg), context, opts)
             torch.manual_seed(cfg.seed)
             env.reset(seed=cfg.seed)
             task = None
@@ -327,8 +292,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             run = {"label": label, "policy": entry["spec"], "mode": mode.name, "scenarios": ids,
                    "summary": summarise(egos, worlds, cfg.interval, cfg.level, cfg.resamples, cfg.seed),
                    "per_scenario": per_scenario(egos, len(ids)), "records": agents}
-            if pool is not None:
-                run["partners"] = pool.labels
+            run.update(mode.describe(context))
             if entry["kind"] == "checkpoint":
                 run["global_step"] = int(entry["ckpt"].get("global_step", 0))
             out["runs"].append(run)
@@ -447,8 +411,6 @@ def main(argv=None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from train.config import cli_registry
-
-    from train.run import USER_ERRORS, one_line
 
     cfg = tyro.cli(EvalConfig, args=argv, registry=cli_registry(), description=__doc__.split("\n\n")[0])
     err = Console(stderr=True, highlight=False)

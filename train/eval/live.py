@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from train.eval.modes import get_mode
+from train.eval.modes import ModeOptions, get_mode, mode_env
 from train.eval.report import summarise
-from train.eval.sweep import (CoplayerDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
-                              sweep_plan)
+from train.eval.sweep import PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep, sweep_plan
 
 
 class LiveEvaluator:
@@ -26,37 +25,29 @@ class LiveEvaluator:
         coplayer: partner checkpoints (needed by ``coplayer``). device. seed: env and partner draws.
 
     Raises:
-        ValueError: unknown mode. UserError: ``coplayer`` without partners, or what
-            :func:`train.evaluate.mode_env` / :func:`train.coplayer.make_pool` raise.
+        ValueError: unknown mode. UserError: a mode's missing option (``coplayer`` without
+            partners), or what :func:`train.eval.modes.mode_env` and the mode's ``prepare`` raise.
     """
 
     def __init__(self, env_config, data: str, modes, coplayer, device, seed: int = 0):
-        from train.config import UserError
-        from train.coplayer import make_pool
-        from train.evaluate import mode_env
-
         self.seed = int(seed)
+        self.opts = ModeOptions(coplayer=tuple(coplayer), seed=self.seed, flag="--eval-mode")
         self.items = []
         for name in modes:
             mode = get_mode(name)
-            if mode.partners and not coplayer:
-                raise UserError("--eval-mode coplayer needs partner checkpoints: --coplayer PATH [PATH ...]")
+            mode.check(self.opts)
             config, pack, _ = mode_env(mode, env_config, data, device)
             S = pack.num_scenarios
             W = default_num_worlds(S)
             env = make_sweep_env(pack, W, config, device, self.seed)
-            pool = make_pool(coplayer, env, device, seed=self.seed) if mode.partners else None
-            self.items.append((mode, env, sweep_plan(S, 1, W), pool))
+            self.items.append((mode, env, sweep_plan(S, 1, W), mode.prepare(env, self.opts)))
 
     @torch.no_grad()
     def run(self, policy) -> dict[str, float]:
         """``{"eval/<mode>/<metric>": mean, "eval/<mode>/n": agent-episodes}`` of the egos."""
         out = {}
-        for mode, env, plan, pool in self.items:
-            driver = PolicyDriver(policy, deterministic=True)
-            if pool is not None:
-                pool.generator.manual_seed(self.seed)
-                driver = CoplayerDriver(driver, pool)
+        for mode, env, plan, context in self.items:
+            driver = mode.drive(PolicyDriver(policy, deterministic=True), context, self.opts)
             env.reset(seed=self.seed)
             agents, worlds = run_sweep(env, driver, plan, egos=mode.egos)
             summary = summarise(ego_rows(agents), worlds)

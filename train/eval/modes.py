@@ -1,16 +1,29 @@
 """Evaluation modes: who the evaluated policy (the *ego*) drives and who drives everyone else.
 
-A mode is an :class:`EvalMode`: how it changes the env settings and which policy slots are egos
-(their agent-episodes are the ones reported). The evaluator runs the same sweep for every mode
-asked (``--mode a b ...``) and prints them side by side.
+A mode is one :class:`EvalMode` entry in :data:`MODES`, added with :func:`register_mode`; the
+evaluator (``train/evaluate.py``) and the periodic evaluation of training (:mod:`train.eval.live`)
+run the same sweep for every mode asked (``--mode a b ...``) through the entry's hooks and never
+test a mode's name:
+
+* ``env_changes``: ``EnvConfig.replace`` arguments (e.g. one ego per world);
+* ``egos(env)``: the slots whose agent-episodes are reported;
+* ``check(opts)``: refuse missing flags before anything is loaded;
+* ``prepare(env, opts)``: what the mode builds once per env (e.g. the partner pool), its *context*;
+* ``drive(driver, context, opts)``: the driver the sweep steps, wrapping the evaluated policy's
+  (e.g. partners acting for the co-player slots; a driver clearing the KV cache at trial starts);
+* ``describe(context)``: extra fields of the mode's runs in the results (e.g. the partners' labels).
+
+``opts`` is a :class:`ModeOptions`. A new mode = one :func:`register_mode` call here (plus, if it
+reads a new option, a field of :class:`ModeOptions` and the same-named flag of
+``train/evaluate.py``'s ``EvalConfig``).
 
 * ``self_play``: the policy drives every controlled slot (all are egos); other agents replay the log.
 * ``human_replay``: one ego per world (the first controlled slot: the self-driving car when it
   qualifies), every other agent log-replayed: the env gets ``max_controlled = 1``.
-* ``coplayer`` (issue 15): one ego per world (``EnvConfig.ego_slots = 1``: the self-driving car
-  where it is controllable, else a slot drawn with the env's seeded generator), the other
-  controlled slots driven by frozen partner checkpoints (``--coplayer PATH ...``, one drawn per
-  world per episode, ``train/coplayer.py``); the egos are the env's role mask ``EnvState.ego``.
+* ``coplayer``: one ego per world (``EnvConfig.ego_slots = 1``: the self-driving car where it is
+  controllable, else a slot drawn with the env's seeded generator), the other controlled slots
+  driven by frozen partner checkpoints (``--coplayer PATH ...``, one drawn per world per episode,
+  ``train/coplayer.py``); the egos are the env's role mask ``EnvState.ego``.
 
 Every mode sets the role options itself, so a checkpoint trained with co-players runs
 ``self_play`` with every slot an ego.
@@ -18,10 +31,38 @@ Every mode sets the role options itself, so a checkpoint trained with co-players
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
+
+from train.config import UserError, resolve_path
+from train.packs import adapt_env_config, load_pack
+
+
+@dataclass(frozen=True)
+class ModeOptions:
+    """The options a mode's hooks may read.
+
+    Attributes:
+        coplayer: partner checkpoint paths (``--coplayer``). coplayer_sample: partners sample their
+            actions instead of argmax. seed: env, partner-draw and sampling seed.
+        flag: the flag that named the modes (``--mode``, ``--eval-mode``), for messages.
+    """
+
+    coplayer: tuple[str, ...] = ()
+    coplayer_sample: bool = False
+    seed: int = 0
+    flag: str = "--mode"
+
+    @classmethod
+    def from_config(cls, cfg, **override) -> "ModeOptions":
+        """The options of any config object with same-named attributes (``EvalConfig``,
+        ``TrainConfig``); missing ones keep the defaults, ``override`` wins."""
+        values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if hasattr(cfg, f.name)}
+        values.update(override)
+        return cls(**values)
 
 
 def _all_active(env) -> torch.Tensor:
@@ -34,47 +75,111 @@ def _ego_role(env) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class EvalMode:
-    """One evaluation mode.
+    """One evaluation mode (the hooks of the module docstring).
 
     Attributes:
         name: CLI name. doc: one line for ``--help`` and reports.
         env_changes: ``EnvConfig.replace`` arguments applied to the evaluation env settings.
         egos: ``egos(env) -> [W, C] bool`` ego slots right after a reset.
-        partners: the mode needs ``--coplayer`` partner checkpoints.
+        check: ``check(opts)``; raises :class:`UserError` for a missing or bad option.
+        prepare: ``prepare(env, opts) -> context`` built once per env (default None).
+        drive: ``drive(driver, context, opts) -> driver`` for one evaluated policy (default: as is).
+        describe: ``describe(context) -> dict`` extra fields of each run (default none).
     """
 
     name: str
     doc: str
     env_changes: tuple = ()
     egos: Callable = _all_active
-    partners: bool = False
+    check: Callable[[ModeOptions], None] = lambda opts: None
+    prepare: Callable[[Any, ModeOptions], Any] = lambda env, opts: None
+    drive: Callable[[Any, Any, ModeOptions], Any] = lambda driver, context, opts: driver
+    describe: Callable[[Any], dict] = lambda context: {}
 
     def env_config(self, base):
         """``base`` (an :class:`~gpusim.config.EnvConfig`) with this mode's changes."""
         return base.replace(**dict(self.env_changes)) if self.env_changes else base
 
 
-_NO_ROLES = (("ego_slots", 0), ("ego_fraction", 0.0))
-MODES = {
-    "self_play": EvalMode("self_play", "the policy drives every controlled agent", env_changes=_NO_ROLES),
-    "coplayer": EvalMode("coplayer", "one ego per world (the SDC where controllable), the other controlled agents "
-                         "driven by the --coplayer partners", env_changes=(("ego_slots", 1), ("ego_fraction", 0.0)),
-                         egos=_ego_role, partners=True),
-    "human_replay": EvalMode("human_replay", "one ego per world (first controlled slot), all others log-replayed",
-                             env_changes=(("max_controlled", 1),) + _NO_ROLES),
-}
-#: Modes named by the design but not built yet, with what is missing (none left).
-PLANNED: dict[str, str] = {}
+#: The registry: mode name -> :class:`EvalMode` (filled by :func:`register_mode`).
+MODES: dict[str, EvalMode] = {}
+
+
+def register_mode(mode: EvalMode) -> EvalMode:
+    """Add ``mode`` to :data:`MODES` and return it.
+
+    Raises:
+        ValueError: a mode of that name is already registered.
+    """
+    if mode.name in MODES:
+        raise ValueError(f"evaluation mode {mode.name!r} is already registered")
+    MODES[mode.name] = mode
+    return mode
 
 
 def get_mode(name: str) -> EvalMode:
     """The mode called ``name``.
 
     Raises:
-        ValueError: a planned mode that does not exist yet, or an unknown name.
+        ValueError: an unknown name (the message lists the known ones).
     """
     if name in MODES:
         return MODES[name]
-    if name in PLANNED:
-        raise ValueError(f"--mode {name}: {PLANNED[name]}")
     raise ValueError(f"--mode {name!r}: unknown mode; known: {', '.join(MODES)}")
+
+
+def mode_env(mode: EvalMode, base, data: str, device, stream: bool = False) -> tuple:
+    """``(env_config, pack, notes)`` of ``mode``: the pack of ``data`` (converted with the mode's
+    settings, or loaded; with ``stream`` a sharded pack directory is only opened: a
+    :class:`gpusim.data.shards.ShardedPack`, streamed later) and the env settings adapted to a saved
+    pack (:func:`train.packs.adapt_env_config`; the mode's own changes count as set by the user).
+
+    Raises:
+        UserError: the mode changes ``max_controlled`` and the saved pack was built with another
+            value; as :func:`train.packs.load_pack` and :func:`train.packs.adapt_env_config`.
+    """
+    from gpusim.data.shards import ShardedPack, is_sharded
+
+    env_config = mode.env_config(base)
+    path = resolve_path(data)
+    pack = ShardedPack.open(path) if stream and is_sharded(path) else load_pack(data, env_config, device)
+    changed = {k for k, _ in mode.env_changes}
+    built = getattr(getattr(pack, "config", None), "max_controlled", env_config.max_controlled)
+    if "max_controlled" in changed and built != env_config.max_controlled:
+        raise UserError(f"--mode {mode.name} needs a pack with max_controlled={env_config.max_controlled}, "
+                        f"{data} was built with {built}: pass the WOMD JSON directory as --data, or convert "
+                        f"with `python -m gpusim.data convert ... --max-controlled {env_config.max_controlled}`")
+    env_config, notes = adapt_env_config(env_config, pack, changed)
+    return env_config, pack, notes
+
+
+# ----------------------------------------------------------------------------------- the modes
+_NO_ROLES = (("ego_slots", 0), ("ego_fraction", 0.0))
+
+
+def _needs_partners(opts: ModeOptions) -> None:
+    if not opts.coplayer:
+        raise UserError(f"{opts.flag} coplayer needs partner checkpoints: --coplayer PATH [PATH ...]")
+
+
+def _partner_pool(env, opts: ModeOptions):
+    from train.coplayer import make_pool
+
+    return make_pool(opts.coplayer, env, env.device, seed=opts.seed, deterministic=not opts.coplayer_sample)
+
+
+def _with_partners(driver, pool, opts: ModeOptions):
+    from train.eval.sweep import CoplayerDriver
+
+    pool.generator.manual_seed(opts.seed)  # the same partner draws for every evaluated policy
+    return CoplayerDriver(driver, pool)
+
+
+register_mode(EvalMode("self_play", "the policy drives every controlled agent", env_changes=_NO_ROLES))
+register_mode(EvalMode(
+    "coplayer", "one ego per world (the SDC where controllable), the other controlled agents driven by the "
+    "--coplayer partners", env_changes=(("ego_slots", 1), ("ego_fraction", 0.0)), egos=_ego_role,
+    check=_needs_partners, prepare=_partner_pool, drive=_with_partners,
+    describe=lambda pool: {"partners": pool.labels}))
+register_mode(EvalMode("human_replay", "one ego per world (first controlled slot), all others log-replayed",
+                       env_changes=(("max_controlled", 1),) + _NO_ROLES))
