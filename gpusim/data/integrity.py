@@ -124,7 +124,9 @@ def _checks(p) -> list[tuple[str, str, torch.Tensor]]:
     ]
     for name in ("offset", "traj_pos", "traj_heading", "traj_vel", "agent_goal", "agent_length", "agent_width",
                  "road_seg", "grid_origin", "signal_pos", "signal_dir"):
-        out.append((name, "finite", torch.isfinite(getattr(p, name)).all()))
+        t = getattr(p, name)  # NaN propagates through amax; +-inf shows at an end (no temporary)
+        out.append((name, "finite", torch.isfinite(t.amax()) & torch.isfinite(t.amin()) if t.numel()
+                    else torch.ones((), dtype=torch.bool, device=dev)))
     if p.is_compact:  # per-row min / max (no [NCT, K] temporaries): the tables are most of a pack
         rows_seg = torch.repeat_interleave(ns, p.num_cells.to(dev), output_size=p.grid_road.shape[0])
         for name in ("grid_road", "grid_edge"):
@@ -170,6 +172,47 @@ def _first_bad(p, name: str) -> str:
         return "a value out of range"
     idx = bad.nonzero()[0].tolist()
     return f"{float(t[tuple(idx)])} at index {idx}"
+
+
+# ---------------------------------------------------------------------------------- file kinds
+def file_kind(path) -> str | None:
+    """What a file is, from its first bytes, for messages about a file given in the wrong place:
+    ``"a JSON file"``, ``"a TFRecord file"`` (a record header whose length CRC matches),
+    ``"a gzip-compressed TFRecord file"`` / ``"an xz-compressed JSON file"`` (the name tells what
+    was compressed), ``"a torch (zip) file"``, ``"an empty file"``, ``"a directory"``; None when
+    unreadable or not recognised."""
+    p = pathlib.Path(path)
+    if p.is_dir():
+        return "a directory"
+    try:
+        with open(p, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    if not head:
+        return "an empty file"
+    if head.startswith(b"PK\x03\x04"):
+        return "a torch (zip) file"
+    for magic, packer in ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz")):
+        if head.startswith(magic):
+            what = " TFRecord" if ".tfrecord" in p.name else " JSON" if ".json" in p.name else ""
+            return f"a{'n' if packer == 'xz' else ''} {packer}-compressed{what} file"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "a JSON file"
+    if len(head) >= 12:
+        from gpusim.data.tfrecord import masked_crc  # lazy: tfrecord is a leaf reader
+
+        if masked_crc(head[:8]) == int.from_bytes(head[8:12], "little"):
+            return "a TFRecord file"
+    return None
+
+
+def payload_kind(payload) -> str | None:
+    """``"a scenario pack (gpusim.data)"`` when a ``torch.load`` result is a pack's payload, else
+    None (for messages of loaders of other torch files)."""
+    if isinstance(payload, dict) and isinstance(payload.get("meta"), dict) and "tensors" in payload:
+        return "a scenario pack (gpusim.data)"
+    return None
 
 
 # ---------------------------------------------------------------------------------- directories

@@ -408,14 +408,15 @@ class ScenarioPack:
         return path
 
     @classmethod
-    def load(cls, path, device="cpu", *, verify: bool = True, expect_crc32c: int | None = None,
+    def load(cls, path, device="cpu", *, verify: bool = True, check: bool = True, expect_crc32c: int | None = None,
              expect_bytes: int | None = None) -> "ScenarioPack":
         """Load a pack written by :meth:`save` (directory or ``.pt`` file) onto ``device``.
 
         Only tensors and plain containers are unpickled (``torch.load(weights_only=True)``).
         Version-1 packs (before signals) load with no signal; packs before format 4 (no
         checksums) load with a one-line ``UserWarning`` to convert them again. The invariants
-        (:func:`gpusim.data.integrity.check_invariants`) are checked on ``device`` every time.
+        (:func:`gpusim.data.integrity.check_invariants`) are checked on ``device`` unless
+        ``check`` is False (costs are measured in docs/data.md).
 
         Args:
             verify: check the checksums (format 4: every tensor and the meta; with
@@ -461,7 +462,8 @@ class ScenarioPack:
             )
             pack.validate()
             pack = pack.compact()
-            check_invariants(pack)
+            if check:
+                check_invariants(pack)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
             raise PackFileError(file, "", f"inconsistent pack ({type(exc).__name__}: {exc}); {again}") from None
         return pack
