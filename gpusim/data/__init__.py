@@ -7,7 +7,9 @@ Entry points: ``ScenarioPack.from_json(paths, config)`` (JSON and TFRecord sourc
 ``python -m gpusim.data convert|info``.
 
 Module layering (no cycles): ``errors`` ← ``signals``, ``tfrecord``, ``womd_proto`` ← ``parse``,
-``parse_proto`` ← ``roads``, ``grid_tables`` ← ``build`` ← ``convert`` ← ``pack`` ← ``__main__``.
+``parse_proto`` ← ``roads``, ``grid_tables`` ← ``build`` ← ``convert`` ← ``pack`` ← ``__main__``;
+``integrity`` (checksums, invariants, dataset directories; imports ``signals``, and ``tfrecord``
+lazily) ← ``convert``, ``pack_file`` ← ``pack`` ← ``shards`` ← ``pool``.
 """
 
 from gpusim.data.build import ScenarioData, load_scenario
