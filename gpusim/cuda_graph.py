@@ -1,27 +1,32 @@
-"""Capture a steady-state step (e.g. env step + policy ``forward_eval``) in a CUDA graph.
+"""The CUDA-graph engine: one steady-state env step (plus, for the trainer, the policy's act)
+replayed from a captured ``torch.cuda.CUDAGraph``.
 
 On a GPU a rollout step is launch-bound (~100 small kernels per env step; docs/performance.md):
-replaying a captured ``torch.cuda.CUDAGraph`` issues them all with one launch. :class:`GraphedStep`
-wraps a callable with static input and output buffers:
+replaying a captured graph issues them all with one launch. :class:`GraphEngine` is the one piece
+that does it, for two thin clients: :class:`gpusim.graphed_env.GraphedEnv` (the env step alone,
+for a loop of your own) and the trainer's :class:`train.graphed_rollout.GraphedRollout` (policy
+act + env step + rollout-buffer writes). The engine owns
 
-* calls ``1 .. warmup`` run the callable eagerly (on a side stream, as capture requires: lazy
-  initialisation, Triton compilation and allocator warm-up happen here);
-* the next call copies its inputs into static buffers and captures one call of the callable;
-* every later call copies the new inputs into the static buffers and replays the graph. The
-  returned tensors are the *static output buffers*: they are overwritten by the next call (clone
-  what must outlive it), exactly like the env's observation buffer.
+* the warm-up (``warmup`` eager calls of the client's static step, on a side stream as a capture
+  requires: lazy initialisation, Triton compilation, allocator warm-up), the last one run under
+  :func:`host_syncs` on CUDA so a host sync is named before a capture would fail on it;
+* the audit of rebinding (:class:`PinnedAttributes`): a tensor attribute the step reassigns is
+  pinned to a static tensor, anything a replay could not reproduce turns into a fallback reason;
+* the static buffers of the env: :attr:`GraphEngine.state` is ``env.state`` between replayed steps,
+  the episode's start state (trial restarts) is kept static too, and what eager work replaced is
+  copied back in before the next replay;
+* the capture (:meth:`PinnedAttributes.capture_and_replay`), keyed on the scenario pack's tensors
+  (:func:`pack_key`) and on the client's own key: a new key warms up and captures again;
+* the replay, and the host side of a step (:meth:`gpusim.env.DriveEnv.commit`: clock + state);
+* the fallback: one line naming the reason (``fallback_reason``), after which the client steps
+  eagerly for good.
 
-The callable must be capturable: no host sync (``.item()``, ``bool()``, ``nonzero``, ...), no
+The captured step must be capturable: no host sync (``.item()``, ``bool()``, ``nonzero``, ...), no
 tensors built from Python data, no data-dependent shapes or Python branches on tensor values, and
-any state it carries between calls kept in tensors it updates in place (a graph replays fixed
-addresses: reassigning ``self.state = new_tensor`` inside the callable is not replayed).
-Outputs: a tensor, or a (nested) tuple / list / dict of tensors; other leaves are returned as they
-were at capture time.
-
-Eager fallback: with ``enabled=False``, on a non-CUDA device, or when capture raises (the error is
-kept in :attr:`GraphedStep.fallback_reason`), every call runs the callable directly.
-:func:`cuda_graphs_enabled` gives the default: on where CUDA exists, unless
-``GPUSIM_CUDA_GRAPHS=0``.
+state carried between calls in tensors updated in place (a replay runs no Python).
+:func:`cuda_graphs_enabled` / :func:`graph_decision` say whether graphs are used at all (on where
+CUDA exists, unless ``GPUSIM_CUDA_GRAPHS=0``). :class:`CudaGraphCapture` captures on a GPU;
+:class:`FakeGraphCapture` drives the same static-buffer code path on the CPU (tests).
 """
 
 from __future__ import annotations
@@ -49,30 +54,6 @@ def cuda_graphs_enabled(device: torch.device | str | None = None) -> bool:
     if device is None:
         return torch.cuda.is_available()
     return torch.device(device).type == "cuda" and torch.cuda.is_available()
-
-
-def _flatten(obj, leaves: list):
-    """Structure of ``obj`` with tensors replaced by their index in ``leaves``."""
-    if isinstance(obj, torch.Tensor):
-        leaves.append(obj)
-        return ("T", len(leaves) - 1)
-    if isinstance(obj, (tuple, list)):
-        return (type(obj).__name__, [_flatten(x, leaves) for x in obj])
-    if isinstance(obj, dict):
-        return ("dict", {k: _flatten(v, leaves) for k, v in obj.items()})
-    return ("C", obj)
-
-
-def _unflatten(spec, leaves: list):
-    kind, body = spec
-    if kind == "T":
-        return leaves[body]
-    if kind in ("tuple", "list"):
-        items = [_unflatten(x, leaves) for x in body]
-        return tuple(items) if kind == "tuple" else items
-    if kind == "dict":
-        return {k: _unflatten(v, leaves) for k, v in body.items()}
-    return body
 
 
 def capture_graph(graph, fn: Callable[[], Any], device, generators=()) -> None:  # pragma: no cover  (CUDA)
@@ -144,119 +125,8 @@ def host_syncs(call: Callable[[], Any]) -> list[str]:  # pragma: no cover  (need
     return where
 
 
-class GraphedStep:
-    """A callable of tensors, run eagerly or replayed from a CUDA graph (module docstring).
-
-    Args:
-        fn: the step; called as ``fn(*inputs)`` with tensors only.
-        enabled: capture a CUDA graph (default :func:`cuda_graphs_enabled` of the first input's
-            device). Ignored (eager) when the inputs are not CUDA tensors.
-        warmup: eager calls before the capture (>= 1; 3 is what PyTorch's documentation uses).
-
-    Attributes:
-        captured: True once a graph is captured and replayed on every call.
-        fallback_reason: why the calls run eagerly (None while capturing is still possible or done).
-        calls: number of calls so far.
-
-    Raises (on call):
-        ValueError: a captured step called with a different number of inputs, or an input whose
-            shape, dtype or device differs from the captured one (a graph has fixed buffers).
-        TypeError: a non-tensor input.
-    """
-
-    def __init__(self, fn: Callable[..., Any], enabled: bool | None = None, warmup: int = 3):
-        if warmup < 1:
-            raise ValueError(f"GraphedStep: warmup must be >= 1, got {warmup}")
-        self.fn = fn
-        self.enabled = enabled
-        self.warmup = warmup
-        self.calls = 0
-        self.captured = False
-        self.fallback_reason: str | None = None
-        self._graph = None
-        self._static_in: list[torch.Tensor] = []
-        self._static_out: list[torch.Tensor] = []
-        self._out_spec = None
-        self._stream = None
-
-    # ------------------------------------------------------------------ decisions
-    def _want_graph(self, inputs) -> bool:
-        if self.fallback_reason is not None:
-            return False
-        devices = {t.device.type for t in inputs}
-        if devices != {"cuda"}:
-            self.fallback_reason = f"inputs on {sorted(devices) or ['no tensors']}: CUDA graphs need CUDA tensors"
-            return False
-        enabled = cuda_graphs_enabled(inputs[0].device) if self.enabled is None else self.enabled
-        if not enabled:
-            self.fallback_reason = f"disabled ({ENV_FLAG}=0 or enabled=False)"
-        return enabled
-
-    def _check(self, inputs):
-        if len(inputs) != len(self._static_in):
-            raise ValueError(f"GraphedStep: captured with {len(self._static_in)} inputs, called with {len(inputs)}")
-        for i, (x, s) in enumerate(zip(inputs, self._static_in)):
-            if x.shape != s.shape or x.dtype != s.dtype or x.device != s.device:
-                raise ValueError(f"GraphedStep: input {i} is {tuple(x.shape)} {x.dtype} on {x.device}, the graph "
-                                 f"was captured with {tuple(s.shape)} {s.dtype} on {s.device}")
-
-    # ------------------------------------------------------------------ calls
-    def __call__(self, *inputs):
-        for i, x in enumerate(inputs):
-            if not isinstance(x, torch.Tensor):
-                raise TypeError(f"GraphedStep: input {i} must be a tensor, got {type(x).__name__}")
-        self.calls += 1
-        if self.captured:
-            self._check(inputs)
-            for s, x in zip(self._static_in, inputs):
-                s.copy_(x)
-            self._graph.replay()
-            return _unflatten(self._out_spec, self._static_out)
-        if not self._want_graph(inputs):
-            return self.fn(*inputs)
-        if self.calls <= self.warmup:
-            return self._warm(inputs)
-        return self._capture(inputs)
-
-    def _warm(self, inputs):  # pragma: no cover  (needs a CUDA device)
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(device=inputs[0].device)
-        self._stream.wait_stream(torch.cuda.current_stream(inputs[0].device))
-        with torch.cuda.stream(self._stream):
-            out = self.fn(*inputs)
-        torch.cuda.current_stream(inputs[0].device).wait_stream(self._stream)
-        return out
-
-    def _capture(self, inputs):  # pragma: no cover  (needs a CUDA device)
-        self._static_in = [x.clone() for x in inputs]
-        graph = torch.cuda.CUDAGraph()
-        box: list = []
-        try:
-            torch.cuda.synchronize(inputs[0].device)
-            capture_graph(graph, lambda: box.append(self.fn(*self._static_in)), inputs[0].device)
-            out = box[0]
-        except Exception as e:  # capture is best effort: fall back to eager, say why
-            self.fallback_reason = f"capture failed: {type(e).__name__}: {e}"
-            self._static_in = []
-            torch.cuda.synchronize(inputs[0].device)
-            return self.fn(*inputs)
-        leaves: list[torch.Tensor] = []
-        self._out_spec = _flatten(out, leaves)
-        self._static_out = leaves
-        self._graph = graph
-        self.captured = True
-        # the capture recorded the work but did not run it: run it once for this call's inputs
-        for s, x in zip(self._static_in, inputs):
-            s.copy_(x)
-        graph.replay()
-        return _unflatten(self._out_spec, self._static_out)
-
-
 # ---------------------------------------------------------------------------- capture backends
-# A capture backend runs a zero-argument step eagerly (``warm``) or records it (``capture``, which
-# returns an object with ``replay()``). The CUDA-graph rollout (train/graphed_rollout.py) takes one
-# as an argument so that the CPU tests drive the exact static-buffer code path with
-# :class:`FakeGraphCapture`.
+# ``warm(fn)`` runs a zero-argument step eagerly, ``capture(fn, roots)`` records it (``.replay()``).
 
 
 class CudaGraphCapture:
@@ -322,12 +192,8 @@ class _FakeGraph:
         before = reachable_values(self.roots) if self.roots else {}
         self.fn()
         for container, k, v in before.values():  # a replay runs no Python: undo what fn rebound
-            cur = container[k] if isinstance(container, dict) else getattr(container, k)
-            if cur is not v:
-                if isinstance(container, dict):
-                    container[k] = v
-                else:
-                    setattr(container, k, v)
+            if _get(container, k) is not v:
+                _set(container, k, v)
 
 
 class FakeGraphCapture:
@@ -424,9 +290,7 @@ def graph_decision(mode: str, device, backend: str) -> tuple[bool, str | None]:
     return True, None
 
 
-# ---------------------------------------------------------------------------- static-buffer helpers
-# Shared by the CUDA-graph rollout (train/graphed_rollout.py) and the graphed env step
-# (gpusim/graphed_env.py): both replay a step that reads and writes static buffers only.
+# ---------------------------------------------------------------------------- static buffers
 
 
 def copy_all(dst: list, src: list) -> None:
@@ -444,29 +308,6 @@ def copy_all(dst: list, src: list) -> None:
     torch._foreach_copy_(dst, src)
 
 
-def adopt_static_state(env, state, start, dst: list, src: list) -> tuple:
-    """Keep ``env.state`` and ``env.sim.start`` (the episode's start state, trial restarts) in static
-    buffers between graph replays. The first call clones them (``state`` / ``start`` None) and makes
-    the clones the env's own; later calls append to ``dst`` / ``src`` the fields whose tensor the
-    env replaced since (after an eager step or a reset), for one :func:`copy_all`, and point the env
-    back at the static buffers. Returns the static ``(state, start)`` (``start`` None while the env
-    has none)."""
-    if state is None:
-        state = env.state = env.state.clone()
-    if env.sim.start is not None and start is None:
-        start = env.sim.start = env.sim.start.clone()
-    for static, cur in ((state, env.state), (start, env.sim.start)):
-        if cur is not None and cur is not static:
-            for name, s in static.tensors().items():
-                x = getattr(cur, name)
-                if x is not s:
-                    dst.append(s)
-                    src.append(x)
-    if env.sim.start is not None:
-        env.sim.start = start
-    return state, start
-
-
 def pack_key(pack) -> tuple:
     """Key of the scenario pack a captured step reads: ``(num_scenarios, (field, data_ptr, shape,
     dtype), ...)`` over the pack's tensor attributes. A graph replays fixed addresses, so a step
@@ -482,10 +323,7 @@ def _get(container, k):
 
 
 def _set(container, k, v) -> None:
-    if isinstance(container, dict):
-        container[k] = v
-    else:
-        setattr(container, k, v)
+    container.__setitem__(k, v) if isinstance(container, dict) else setattr(container, k, v)
 
 
 class PinnedAttributes:
@@ -588,3 +426,168 @@ class PinnedAttributes:
             if cur is not static:
                 static.copy_(cur)
                 _set(container, k, static)
+
+
+# ---------------------------------------------------------------------------- the engine
+class GraphEngine:
+    """Warm-up, audit, static buffers, capture, replay and fallback of one steady-state env step
+    (module docstring); :class:`gpusim.graphed_env.GraphedEnv` and
+    :class:`train.graphed_rollout.GraphedRollout` are its clients.
+
+    The client writes the *body*: a zero-argument step that reads and writes static buffers only
+    (:attr:`state`, its own input and output buffers), runs ``env.advance(engine.state, ...,
+    episode_end=False)`` and ends with :meth:`finish`. Per steady step (``env.episode_step + 1 <
+    env.horizon``, no stage hook) the client calls :meth:`step`; where it returns False it runs the
+    step eagerly itself (``env.step``).
+
+    Args:
+        env: the :class:`gpusim.env.DriveEnv` stepped (its ``state`` is :attr:`state` between
+            replayed steps). body: the client's step.
+        roots: ``roots() -> {name: object}``, what the audit watches (the env and the client's
+            objects: KV cache, rollout buffer, ...).
+        capture: :class:`CudaGraphCapture` / :class:`FakeGraphCapture`; None only together with a
+            ``fallback`` reason.
+        warmup: eager warm-up calls before each capture (>= 1).
+        say: where the one fallback line goes. eager_note: the end of that line (what happens
+            instead, e.g. ``"the rollout runs eagerly"``).
+        fallback: a reason known at construction (no CUDA, co-players, ...): never capture.
+
+    Attributes:
+        fallback_reason: why the client steps eagerly (None while graphs are used).
+        stats: ``captures``, ``replays``, ``warm_steps``; ``eager_steps`` is the client's to count.
+        state: the static :class:`~gpusim.state.EnvState` (None before the first graphed step).
+        graph_key: the :meth:`key` of the graph held or being warmed up (None: none yet).
+        captured (property): a graph is held for ``graph_key``.
+
+    Raises:
+        ValueError: ``warmup < 1``; ``capture`` None without a ``fallback`` reason.
+    """
+
+    def __init__(self, env, body: Callable[[], None], roots: Callable[[], dict], capture, warmup: int = 2,
+                 say: Callable[[str], None] = print, eager_note: str = "eager steps",
+                 fallback: str | None = None):
+        if int(warmup) < 1:
+            raise ValueError(f"warmup must be >= 1, got {warmup}")
+        if capture is None and fallback is None:
+            raise ValueError("GraphEngine: a capture backend is needed (or a fallback reason)")
+        self.env, self.body, self.roots, self.capture = env, body, roots, capture
+        self.warmup, self.say, self.eager_note = int(warmup), say, eager_note
+        self.fallback_reason: str | None = None
+        self.stats = {"captures": 0, "replays": 0, "warm_steps": 0, "eager_steps": 0}
+        self.state = None   # static EnvState (built at the first graphed step)
+        self._start = None  # static copy of the episode's start state (trial restarts restore it)
+        self.pins = PinnedAttributes()
+        self._graph = self.graph_key = self._pack = self._pack_key = None
+        self._warm = 0
+        if fallback is not None:
+            self.fallback(fallback)
+
+    @property
+    def captured(self) -> bool:
+        """True while a captured graph is held (replayed by the next steady step)."""
+        return self._graph is not None
+
+    def key(self, client_key) -> tuple:
+        """The graph's key for the client's ``client_key``: ``(pack key, client_key)`` (the pack
+        key is recomputed only when the env's pack object changes)."""
+        pack = self.env.pack
+        if pack is not self._pack:
+            self._pack_key, self._pack = pack_key(pack), pack
+        return self._pack_key, client_key
+
+    def drop(self) -> None:
+        """Forget the graph and the key: the next step warms up and captures again."""
+        self._graph, self.graph_key, self._warm = None, None, 0
+
+    def fallback(self, reason: str) -> None:
+        """Step eagerly for good from now on; says ``reason`` once."""
+        self.fallback_reason = reason
+        self._graph = None
+        self.say(f"CUDA graph off: {reason}; {self.eager_note}")
+
+    # ------------------------------------------------------------------ one step
+    def step(self, key, inputs=()) -> bool:
+        """One steady step through the graph: copy ``inputs`` (``(static, value)`` pairs; nothing where
+        ``value`` is ``static``) and whatever eager work replaced into the static buffers, then
+        replay, warm up or capture, then commit the step on the env (:meth:`gpusim.env.DriveEnv.commit`). Returns False when nothing ran
+        (fallback, failed capture): the client runs this step eagerly."""
+        if self.fallback_reason is not None:
+            return False
+        key = self.key(key)
+        if key != self.graph_key:
+            self._graph, self.graph_key, self._warm = None, key, 0
+        self._sync_inputs(inputs)
+        if self._graph is not None:
+            self._graph.replay()
+            self.stats["replays"] += 1
+        elif self._warm < self.warmup:
+            self._warm_step()
+        elif not self._capture_step():
+            return False
+        self.env.commit(self.state)
+        return True
+
+    def finish(self, new_state, dst: list, src: list) -> None:
+        """The end of the client's body: copy ``new_state``'s fields that are not the static ones,
+        with the client's own ``dst`` / ``src`` pairs, in one :func:`copy_all`; put back the pinned
+        attributes (:meth:`PinnedAttributes.restore`)."""
+        for name, s in self.state.tensors().items():
+            x = getattr(new_state, name)
+            if x is not s:
+                dst.append(s)
+                src.append(x)
+        copy_all(dst, src)
+        self.pins.restore()
+
+    def _warm_step(self) -> None:
+        syncs: list[str] = []
+        if self.capture.name == "cuda" and self._warm == self.warmup - 1:  # pragma: no cover  (CUDA)
+            # the last warm-up step (lazy one-time set-up is done by then): name the host syncs a
+            # capture would fail on
+            warm = lambda: syncs.extend(host_syncs(lambda: self.capture.warm(self.body)))  # noqa: E731
+        else:
+            warm = lambda: self.capture.warm(self.body)  # noqa: E731
+        problem = self.pins.audit(warm, self.roots(), capturing=False)
+        if not problem and syncs:
+            problem = f"the step synchronises with the host at {', '.join(syncs[:3])}"
+        self._warm += 1
+        self.stats["warm_steps"] += 1
+        if problem:  # this step ran (eagerly, correctly); later ones cannot be graphed
+            self.fallback(problem)
+
+    def _capture_step(self) -> bool:
+        graph, problem = self.pins.capture_and_replay(self.capture, self.body, self.roots(), self.env.device)
+        if graph is None:  # nothing ran: the client steps eagerly
+            self.fallback(problem)
+            return False
+        self._graph = graph
+        self.stats["captures"] += 1
+        self.stats["replays"] += 1
+        if problem:
+            self.fallback(problem)
+        return True
+
+    def _sync_inputs(self, inputs) -> None:
+        """Outside the graph: copy into the static buffers what is not already there (the client's
+        inputs; the state and start state after an eager step or a reset: the first call clones
+        them and makes the clones the env's own; pinned attributes reassigned eagerly)."""
+        env = self.env
+        dst = [s for s, x in inputs if x is not s]
+        src = [x for s, x in inputs if x is not s]
+        if self.state is None:
+            self.state = env.state = env.state.clone()
+        start = env.sim.start
+        if start is not None and self._start is None:
+            self._start = env.sim.start = start.clone()
+        for static, cur in ((self.state, env.state), (self._start, env.sim.start)):
+            if cur is not None and cur is not static:
+                for name, s in static.tensors().items():
+                    x = getattr(cur, name)
+                    if x is not s:
+                        dst.append(s)
+                        src.append(x)
+        if env.sim.start is not None:
+            env.sim.start = self._start
+        self.pins.sync_inputs(dst, src)
+        copy_all(dst, src)
+        env.state = self.state

@@ -11,16 +11,16 @@ so a hand-written loop gets it too::
     obs = genv.reset()               # env.reset()
     res = genv.step(actions)         # the StepResult of env.step(actions), values equal
 
-How a step is replayed (the pieces are those of the trainer's graphed rollout, module docstring
-of train/graphed_rollout.py, from :mod:`gpusim.cuda_graph`):
+How a step is replayed (by :class:`gpusim.cuda_graph.GraphEngine`, the engine the trainer's
+graphed rollout uses too):
 
 * A step that does not end the episode (``env.episode_step + 1 < env.horizon``) replays one
   captured graph of: the asynchronous action check (:meth:`DriveEnv.validate_actions`),
   :meth:`DriveEnv.advance` with ``episode_end=False``, the copy of the new state's fields into
   static state buffers (``env.state`` *is* that static state between steps) and of the
   :class:`~gpusim.env.StepResult` tensors into static result buffers. The actions are copied into
-  a static input buffer first. The host clock ``env.sim.t`` is advanced outside the graph, as
-  :meth:`DriveEnv.step` does.
+  a static input buffer first. The host clock ``env.episode_step`` is advanced outside the
+  graph (:meth:`DriveEnv.commit`), as :meth:`DriveEnv.step` does.
 * The episode-end step (auto-reset: host-side scenario draws, a streaming pool swap) runs
   eagerly through ``env.step``; before the next replay, what changed address (the new episode's
   state, its start state ``env.sim.start`` that trial restarts restore from, attributes pinned by
@@ -59,15 +59,14 @@ import warnings
 import torch
 
 from gpusim.backend import backend_for
-from gpusim.cuda_graph import (CudaGraphCapture, PinnedAttributes, adopt_static_state, copy_all, graph_decision,
-                               host_syncs, pack_key)
+from gpusim.cuda_graph import CudaGraphCapture, GraphEngine, graph_decision
 from gpusim.env import DriveEnv, StepResult
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(StepResult) if f.name != "info")
 
 
 def _warn(msg: str) -> None:
-    warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    warnings.warn(msg, RuntimeWarning, stacklevel=5)
 
 
 class GraphedEnv:
@@ -84,10 +83,10 @@ class GraphedEnv:
         say: where the one fallback warning goes (default ``warnings.warn``, RuntimeWarning).
 
     Attributes:
-        env: the wrapped env. fallback_reason: why every step runs eagerly now (None while
-        graphs are used). stats: ``captures``, ``replays``, ``warm_steps``, ``eager_steps`` (steps
-        completed; one that raised is not counted).
-        captured (property): a graph is held for the current pack.
+        env: the wrapped env. engine: its :class:`gpusim.cuda_graph.GraphEngine`.
+        fallback_reason: why every step runs eagerly now (None while graphs are used). stats:
+        ``captures``, ``replays``, ``warm_steps``, ``eager_steps`` (steps completed; one that
+        raised is not counted). captured (property): a graph is held for the current pack.
         Other attributes (``num_worlds``, ``metrics``, ``check_errors``, ``horizon``, ...) are
         read from the env.
 
@@ -101,41 +100,47 @@ class GraphedEnv:
             raise TypeError(f"GraphedEnv wraps a gpusim.env.DriveEnv, got {type(env).__name__}")
         if warmup < 1:
             raise ValueError(f"GraphedEnv: warmup must be >= 1, got {warmup}")
-        self.env, self.warmup = env, int(warmup)
-        self._say = say or _warn
-        self.fallback_reason: str | None = None
-        self.stats = {"captures": 0, "replays": 0, "warm_steps": 0, "eager_steps": 0}
-        self._state = None    # EnvState of static buffers (built at the first graphed step)
-        self._start = None    # static copy of env.sim.start (trial restore reads it)
+        self.env = env
         self._actions = None  # static input buffer (the caller's shape and dtype)
         self._res = None      # name -> static result buffer ("info.<key>" for info entries)
-        self._pins = PinnedAttributes()
-        self._graph = self._key = self._pack = self._pack_key = None
-        self._warm = 0
         self._other_actions = False  # this step's actions differ in shape/dtype/device from the graph's
-        self.capture = capture
+        reason = None
         if capture is None:
             enabled, reason = graph_decision("on", env.device, backend_for(env.state.pos))
             if enabled:  # pragma: no cover  (needs a CUDA device)
-                self.capture = CudaGraphCapture(env.device, (env.generator,))
-            else:
-                self._fallback(reason)
-                return
-        if env.check_actions == "sync":
-            self._fallback("EnvConfig.check_actions resolves to 'sync', whose per-step host read cannot be "
-                           "captured (use check_actions='async', CUDA's 'auto')")
-        elif env.config.has_coplayers:
-            self._fallback("co-players (EnvConfig.ego_slots / ego_fraction) are not captured")
+                capture = CudaGraphCapture(env.device, (env.generator,))
+        if reason is None and env.check_actions == "sync":
+            reason = ("EnvConfig.check_actions resolves to 'sync', whose per-step host read cannot be captured "
+                      "(use check_actions='async', CUDA's 'auto')")
+        elif reason is None and env.config.has_coplayers:
+            reason = "co-players (EnvConfig.ego_slots / ego_fraction) are not captured"
+        self.engine = GraphEngine(env, self._body, lambda: {"env": self.env}, capture, warmup, say or _warn,
+                                  "GraphedEnv steps eagerly", fallback=reason)
 
     def __getattr__(self, name):
-        if name == "env":  # not set yet (during __init__): no recursion
+        if name in ("env", "engine"):  # not set yet (during __init__): no recursion
             raise AttributeError(name)
         return getattr(self.env, name)
 
     @property
     def captured(self) -> bool:
         """True while a captured graph is held (replayed by the next steady step)."""
-        return self._graph is not None
+        return self.engine.captured
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why every step runs eagerly now (None while graphs are used)."""
+        return self.engine.fallback_reason
+
+    @property
+    def capture(self):
+        """The capture backend (None when eager from the start)."""
+        return self.engine.capture
+
+    @property
+    def stats(self) -> dict:
+        """``captures``, ``replays``, ``warm_steps``, ``eager_steps`` (the engine's counters)."""
+        return self.engine.stats
 
     # ------------------------------------------------------------------ public
     def reset(self, seed: int | None = None, scenarios: torch.Tensor | None = None) -> torch.Tensor:
@@ -152,79 +157,41 @@ class GraphedEnv:
             :class:`~gpusim.env.StepResult`; after a replayed step its tensors are static buffers
             overwritten by the next step (aliasing contract, module docstring).
         """
-        env = self.env
+        env, engine = self.env, self.engine
         self._other_actions = False
-        if self.fallback_reason is None and env.stage_hook is not None:
-            self._fallback("a stage hook is set on the env (env.stage_hook runs Python around every stage)")
-        if self.fallback_reason is None and env.sim.t + 1 < env.horizon and self._graph_step(actions):
-            env.sim.t += 1
-            env.state = self._state
+        if engine.fallback_reason is None and env.stage_hook is not None:
+            engine.fallback("a stage hook is set on the env (env.stage_hook runs Python around every stage)")
+        if env.episode_step + 1 < env.horizon and self._graph_step(actions):
             return self._result()
         res = env.step(actions)
-        self.stats["eager_steps"] += 1
+        engine.stats["eager_steps"] += 1
         if self._other_actions:  # valid actions of another dtype: warm up and capture again for them
             self._other_actions = False
-            self._graph, self._key, self._warm = None, None, 0
+            engine.drop()
         return res
 
     # ------------------------------------------------------------------ the graphed step
     def _graph_step(self, actions) -> bool:
-        """One steady step through the graph (warm-up, capture or replay). False when the step is
-        to run eagerly (actions unlike the captured ones, a capture that failed)."""
-        if not isinstance(actions, torch.Tensor):
-            return False  # env.step raises the clear error
+        """One steady step through the engine (warm-up, capture or replay). False when the step is
+        to run eagerly (fallback, actions unlike the captured ones, a capture that failed)."""
+        engine = self.engine
+        if engine.fallback_reason is not None or not isinstance(actions, torch.Tensor):
+            return False  # (env.step raises the clear error for a non-tensor)
         sig = (tuple(actions.shape), actions.dtype, actions.device)
-        key = (self._pack_id(), sig)
-        if key != self._key:
-            if self._graph is not None and key[0] == self._key[0]:
-                # actions unlike the captured ones: this step eagerly (it raises on bad ones and
-                # keeps the graph; after valid ones the next steps capture again)
-                self._other_actions = True
-                return False
-            self._graph, self._key, self._warm = None, key, 0
-            self._actions = torch.empty_like(actions)
-        self._sync_inputs(actions)
-        if self._graph is not None:
-            self._graph.replay()
-            self.stats["replays"] += 1
-        elif self._warm < self.warmup:
-            self._warm_step()
-        else:
-            return self._capture_step()
-        return True
-
-    def _warm_step(self) -> None:
-        syncs: list[str] = []
-        if self.capture.name == "cuda" and self._warm == self.warmup - 1:  # pragma: no cover  (CUDA)
-            # the last warm-up step (lazy one-time set-up is done by then): name the host syncs
-            # a capture would fail on
-            warm = lambda: syncs.extend(host_syncs(lambda: self.capture.warm(self._body)))  # noqa: E731
-        else:
-            warm = lambda: self.capture.warm(self._body)  # noqa: E731
-        problem = self._pins.audit(warm, self._roots(), capturing=False)
-        if not problem and syncs:
-            problem = f"the step synchronises with the host at {', '.join(syncs[:3])}"
-        self._warm += 1
-        self.stats["warm_steps"] += 1
-        if problem:  # this step ran (eagerly, correctly); later ones cannot be graphed
-            self._fallback(problem)
-
-    def _capture_step(self) -> bool:
-        graph, problem = self._pins.capture_and_replay(self.capture, self._body, self._roots(), self.env.device)
-        if graph is None:  # nothing ran: the caller steps eagerly
-            self._fallback(problem)
+        key = engine.key(sig)
+        if engine.captured and key != engine.graph_key and key[0] == engine.graph_key[0]:
+            # actions unlike the captured ones: this step eagerly (it raises on bad ones and keeps
+            # the graph; after valid ones the next steps capture again)
+            self._other_actions = True
             return False
-        self._graph = graph
-        self.stats["captures"] += 1
-        self.stats["replays"] += 1
-        if problem:
-            self._fallback(problem)
-        return True
+        if self._actions is None or (tuple(self._actions.shape), self._actions.dtype, self._actions.device) != sig:
+            self._actions = torch.empty_like(actions)
+        return engine.step(sig, [(self._actions, actions)])
 
     def _body(self) -> None:
         """The captured step: reads and writes static buffers only (module docstring)."""
-        env = self.env
-        new_state, res = env.advance(self._state, env.validate_actions(self._actions), episode_end=False)
+        env, engine = self.env, self.engine
+        new_state, res = env.advance(engine.state, env.validate_actions(self._actions), episode_end=False)
         leaves = {name: getattr(res, name) for name in _FIELDS}
         leaves.update({f"info.{k}": v for k, v in res.info.items()})
         if self._res is None:  # first warm-up (eager): allocate; the observation buffer is already static
@@ -232,46 +199,13 @@ class GraphedEnv:
         elif leaves.keys() != self._res.keys():
             raise RuntimeError(f"GraphedEnv: the step's results changed from {sorted(self._res)} to {sorted(leaves)}")
         dst, src = [], []
-        for name, s in self._state.tensors().items():
-            x = getattr(new_state, name)
-            if x is not s:
-                dst.append(s)
-                src.append(x)
         for k, x in leaves.items():
             if x is not self._res[k]:
                 dst.append(self._res[k])
                 src.append(x)
-        copy_all(dst, src)
-        self._pins.restore()
+        engine.finish(new_state, dst, src)
 
     def _result(self) -> StepResult:
         r = self._res
         info = {k[5:]: v for k, v in r.items() if k.startswith("info.")}
         return StepResult(**{name: r[name] for name in _FIELDS}, info=info)
-
-    # ------------------------------------------------------------------ static buffers
-    def _sync_inputs(self, actions: torch.Tensor) -> None:
-        """Outside the graph: copy into the static buffers what is not already there (the actions;
-        the state and start state after an eager step or a reset; pinned attributes reassigned
-        eagerly). Between replayed steps only the actions are copied."""
-        env = self.env
-        dst, src = [self._actions], [actions]
-        self._state, self._start = adopt_static_state(env, self._state, self._start, dst, src)
-        self._pins.sync_inputs(dst, src)
-        copy_all(dst, src)
-        env.state = self._state
-
-    def _pack_id(self):
-        """Key of the scenario pack the graph reads (recomputed when ``env.sim.pack`` changes)."""
-        pack = self.env.sim.pack
-        if pack is not self._pack:
-            self._pack_key, self._pack = pack_key(pack), pack
-        return self._pack_key
-
-    def _roots(self) -> dict:
-        return {"env": self.env}
-
-    def _fallback(self, reason: str) -> None:
-        self.fallback_reason = reason
-        self._graph = None
-        self._say(f"CUDA graph off: {reason}; GraphedEnv steps eagerly")

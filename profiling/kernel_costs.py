@@ -275,12 +275,11 @@ def graphed_launch_counts(pack, config, worlds: int, seed: int = 0) -> dict:
             capture.counter = None
         total = c["triton"] + c["torch"]
         with count_ops() as e:
-            ego = begin_rollout(env, policy, buf, cache)
-            removed = torch.zeros(R, dtype=torch.bool)
+            ego = begin_rollout(env, roll.actor, buf)  # the same policy.actor.Actor, eagerly
         eager.append(e["triton"] + e["torch"])
         for t in range(H):
             with count_ops() as e:
-                obs, removed = rollout_step(env, policy, t, obs, removed, buf, cache, ego)
+                obs = rollout_step(env, roll.actor, t, obs, buf, ego)
             eager.append(e["triton"] + e["torch"])
     if roll.fallback_reason is not None:
         raise RuntimeError(f"the graphed rollout fell back to eager: {roll.fallback_reason}")

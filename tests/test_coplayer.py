@@ -231,7 +231,7 @@ def test_trial_restart_with_coplayers_and_stationary_partners(tmp_path):
     obs = env.reset(scenarios=torch.tensor([1, 1]))
     start = env.state.clone()
     pool.begin(env)
-    assert pool._count[0] == 2
+    assert pool._actors[0].num_slots == 2
     acted, log = [], TrialLog(2, 20, "cpu")
     for t in range(env.horizon):
         merged = pool.act(obs.reshape(8, -1), torch.full((8,), COAST, dtype=torch.int64))

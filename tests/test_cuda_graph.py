@@ -1,16 +1,19 @@
-"""gpusim.cuda_graph: the flag, the eager fallback and the input checks on the CPU; capture and
-replay on a CUDA device (skipped without one)."""
+"""gpusim.cuda_graph: the flag, and the engine (:class:`GraphEngine`) on its own: warm-up, capture,
+replay, keys, static env state, audit and fallback, on the CPU through the fake capture backend
+(which re-runs the recorded step on every replay, reading and writing the static buffers only);
+the CUDA capture backend's failure handling on a CUDA device (skipped without one). The two
+clients are tested in test_graphed_env.py and test_cuda_graph_rollout.py."""
 
 import pytest
 import torch
 
-from gpusim.cuda_graph import ENV_FLAG, GraphedStep, cuda_graphs_enabled
+from gpusim.config import EnvConfig
+from gpusim.cuda_graph import ENV_FLAG, CudaGraphCapture, FakeGraphCapture, GraphEngine, cuda_graphs_enabled
+from gpusim.data import ScenarioPack
+from gpusim.env import DriveEnv
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def _step(x, y):
-    return {"sum": x + y, "pair": (x * 2, y.sum()), "tag": "step"}
+W, C = 2, 4
 
 
 def test_flag_defaults_and_override(monkeypatch):
@@ -24,77 +27,105 @@ def test_flag_defaults_and_override(monkeypatch):
         cuda_graphs_enabled()
 
 
-@pytest.mark.parametrize("enabled", [None, True, False])
-def test_cpu_inputs_run_eagerly_with_the_same_results(enabled):
-    step = GraphedStep(_step, enabled=enabled, warmup=1)
-    for i in range(4):
-        x, y = torch.full((3,), float(i)), torch.arange(3.0)
-        out = step(x, y)
-        assert torch.equal(out["sum"], x + y) and torch.equal(out["pair"][0], 2 * x) and out["tag"] == "step"
-        assert out["pair"][1].item() == 3.0
-    assert step.calls == 4 and not step.captured and "CUDA" in step.fallback_reason
+@pytest.fixture(scope="module")
+def pack(sample_dir):
+    """Three scenarios of the bundled WOMD sample for C = 4 controlled slots."""
+    return ScenarioPack.from_json(sorted(sample_dir.glob("*.json*"))[:3], EnvConfig(max_controlled=C).data_config())
 
 
-def test_bad_arguments():
+def _env(pack):
+    cfg = EnvConfig(max_controlled=C, scenario_length=5, check_actions="async", collision_behavior="remove")
+    env = DriveEnv(pack, W, cfg, seed=3)
+    env.reset(seed=5)
+    return env
+
+
+class _Client:
+    """The smallest client: a static action buffer and a body that steps the env on the static state."""
+
+    def __init__(self, env, capture, warmup=2, extra=None):
+        self.env, self.said = env, []
+        self.actions = torch.zeros(W, C, dtype=torch.int64)
+        self.extra = extra
+        self.engine = GraphEngine(env, self.body, lambda: {"env": env}, capture, warmup, self.said.append,
+                                  "eager now")
+
+    def body(self):
+        new_state, _ = self.env.advance(self.engine.state, self.env.validate_actions(self.actions), False)
+        if self.extra is not None:
+            self.extra(self.env)
+        self.engine.finish(new_state, [], [])
+
+    def step(self, actions, key="k"):
+        env = self.env
+        if env.episode_step + 1 < env.horizon and self.engine.step(key, [(self.actions, actions)]):
+            return "graph"
+        env.step(actions)
+        return "eager"
+
+
+def _actions(n, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 91, (W, C), generator=g) for _ in range(n)]
+
+
+def test_engine_warms_up_captures_replays_and_matches_eager(pack):
+    acts = _actions(12)
+    eager, graphed = _env(pack), _env(pack)
+    cap = FakeGraphCapture()
+    client = _Client(graphed, cap)
+    ways = []
+    for a in acts:
+        eager.step(a)
+        ways.append(client.step(a))
+        assert graphed.episode_step == eager.episode_step  # the engine commits the host clock
+        for k, v in eager.state.tensors().items():
+            assert torch.equal(v, graphed.state.tensors()[k]), k
+    assert graphed.state is client.engine.state  # env.state is the static state between steps
+    H = eager.horizon  # the episode-end step of every episode runs eagerly
+    assert ways[:H] == ["graph"] * (H - 1) + ["eager"]
+    e = client.engine
+    assert e.stats["warm_steps"] == 2 and e.stats["captures"] == 1 and cap.captures == 1
+    assert e.stats["replays"] == cap.replays == len(acts) - 2 - len(acts) // H
+    assert e.fallback_reason is None and client.said == [] and e.captured
+    client.step(acts[0], key="other")  # a new client key: warm up (and later capture) again
+    assert not e.captured and e.stats["warm_steps"] == 3
+
+
+def test_engine_falls_back_once_with_the_reason(pack):
+    def count(env):  # a host value changed by the step: a replay could not do it
+        env.sim.counted = getattr(env.sim, "counted", 0) + 1
+
+    env = _env(pack)
+    client = _Client(env, FakeGraphCapture(), extra=count)
+    ways = [client.step(a) for a in _actions(6)]
+    reason = client.engine.fallback_reason
+    assert reason.startswith("the step changes the host value env.sim.counted")
+    assert client.said == [f"CUDA graph off: {reason}; eager now"]
+    assert ways == ["graph"] + ["eager"] * 5 and client.engine.stats["captures"] == 0
+
+
+def test_engine_arguments():
     with pytest.raises(ValueError, match="warmup"):
-        GraphedStep(_step, warmup=0)
-    with pytest.raises(TypeError, match="input 1 must be a tensor"):
-        GraphedStep(_step)(torch.zeros(2), 3.0)
+        GraphEngine(None, lambda: None, dict, FakeGraphCapture(), warmup=0)
+    with pytest.raises(ValueError, match="capture backend"):
+        GraphEngine(None, lambda: None, dict, None)
+    said = []
+    e = GraphEngine(None, lambda: None, dict, None, say=said.append, eager_note="x", fallback="no CUDA")
+    assert e.fallback_reason == "no CUDA" and said == ["CUDA graph off: no CUDA; x"] and e.step("k") is False
 
 
 @needs_cuda
-def test_capture_replays_with_new_inputs_and_in_place_state():
-    state = torch.zeros(4, device="cuda")
-
-    def fn(x):
-        state.add_(x)  # state carried in place: replayed
-        return state * 2, x.sum()
-
-    step = GraphedStep(fn, enabled=True, warmup=2)
-    total = torch.zeros(4, device="cuda")
-    for i in range(6):
-        x = torch.full((4,), float(i + 1), device="cuda")
-        total += x
-        a, s = step(x)
-        torch.testing.assert_close(a, 2 * total)
-        assert s.item() == 4.0 * (i + 1)
-    assert step.captured and step.fallback_reason is None
-    with pytest.raises(ValueError, match="captured with"):
-        step(torch.zeros(5, device="cuda"))
-
-
-@needs_cuda
-def test_disabled_or_failed_capture_falls_back_to_eager():
-    step = GraphedStep(lambda x: x + 1, enabled=False, warmup=1)
-    for _ in range(3):
-        assert torch.equal(step(torch.zeros(2, device="cuda")), torch.ones(2, device="cuda"))
-    assert not step.captured and "disabled" in step.fallback_reason
-
-    def syncs(x):
-        return x * float(x.sum().item())  # a host sync: not capturable
-
-    step = GraphedStep(syncs, enabled=True, warmup=1)
-    for _ in range(3):
-        assert torch.equal(step(torch.ones(2, device="cuda")), torch.full((2,), 2.0, device="cuda"))
-    assert not step.captured and step.fallback_reason.startswith("capture failed")
-
-
-@needs_cuda
-def test_failed_capture_leaves_the_generators_usable():
-    """A capture that fails after a draw from the default generator must not leave it in capture
-    mode: the eager fallback samples (torch 2.11 raised "Offset increment outside graph capture
-    encountered unexpectedly" at the next ``rand_like`` before gpusim.cuda_graph.capture_graph)."""
+def test_failed_capture_leaves_the_generators_usable():  # pragma: no cover  (needs a CUDA device)
+    """A capture that fails after a draw from the default generator and from a registered one must
+    not leave them in capture mode: the eager fallback samples (torch 2.11 raised "Offset increment
+    outside graph capture encountered unexpectedly" at the next ``rand_like`` before
+    gpusim.cuda_graph.capture_graph restored them)."""
     user = torch.Generator(device="cuda").manual_seed(1)
 
     def draws_then_syncs(x):
         y = x + torch.rand_like(x) + torch.rand(x.shape, device=x.device, generator=user)
         return y * float(y.sum().item())
-
-    step = GraphedStep(draws_then_syncs, enabled=True, warmup=1)
-    for _ in range(3):
-        assert torch.isfinite(step(torch.ones(4, device="cuda"))).all()
-    assert not step.captured and step.fallback_reason.startswith("capture failed")
-    from gpusim.cuda_graph import CudaGraphCapture
 
     cap = CudaGraphCapture("cuda", (user,))
     x = torch.ones(4, device="cuda")
@@ -104,3 +135,20 @@ def test_failed_capture_leaves_the_generators_usable():
     a = torch.rand(3, device="cuda")
     b = torch.rand(3, device="cuda", generator=user)
     assert torch.isfinite(a).all() and torch.isfinite(b).all()
+
+
+@needs_cuda
+def test_cuda_capture_replays_in_place_state():  # pragma: no cover  (needs a CUDA device)
+    state = torch.zeros(4, device="cuda")
+    x = torch.zeros(4, device="cuda")
+    cap = CudaGraphCapture("cuda")
+    body = lambda: state.add_(x)  # noqa: E731  (state carried in place: replayed)
+    cap.warm(body)
+    graph = cap.capture(body)
+    total = state.clone()
+    for i in range(3):
+        x.fill_(float(i + 1))
+        total += x
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(state, total)

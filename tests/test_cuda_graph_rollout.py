@@ -124,12 +124,12 @@ def test_graphed_rollout_equals_eager(trial):
     H = env_g.horizon
     # one capture; the last step of each rollout (episode end) eager; 2 warm-ups, the rest replays
     assert roll.stats == {"captures": 1, "replays": 3 * (H - 1) - 2, "warm_steps": 2, "eager_steps": 3}
-    assert roll.capture.captures == 1 and roll.capture.replays == 3 * (H - 1) - 2
+    assert roll.engine.capture.captures == 1 and roll.engine.capture.replays == 3 * (H - 1) - 2
     assert env_e.metrics("mean") == env_g.metrics("mean")
     # the observation stage reassigns ctx.obs_written each step: pinned to a static buffer
-    assert "env.sim.obs_written" in roll._pins
+    assert "env.sim.obs_written" in roll.engine.pins
     if trial:  # the async action check rebinds its error record; the trial log its clock
-        assert {"env._check._record", "trial_log.clock"} <= set(roll._pins)
+        assert {"env._check._record", "trial_log.clock"} <= set(roll.engine.pins)
 
 
 def test_continuous_and_deterministic():

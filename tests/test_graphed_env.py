@@ -149,7 +149,7 @@ def test_result_is_overwritten_by_the_next_step(pack):
     assert r2.info["goal_reached"] is r1.info["goal_reached"]
     assert r1.obs is env.sim.obs_buf  # the env's observation buffer, as eagerly
     assert not torch.equal(r1.obs, kept)  # step t's observation now shows step t+1's values
-    assert env.state is genv._state  # env.state is the static state between steps
+    assert env.state is genv.engine.state  # env.state is the static state between steps
 
 
 def test_stage_hook_falls_back_with_one_warning(pack):
@@ -206,7 +206,7 @@ def test_async_bad_action_is_raised_at_check_errors(pack):
             stepper.step(a)
         if graphed:
             assert genv.stats["replays"] >= 3 and genv.fallback_reason is None
-            assert "env._check._record" in genv._pins
+            assert "env._check._record" in genv.engine.pins
         with pytest.raises(ValueError, match="bad action at env step 6, world 1, slot 2") as e:
             env.check_errors()
         messages.append(str(e.value))

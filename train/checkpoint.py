@@ -126,3 +126,73 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     if missing:
         raise CheckpointError(f"{path} is not a complete gpusim training checkpoint (missing {', '.join(missing)})")
     return payload
+
+
+class PolicyMismatch(CheckpointError):
+    """A checkpoint's policy reads other observations or acts in another action space than the env
+    it is meant to drive. The message names the file and both sizes; ``detail`` is the message
+    without the file (for a caller that names the flag instead)."""
+
+    def __init__(self, path, detail: str):
+        super().__init__(f"checkpoint {path}: {detail}")
+        self.detail = detail
+
+
+def policy_from_checkpoint(payload: dict, path, obs_layout=None, num_actions: int | None = None,
+                           continuous: bool | None = None):
+    """The :class:`policy.ActorCritic` of a loaded checkpoint ``payload`` (:func:`load_checkpoint`),
+    weights loaded, frozen (``requires_grad_(False)``) and in eval mode, on the CPU.
+
+    Args:
+        payload: the checkpoint's dict. path: its file (for messages).
+        obs_layout: the env's observation layout (``env.obs_layout``); None: not checked.
+        num_actions: the env's action count (91) or dimension (2); None: not checked.
+        continuous: the env's action space is continuous; None: not checked.
+
+    Raises:
+        PolicyMismatch (a ``CheckpointError``, ``ValueError``): the policy's observation layout,
+            action count or action space differs from the given ones.
+    """
+    import dataclasses
+
+    from policy.actor_critic import ActorCritic
+    from policy.encoders import ObsDims
+
+    policy = ActorCritic.from_description(payload["policy"])
+    have = dataclasses.asdict(policy.dims)
+    want = have if obs_layout is None else dataclasses.asdict(ObsDims.from_layout(obs_layout))
+    n = policy.num_actions if num_actions is None else int(num_actions)
+    cont = policy.continuous if continuous is None else bool(continuous)
+    if have != want or policy.num_actions != n or policy.continuous != cont:
+        kind = lambda c: "continuous" if c else "discrete"  # noqa: E731
+        raise PolicyMismatch(path, f"the policy reads observations {have} with {policy.num_actions} "
+                                   f"{kind(policy.continuous)} actions, the env gives {want} with {n} {kind(cont)}")
+    policy.load_state_dict(payload["model"])
+    policy.requires_grad_(False)
+    return policy.eval()
+
+
+def load_policy(path, device="cpu", obs_layout=None, num_actions: int | None = None,
+                continuous: bool | None = None):
+    """The one way to load a trained policy to act with (evaluation, co-players, rendering):
+    :func:`load_checkpoint` then :func:`policy_from_checkpoint`, moved to ``device``.
+
+    Args:
+        path: a checkpoint file, or a run directory holding ``checkpoint.pt``.
+        device: where the policy goes. obs_layout, num_actions, continuous: what the env gives
+            (checked when given; see :func:`policy_from_checkpoint`).
+
+    Returns:
+        ``(policy, payload)``: the frozen :class:`policy.ActorCritic` in eval mode, and the
+        checkpoint's dict (``global_step``, ``env_config``, ...).
+
+    Raises:
+        FileNotFoundError, CheckpointError: as :func:`load_checkpoint`. PolicyMismatch: as
+            :func:`policy_from_checkpoint`.
+    """
+    path = pathlib.Path(path)
+    if path.is_dir() and (path / "checkpoint.pt").is_file():
+        path = path / "checkpoint.pt"
+    payload = load_checkpoint(path, map_location="cpu")
+    policy = policy_from_checkpoint(payload, path, obs_layout, num_actions, continuous)
+    return policy.to(device), payload

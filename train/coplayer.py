@@ -65,29 +65,20 @@ def load_partner(path: str, obs_layout, num_actions: int, continuous: bool, devi
         UserError: missing file, or a checkpoint whose observation/action sizes do not match the env
             (message names the path and both sizes). CheckpointError: unreadable file.
     """
-    from policy.actor_critic import ActorCritic
-    from policy.encoders import ObsDims
-    from train.checkpoint import load_checkpoint
+    from train.checkpoint import PolicyMismatch, load_policy
 
     p = resolve_path(path)
     if p.is_dir() and (p / "checkpoint.pt").is_file():
         p = p / "checkpoint.pt"
     if not p.exists():
         raise UserError(f"--coplayer {path}: no such checkpoint file or run directory")
-    ck = load_checkpoint(p)
-    policy = ActorCritic.from_description(ck["policy"])
-    want = dataclasses.asdict(ObsDims.from_layout(obs_layout))
-    have = dataclasses.asdict(policy.dims)
-    if have != want or policy.num_actions != num_actions or policy.continuous != bool(continuous):
-        raise UserError(f"--coplayer {path}: the partner reads observations {have} with {policy.num_actions} "
-                        f"{'continuous' if policy.continuous else 'discrete'} actions, the env gives {want} with "
-                        f"{num_actions}; train the partner with the same --env.num-partners/--env.num-roads and "
-                        "action space")
-    policy.load_state_dict(ck["model"])
-    policy.requires_grad_(False)
-    policy.eval()
+    try:
+        policy, ck = load_policy(p, device, obs_layout, num_actions, continuous)
+    except PolicyMismatch as e:
+        raise UserError(f"--coplayer {path}: {e.detail}; train the partner with the same "
+                        "--env.num-partners/--env.num-roads and action space") from None
     label = f"{p.parent.name}/{p.name}@{int(ck.get('global_step', 0))}"
-    return Partner(label=label, path=str(p), policy=policy.to(device))
+    return Partner(label=label, path=str(p), policy=policy)
 
 
 class CoplayerPool:
@@ -123,9 +114,7 @@ class CoplayerPool:
         self.generator.manual_seed(int(seed))
         self.partner_of = torch.zeros(self.W, dtype=torch.int64, device=self.device)
         self._index: list[torch.Tensor] = []
-        self._count: list[int] = []
-        self._cache: list = []
-        self._removed: list[torch.Tensor] = []
+        self._actors: list = []  # per partner: a policy.actor.Actor over its co-player slots, or None
         self.last_logits: list = [None] * len(self.partners)
 
     @property
@@ -140,17 +129,18 @@ class CoplayerPool:
         if generator_draw:
             self.partner_of = torch.randint(len(self.partners), (self.W,), generator=self.generator,
                                             device=self.device)
+        from policy.actor import Actor
+
         state = env.state
         cop = (state.slot_active & ~state.ego).reshape(-1)
         owner = self.partner_of[:, None].expand(self.W, self.C).reshape(-1)
-        self._index, self._count, self._cache, self._removed = [], [], [], []
+        self._index, self._actors = [], []
         for p, partner in enumerate(self.partners):
             idx = torch.nonzero(cop & (owner == p)).flatten()
             n = int(idx.numel())
             self._index.append(idx)
-            self._count.append(n)
-            self._cache.append(partner.policy.init_cache(n, self.H, self.device) if n else None)
-            self._removed.append(torch.zeros(n, dtype=torch.bool, device=self.device))
+            self._actors.append(Actor(partner.policy, n, self.H, self.device, self.deterministic, reset_at_trial=True)
+                                if n else None)
             self.last_logits[p] = None
 
     @torch.no_grad()
@@ -166,32 +156,25 @@ class CoplayerPool:
             (continuous ones clamped to [-1, 1]); other rows unchanged.
         """
         out = actions
-        for p, partner in enumerate(self.partners):
-            if not self._count[p]:
+        for p, actor in enumerate(self._actors):
+            if actor is None:
                 continue
             idx = self._index[p]
-            pol = partner.policy
-            logits, _, self._cache[p] = pol.forward_eval(obs_flat.index_select(0, idx), self._cache[p],
-                                                         self._removed[p])
-            a = pol.sample(logits, self.deterministic)
-            if pol.continuous:
-                a = a.clamp(-1.0, 1.0)
-            self.last_logits[p] = logits
-            out = out.index_copy(0, idx, a.to(out.dtype))
+            act = actor.act(obs_flat.index_select(0, idx))
+            self.last_logits[p] = act.logits
+            out = out.index_copy(0, idx, actor.env_action(act.action).to(out.dtype))
         return out
 
     def observe(self, result) -> None:
         """After ``env.step``: removed flags for the next step; caches cleared where the step
         ended a trial (``truncation``) or the episode (``terminal``)."""
         R = self.W * self.C
-        removed = result.removed.reshape(R)
-        clear = (result.terminal | result.truncation).reshape(R)
-        for p in range(len(self.partners)):
-            if not self._count[p]:
-                continue
-            idx = self._index[p]
-            self._removed[p] = removed.index_select(0, idx)
-            self.partners[p].policy.reset_cache(self._cache[p], clear.index_select(0, idx))
+        removed, terminal, truncation = (x.reshape(R) for x in (result.removed, result.terminal, result.truncation))
+        for p, actor in enumerate(self._actors):
+            if actor is not None:
+                idx = self._index[p]
+                actor.observe(terminal.index_select(0, idx), removed.index_select(0, idx),
+                              truncation.index_select(0, idx))
 
 
 def make_pool(paths, env, device, seed: int, deterministic: bool = True) -> CoplayerPool | None:

@@ -1,15 +1,18 @@
-"""CUDA-graph capture of the steady-state rollout step (issue 14 item 4; DESIGN.md section 2).
+"""CUDA-graph capture of the steady-state rollout step (DESIGN.md section 2).
 
 On a GPU a rollout step is launch-bound: about 100 small env kernels plus the policy's
 (docs/performance.md). :class:`GraphedRollout` collects the same rollout as
 :func:`train.rollout.collect_rollout` (same buffers, same values), but replays every step that
-does not end the episode from one captured graph: policy ``forward_eval`` on the KV cache, action
-sampling, log-probability, the env step (:meth:`gpusim.env.DriveEnv.advance`), the writes into
-the :class:`~train.rollout.RolloutBatch` and the cache reset of terminal slots.
+does not end the episode from one captured graph: the actor's act (:class:`policy.actor.Actor`:
+policy ``forward_eval`` on the KV cache, action sampling), the log-probability, the env step
+(:meth:`gpusim.env.DriveEnv.advance`), the writes into the :class:`~train.rollout.RolloutBatch`
+and the actor's observe (removed flags, cache reset of terminal slots). Warm-up, audit, static
+env state, capture, replay and fallback are :class:`gpusim.cuda_graph.GraphEngine`'s; this module
+is its client (the body of the step and the eager steps around it).
 
 How the step is made replayable (a graph replays fixed addresses and no Python):
 
-* **Static buffers.** The captured step reads the observation, the ``removed`` flags, the env
+* **Static buffers.** The captured step reads the observation, the actor's ``removed`` flags, the env
   state and the episode's start state (trial restore) from static buffers, and copies the new
   state's fields (the stages return new tensors through ``state.replace``) back into them at its
   end; ``env.state`` *is* the static state between steps. Outside the graph, before a replay,
@@ -59,8 +62,8 @@ import warnings
 
 import torch
 
-from gpusim.cuda_graph import (CudaGraphCapture, PinnedAttributes, adopt_static_state, copy_all, graph_decision,
-                               host_syncs, pack_key)
+from gpusim.cuda_graph import CudaGraphCapture, GraphEngine, graph_decision
+from policy.actor import Actor
 from train.rollout import RolloutBatch, begin_rollout, collect_rollout, rollout_step
 
 
@@ -109,8 +112,10 @@ class GraphedRollout:
         say: where the fallback warning goes (default ``warnings.warn``).
 
     Attributes:
-        fallback_reason: why the rollout runs eagerly now (None while graphs are used).
-        stats: ``captures``, ``replays``, ``warm_steps``, ``eager_steps`` counted over all calls.
+        actor: the :class:`policy.actor.Actor` acting on ``cache``. engine: the
+        :class:`gpusim.cuda_graph.GraphEngine`. fallback_reason: why the rollout runs eagerly now
+        (None while graphs are used). stats: ``captures``, ``replays``, ``warm_steps``,
+        ``eager_steps`` counted over all calls.
 
     Call: ``rollout(obs, coplayers=None, trial_log=None) -> (next_obs [W, C, D], buffer)``, as
     :func:`collect_rollout` (the same errors; bad actions under ``check_actions="async"`` are
@@ -125,35 +130,36 @@ class GraphedRollout:
         if warmup < 1:
             raise ValueError(f"GraphedRollout: warmup must be >= 1, got {warmup}")
         self.env, self.policy, self.buffer, self.cache = env, policy, buffer, cache
-        self.capture = capture if capture is not None else CudaGraphCapture(env.device, (env.generator,))
-        self.warmup, self.deterministic = int(warmup), bool(deterministic)
-        self._say = say or _warn
-        self.fallback_reason: str | None = None
-        self.stats = {"captures": 0, "replays": 0, "warm_steps": 0, "eager_steps": 0}
         W, C, dev = env.num_worlds, env.num_slots, env.device
+        self.actor = Actor(policy, device=dev, deterministic=deterministic, cache=cache)
         self._obs = torch.zeros(W, C, env.obs_dim, device=dev)
-        self._removed = torch.zeros(W * C, dtype=torch.bool, device=dev)
         self._ego = torch.zeros(W * C, dtype=torch.bool, device=dev)
         self._col = torch.zeros(1, dtype=torch.int64, device=dev)
-        self._state = None   # EnvState of static buffers (built at the first graphed step)
-        self._start = None   # static copy of env.sim.start (trial restore reads it)
-        self._pins = PinnedAttributes()  # tensor attributes the step reassigns (gpusim.cuda_graph)
-        self._graph = None
-        self._key = None
-        self._pack = None
-        self._pack_key = None
-        self._warm = 0
         self._trial_log = None
         self._has_ego = False
+        capture = capture if capture is not None else CudaGraphCapture(env.device, (env.generator,))
+        self.engine = GraphEngine(env, self._body, self._roots, capture, warmup, say or _warn,
+                                  "the rollout runs eagerly")
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why the rollout runs eagerly now (None while graphs are used)."""
+        return self.engine.fallback_reason
+
+    @property
+    def stats(self) -> dict:
+        """``captures``, ``replays``, ``warm_steps``, ``eager_steps`` (the engine's counters)."""
+        return self.engine.stats
 
     # ------------------------------------------------------------------ public
     def __call__(self, obs: torch.Tensor, coplayers=None, trial_log=None):
-        if self.fallback_reason is None and coplayers is not None:
-            self._fallback("co-players drive some slots (their partner policies are not captured)")
-        if self.fallback_reason is None and self.env.device.type == "cuda" and self.env.check_actions == "sync":
-            self._fallback("EnvConfig.check_actions='sync' reads the actions on the host every step (use 'auto')")
-        if self.fallback_reason is not None:
-            return collect_rollout(self.env, self.policy, obs, self.buffer, self.cache, self.deterministic,
+        engine = self.engine
+        if engine.fallback_reason is None and coplayers is not None:
+            engine.fallback("co-players drive some slots (their partner policies are not captured)")
+        if engine.fallback_reason is None and self.env.device.type == "cuda" and self.env.check_actions == "sync":
+            engine.fallback("EnvConfig.check_actions='sync' reads the actions on the host every step (use 'auto')")
+        if engine.fallback_reason is not None:
+            return collect_rollout(self.env, self.policy, obs, self.buffer, self.cache, self.actor.deterministic,
                                    coplayers=coplayers, trial_log=trial_log)
         with torch.no_grad():
             return self._collect(obs, trial_log)
@@ -161,113 +167,38 @@ class GraphedRollout:
     # ------------------------------------------------------------------ the rollout
     def _collect(self, obs, trial_log):
         env, buf = self.env, self.buffer
-        ego = begin_rollout(env, self.policy, buf, self.cache, None, trial_log)
-        self._removed.zero_()
+        ego = begin_rollout(env, self.actor, buf, None, trial_log)
         self._col.zero_()
         if ego is not None:
             self._ego.copy_(ego)
+        self._trial_log, self._has_ego = trial_log, ego is not None
         H = buf.horizon
         for t in range(H):
-            steady = env.sim.t + 1 < env.horizon and env.stage_hook is None
-            if steady and self.fallback_reason is None and self._graph_step(obs, trial_log, ego is not None):
+            steady = env.episode_step + 1 < env.horizon and env.stage_hook is None
+            if steady and self.engine.step((id(trial_log), ego is not None), [(self._obs, obs)]):
                 obs = self._obs
                 continue
-            obs, removed = rollout_step(env, self.policy, t, obs, self._removed, buf, self.cache, ego,
-                                        self.deterministic, None, trial_log)
-            self._removed.copy_(removed)
-            self.stats["eager_steps"] += 1
+            obs = rollout_step(env, self.actor, t, obs, buf, ego, None, trial_log)
+            self.engine.stats["eager_steps"] += 1
             if t + 1 < H:
                 self._col.fill_(t + 1)
         return obs, buf
 
-    def _graph_step(self, obs, trial_log, has_ego: bool) -> bool:
-        """One steady-state step through the graph (warm-up, capture or replay). False when the
-        step was not taken (capture failed: the caller runs it eagerly)."""
-        env = self.env
-        key = (self._pack_id(), id(trial_log), has_ego)
-        if key != self._key:
-            self._graph, self._key, self._warm = None, key, 0
-        self._trial_log, self._has_ego = trial_log, has_ego
-        self._sync_inputs(obs)
-        if self._graph is not None:
-            self._graph.replay()
-            self.stats["replays"] += 1
-        elif self._warm < self.warmup:
-            syncs: list[str] = []
-            if self.capture.name == "cuda" and self._warm == self.warmup - 1:
-                # the last warm-up step (lazy one-time set-up is done by then): name the host
-                # syncs a capture would fail on
-                warm = lambda: syncs.extend(host_syncs(lambda: self.capture.warm(self._body)))  # noqa: E731
-            else:
-                warm = lambda: self.capture.warm(self._body)  # noqa: E731
-            problem = self._audited(warm, capturing=False)
-            if not problem and syncs:
-                problem = f"the step synchronises with the host at {', '.join(syncs[:3])}"
-            self._warm += 1
-            self.stats["warm_steps"] += 1
-            if problem:  # this step ran (eagerly); later ones cannot be graphed
-                self._fallback(problem)
-        else:
-            graph, problem = self._pins.capture_and_replay(self.capture, self._body, self._roots(), env.device)
-            if graph is None:  # nothing ran: the caller steps eagerly
-                self._fallback(problem)
-                return False
-            self._graph = graph
-            self.stats["captures"] += 1
-            self.stats["replays"] += 1
-            if problem:
-                self._fallback(problem)
-        env.sim.t += 1
-        env.state = self._state
-        return True
-
-    def _fallback(self, reason: str) -> None:
-        self.fallback_reason = reason
-        self._graph = None
-        self._say(f"CUDA graph off: {reason}; the rollout runs eagerly")
-
-    def _pack_id(self):
-        """Key of the scenario pack the graph reads (:func:`gpusim.cuda_graph.pack_key`, recomputed
-        when ``env.sim.pack`` changes)."""
-        pack = self.env.sim.pack
-        if pack is not self._pack:
-            self._pack_key, self._pack = pack_key(pack), pack
-        return self._pack_key
-
-    # ------------------------------------------------------------------ static buffers
-    def _sync_inputs(self, obs) -> None:
-        """Outside the graph: copy into the static buffers whatever is not already there (the state
-        after an eager step or a reset, the episode's start state, the observation, pinned
-        attributes reassigned eagerly). Nothing to copy between graphed steps."""
-        env = self.env
-        dst, src = [], []
-        self._state, self._start = adopt_static_state(env, self._state, self._start, dst, src)
-        if obs is not self._obs:
-            dst.append(self._obs)
-            src.append(obs)
-        self._pins.sync_inputs(dst, src)
-        copy_all(dst, src)
-        env.state = self._state
-
     def _body(self) -> None:
         """The captured step: reads and writes static buffers only (module docstring)."""
-        env, policy, buf, cache = self.env, self.policy, self.buffer, self.cache
+        env, actor, buf, engine = self.env, self.actor, self.buffer, self.engine
         W, C = env.num_worlds, env.num_slots
         R = W * C
         col = self._col
         o = self._obs.reshape(R, -1)
-        removed = self._removed
-        logits, value, _ = policy.forward_eval(o, cache, removed)
-        action = policy.sample(logits, self.deterministic)
+        act = actor.act(o)
         _put(buf.obs, col, o)
-        _put(buf.removed, col, removed)
-        _put(buf.values, col, value)
-        _put(buf.actions, col, action)
-        _put(buf.logprobs, col, policy.log_prob(logits, action))
-        env_action = action.reshape(W, C, *action.shape[1:])
-        if policy.continuous:  # the Gaussian is unbounded; the env takes [-1, 1]
-            env_action = env_action.clamp(-1.0, 1.0)
-        new_state, res = env.advance(self._state, env.validate_actions(env_action), episode_end=False)
+        _put(buf.removed, col, actor.removed)
+        _put(buf.values, col, act.value)
+        _put(buf.actions, col, act.action)
+        _put(buf.logprobs, col, actor.policy.log_prob(act.logits, act.action))
+        env_action = actor.env_action(act.action.reshape(W, C, *act.action.shape[1:]))
+        new_state, res = env.advance(engine.state, env.validate_actions(env_action), episode_end=False)
         _put(buf.rewards, col, res.reward.reshape(R))
         _put(buf.terminal, col, res.terminal.reshape(R))
         _put(buf.truncation, col, res.truncation.reshape(R))
@@ -275,32 +206,21 @@ class GraphedRollout:
         _put(buf.loss_mask, col, loss_mask & self._ego if self._has_ego else loss_mask)
         if "goal_reached" in res.info:
             _put(buf.goal_reached, col, res.info["goal_reached"].reshape(R))
-        policy.reset_cache(cache, res.terminal.reshape(R))
+        actor.observe(res.terminal.reshape(R), res.removed.reshape(R))
         if self._trial_log is not None and "trial_end" in res.info:
             # world_done of the static state is still the value before this step (copied back below)
-            self._trial_log.step(self._state.world_done, res.info["trial_end"])
-        dst, src = [self._removed], [res.removed.reshape(R)]
+            self._trial_log.step(engine.state.world_done, res.info["trial_end"])
+        dst, src = [], []
         if res.obs is not self._obs:
             dst.append(self._obs)
             src.append(res.obs)
-        for name, s in self._state.tensors().items():
-            x = getattr(new_state, name)
-            if x is not s:
-                dst.append(s)
-                src.append(x)
-        copy_all(dst, src)
         col.add_(1)
-        self._pins.restore()
+        engine.finish(new_state, dst, src)
 
-    # ------------------------------------------------------------------ audit
     def _roots(self) -> dict:
-        return {"env": self.env, "cache": self.cache, "buffer": self.buffer, "trial_log": self._trial_log}
-
-    def _audited(self, call, capturing: bool) -> str | None:
-        """Run ``call`` under :meth:`gpusim.cuda_graph.PinnedAttributes.audit` of the env, the
-        cache, the buffer and the trial log (pins reassigned tensors; returns a reason string for
-        anything a replay could not reproduce, else None)."""
-        return self._pins.audit(call, self._roots(), capturing)
+        """What the engine's audit watches: the env, the actor (its cache and removed flags), the
+        buffer and the trial log."""
+        return {"env": self.env, "actor": self.actor, "buffer": self.buffer, "trial_log": self._trial_log}
 
 
 def _put(dst: torch.Tensor, col: torch.Tensor, x: torch.Tensor) -> None:

@@ -22,48 +22,42 @@ import torch
 
 from gpusim.config import EnvConfig
 from gpusim.render import build_parser, render_from_args
-from policy.actor_critic import ActorCritic
-from train.checkpoint import load_checkpoint
+from policy.actor import Actor
+from train.checkpoint import load_checkpoint, load_policy
 
 
 def checkpoint_policy(path, env, deterministic: bool = True) -> Callable:
     """A ``policy(obs) -> actions`` callable driven by a training checkpoint (``train/checkpoint.py``).
 
-    The actor-critic is rebuilt from the checkpoint's description and weights and run step by step
-    with its KV cache (one slot per world and policy slot, ``env.horizon`` steps), passing the
-    env's ``removed`` flags as in training; memory is cleared where a slot's episode ended.
+    The policy is loaded by :func:`train.checkpoint.load_policy` and acts through a
+    :class:`policy.actor.Actor` (KV cache, one slot per world and policy slot, ``env.horizon``
+    steps), passing the env's ``removed`` flags as in training. A render stays within one
+    episode (:func:`gpusim.render.render_episode`), so the memory is never cleared in between.
 
     Args:
-        path: checkpoint file. env: the env it will drive (its observation size and action count
-            must match the checkpoint's). deterministic: argmax / mean actions instead of sampling.
+        path: checkpoint file or run directory. env: the env it will drive (its observation layout
+            and action space must match the checkpoint's). deterministic: argmax / mean actions
+            instead of sampling.
 
     Returns:
         ``act(obs [W, C, D] float32) -> actions`` ([W, C] int64 discrete or [W, C, 2] float32
         continuous), the policy-agnostic callable :func:`gpusim.render.render_episode` takes.
 
     Raises:
-        FileNotFoundError / ValueError: from :func:`train.checkpoint.load_checkpoint`; ValueError
-            when the checkpoint's observation size or action count differ from the env's.
+        FileNotFoundError / ValueError: from :func:`train.checkpoint.load_policy` (a missing,
+            unreadable or mismatched checkpoint: ``CheckpointError`` / ``PolicyMismatch``).
     """
-    ck = load_checkpoint(path, map_location="cpu")
-    pol = ActorCritic.from_description(ck["policy"])
-    pol.load_state_dict(ck["model"])
-    pol = pol.to(env.device).eval()
-    D = getattr(pol.dims, "obs_dim", None)
-    if D is not None and int(D) != env.obs_dim:
-        raise ValueError(f"checkpoint {path}: policy expects {D} observation features, env gives {env.obs_dim}")
-    if int(pol.num_actions) != int(env.num_actions):
-        raise ValueError(f"checkpoint {path}: policy has {pol.num_actions} actions, env {env.num_actions}")
+    from gpusim.config import ActionSpace
+
+    continuous = int(env.config.action_space) == int(ActionSpace.CONTINUOUS)
+    pol, _ = load_policy(path, env.device, env.obs_layout, env.num_actions, continuous)
     W, C = env.num_worlds, env.num_slots
-    cache = pol.init_cache(W * C, env.horizon, env.device)
+    actor = Actor(pol, W * C, env.horizon, env.device, deterministic)
 
     @torch.no_grad()
     def act(obs: torch.Tensor) -> torch.Tensor:
-        nonlocal cache
-        removed = env.state.removed[:, :C].reshape(-1)
-        logits, _value, cache = pol.forward_eval(obs.reshape(W * C, -1), cache, removed)
-        a = pol.sample(logits, deterministic)
-        return a.reshape(W, C, *a.shape[1:])
+        a = actor.act(obs.reshape(W * C, -1), removed=env.state.removed[:, :C].reshape(-1)).action
+        return actor.env_action(a.reshape(W, C, *a.shape[1:]))
 
     return act
 

@@ -172,7 +172,7 @@ def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache,
     Args:
         env: a :class:`gpusim.env.DriveEnv` (or an object with the same API) whose current
             episode has just started (``obs`` is its first observation).
-        policy: :class:`policy.ActorCritic`.
+        policy: :class:`policy.ActorCritic` (acting through a :class:`policy.actor.Actor` on ``cache``).
         obs: [W, C, D] first observation of the episode.
         buffer: :class:`RolloutBatch` with ``rows = W * C`` and ``horizon = env.horizon``; filled
             in place.
@@ -188,25 +188,26 @@ def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache,
     The CUDA-graph variant (same results, steady-state steps replayed from a graph) is
     :class:`train.graphed_rollout.GraphedRollout`.
     """
-    W, C = env.num_worlds, env.num_slots
-    ego = begin_rollout(env, policy, buffer, cache, coplayers, trial_log)
-    removed = torch.zeros(W * C, dtype=torch.bool, device=obs.device)
+    from policy.actor import Actor
+
+    actor = Actor(policy, device=obs.device, deterministic=deterministic, cache=cache)
+    ego = begin_rollout(env, actor, buffer, coplayers, trial_log)
     for t in range(buffer.horizon):
-        obs, removed = rollout_step(env, policy, t, obs, removed, buffer, cache, ego, deterministic, coplayers,
-                                    trial_log)
+        obs = rollout_step(env, actor, t, obs, buffer, ego, coplayers, trial_log)
     return obs, buffer
 
 
-def begin_rollout(env, policy, buffer: RolloutBatch, cache, coplayers=None, trial_log: TrialLog | None = None):
-    """The start of :func:`collect_rollout`: clear the cache, write the per-row fields of
-    ``buffer`` (scenario, agent type, active slots), start the co-players and the trial log.
+def begin_rollout(env, actor, buffer: RolloutBatch, coplayers=None, trial_log: TrialLog | None = None):
+    """The start of :func:`collect_rollout`: a new episode for the ``actor``
+    (:class:`policy.actor.Actor`: memory cleared, nothing removed), the per-row fields of
+    ``buffer`` (scenario, agent type, active slots), the co-players and the trial log started.
 
     Returns:
         ``ego`` [R] bool, the roles of this episode's slots (a copy), or None (every slot an ego).
     """
     W, C = env.num_worlds, env.num_slots
     R = W * C
-    policy.reset_cache(cache)
+    actor.begin()
     state = getattr(env, "state", None)
     ego = None  # [R] bool roles of this episode (None: every slot is an ego)
     if state is not None and getattr(state, "scenario", None) is not None:
@@ -226,29 +227,26 @@ def begin_rollout(env, policy, buffer: RolloutBatch, cache, coplayers=None, tria
     return ego
 
 
-def rollout_step(env, policy, t: int, obs: torch.Tensor, removed: torch.Tensor, buffer: RolloutBatch, cache,
-                 ego: torch.Tensor | None, deterministic: bool = False, coplayers=None,
-                 trial_log: TrialLog | None = None):
-    """One eager step of :func:`collect_rollout` at column ``t``: act on ``obs`` [W, C, D] with
-    ``removed`` [R] bool, step the env, write column ``t`` of ``buffer``, clear the memory of the
-    terminal slots. Returns ``(next_obs [W, C, D], next_removed [R] bool)``."""
+def rollout_step(env, actor, t: int, obs: torch.Tensor, buffer: RolloutBatch, ego: torch.Tensor | None,
+                 coplayers=None, trial_log: TrialLog | None = None) -> torch.Tensor:
+    """One eager step of :func:`collect_rollout` at column ``t``: the ``actor``
+    (:class:`policy.actor.Actor` over the R = W * C slots) acts on ``obs`` [W, C, D], the env
+    steps, column ``t`` of ``buffer`` is written and the actor observes the result (removed
+    flags, memory cleared at terminals). Returns the next observation [W, C, D]."""
     W, C = env.num_worlds, env.num_slots
     R = W * C
     o = obs.reshape(R, -1)
-    logits, value, cache = policy.forward_eval(o, cache, removed)
-    action = policy.sample(logits, deterministic)
+    act = actor.act(o)
+    action = act.action
     if coplayers is not None:
         action = coplayers.act(o, action)
     buffer.obs[:, t] = o
-    buffer.removed[:, t] = removed
-    buffer.values[:, t] = value
+    buffer.removed[:, t] = actor.removed  # the flags this step acted with (observe updates them below)
+    buffer.values[:, t] = act.value
     buffer.actions[:, t] = action
-    buffer.logprobs[:, t] = policy.log_prob(logits, action)
-    env_action = action.reshape(W, C, *action.shape[1:])
-    if policy.continuous:  # the Gaussian is unbounded; the env takes [-1, 1]
-        env_action = env_action.clamp(-1.0, 1.0)
+    buffer.logprobs[:, t] = actor.policy.log_prob(act.logits, action)
     done_before = env.state.world_done if trial_log is not None else None
-    res = env.step(env_action)
+    res = env.step(actor.env_action(action.reshape(W, C, *action.shape[1:])))
     buffer.rewards[:, t] = res.reward.reshape(R)
     buffer.terminal[:, t] = res.terminal.reshape(R)
     buffer.truncation[:, t] = res.truncation.reshape(R)
@@ -257,9 +255,9 @@ def rollout_step(env, policy, t: int, obs: torch.Tensor, removed: torch.Tensor, 
     goal = res.info.get("goal_reached") if isinstance(getattr(res, "info", None), dict) else None
     if goal is not None:
         buffer.goal_reached[:, t] = goal.reshape(R)
-    policy.reset_cache(cache, res.terminal.reshape(R))
+    actor.observe(res.terminal.reshape(R), res.removed.reshape(R))
     if coplayers is not None:
         coplayers.observe(res)
     if trial_log is not None and "trial_end" in res.info:
         trial_log.step(done_before, res.info["trial_end"])
-    return res.obs, res.removed.reshape(R)
+    return res.obs

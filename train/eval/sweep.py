@@ -145,7 +145,8 @@ class CallableDriver:
 
 
 class PolicyDriver:
-    """A trained :class:`policy.ActorCritic` with its KV cache (memory), as in ``train/rollout.py``.
+    """A trained :class:`policy.ActorCritic` acting through a :class:`policy.actor.Actor` (KV-cache
+    memory), as in ``train/rollout.py``.
 
     Memory is cleared for every slot at :meth:`begin` and per slot after a terminal; a trial
     boundary (truncation) keeps it. Steps where the agent was removed are passed as removed.
@@ -158,27 +159,24 @@ class PolicyDriver:
     def __init__(self, policy, deterministic: bool = True):
         self.policy = policy.eval()
         self.deterministic = deterministic
-        self._cache = None
-        self._removed = None
+        self.actor = None  # built at the first begin (W * C slots of the env, env.horizon steps)
 
     def begin(self, env, obs):
+        from policy.actor import Actor
+
         R = env.num_worlds * env.num_slots
-        if self._cache is None or self._removed is None or self._removed.numel() != R:
-            self._cache = self.policy.init_cache(R, env.horizon, obs.device)
-        self.policy.reset_cache(self._cache)
-        self._removed = torch.zeros(R, dtype=torch.bool, device=obs.device)
+        if self.actor is None or self.actor.num_slots != R:
+            self.actor = Actor(self.policy, R, env.horizon, obs.device, self.deterministic)
+        self.actor.begin()
 
     def act(self, env, obs):
         W, C = env.num_worlds, env.num_slots
-        logits, _, self._cache = self.policy.forward_eval(obs.reshape(W * C, -1), self._cache, self._removed)
-        action = self.policy.sample(logits, self.deterministic)
-        action = action.reshape(W, C, *action.shape[1:])
-        return action.clamp(-1.0, 1.0) if self.policy.continuous else action
+        action = self.actor.act(obs.reshape(W * C, -1)).action
+        return self.actor.env_action(action.reshape(W, C, *action.shape[1:]))
 
     def observe(self, env, result):
         R = env.num_worlds * env.num_slots
-        self._removed = result.removed.reshape(R)
-        self.policy.reset_cache(self._cache, result.terminal.reshape(R))
+        self.actor.observe(result.terminal.reshape(R), result.removed.reshape(R))
 
 
 # ----------------------------------------------------------------------------- the sweep
