@@ -127,9 +127,10 @@ def test_pack_written_before_checksums_loads_with_one_note(whole, tmp_path):
 @pytest.mark.parametrize("field,value,message", [
     ("grid_road", 30000, r"grid_road: row \d+ \(scenario 0, .*\) holds 30000 with \d+ segment"),
     ("grid_edge", -5, r"grid_edge: row \d+ .* holds -5"),
-    ("traj_pos", float("nan"), r"traj_pos: nan at index \[0, 0, 0, 0\], expected finite"),
-    ("num_controlled", 99, r"num_controlled: a value out of range, expected in \[0, num_agents\]"),
-    ("sdc_index", 16, r"sdc_index: .* expected in \[-1, num_agents\)"),
+    ("traj_pos", float("nan"), r"traj_pos: nan at index \[0, 0, 0, 0\] \(scenario 0, '\w+'\), expected finite"),
+    ("num_controlled", 99, r"num_controlled: scenario 0 \('\w+'\) holds 99, expected in \[0, num_agents\]"),
+    ("sdc_index", 16, r"sdc_index: scenario 0 .* holds 16, expected in \[-1, num_agents\)"),
+    ("agent_type", 7, r"agent_type: scenario 0 .* holds a value, expected in \[-1, 3\)"),
 ])
 def test_invariants_checked_on_load_name_the_field(whole, tmp_path, field, value, message):
     bad = whole.select([0, 1])
@@ -166,8 +167,9 @@ def test_directory_of_two_datasets_is_refused(saved, tmp_path):
     # what an older version left behind: a pack written beside a sharded pack's index
     d = _copy_dataset(saved, tmp_path)
     shutil.copy(d / "p.pt", d / "sh" / "pack.pt")
-    with pytest.raises(PackFileError, match="holds two datasets, a sharded pack .* and a pack"):
-        load_any(d / "sh")
+    for load in (load_any, ScenarioPack.load, ShardedPack.open):
+        with pytest.raises(PackFileError, match="holds two datasets, a sharded pack .* and a pack"):
+            load(d / "sh")
 
 
 def test_interrupted_conversion_is_named_everywhere(saved, tmp_path, files, capsys):

@@ -36,8 +36,8 @@ import warnings
 from gpusim.config import DataConfig, ObjectType, RoadType
 from gpusim.data.errors import ScenarioError
 from gpusim.data.pack import META_FILE, PACK_FILE, ScenarioPack
-from gpusim.data.integrity import clear_dataset, dataset_in
-from gpusim.data.shards import ShardedPack, check_one_dataset, convert_sharded, is_sharded
+from gpusim.data.integrity import check_one_dataset, clear_dataset, dataset_in
+from gpusim.data.shards import ShardedPack, convert_sharded, is_sharded
 from gpusim.data.signals import SignalState
 
 #: ``info`` verifies shard checksums by default up to this many bytes of shards (1 GiB).

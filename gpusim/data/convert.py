@@ -27,7 +27,7 @@ import torch
 from gpusim.config import DataConfig
 from gpusim.data.build import ScenarioData, build_scenario
 from gpusim.data.errors import NoControllableAgentError, ScenarioError
-from gpusim.data.integrity import dataset_in
+from gpusim.data.integrity import dataset_in, interrupted, orphan_shards
 from gpusim.data.parse import is_scenario_file, read_scenario
 from gpusim.data.parse_proto import parse_record
 from gpusim.data.tfrecord import is_tfrecord_file, iter_records
@@ -92,9 +92,9 @@ def expand_sources(paths) -> tuple[list[str], list[dict]]:
 def _no_sources_reason(d: pathlib.Path) -> str:
     """Why directory ``d`` gives no scenario source: it holds a dataset (a pack, a sharded pack,
     the shards of an interrupted conversion) or nothing readable."""
-    held = dataset_in(d)
-    if held and held.startswith("an interrupted conversion"):
-        return f"{held} — rerun the conversion with --overwrite"
+    held, orphans = dataset_in(d), orphan_shards(d)
+    if orphans and not (d / "pack.pt").exists():
+        return f"{interrupted(len(orphans))} — rerun the conversion with --overwrite"
     if held:
         return f"holds {held}, not scenario sources: load it as a pack"
     return "directory holds no .json/.json.gz/.json.xz/.tfrecord file"
@@ -197,8 +197,9 @@ def convert_sources(paths, config: DataConfig = DataConfig(), *, on_error: str =
     Returns:
         ``(scenarios, stats)`` with ``stats``: ``files``, ``records`` (TFRecord records met, bad
         ones included),
-        ``converted``, ``empty_files`` (files of 0 bytes, also listed in ``errors``), ``errors`` / ``skipped`` (lists of ``{"file", "reason"[, "record"]}``; the
-        reason reads ``"<field>: <problem>"``), summed :data:`COUNTERS`, ``ignored_objects`` /
+        ``converted``, ``empty_files`` (files of 0 bytes, also listed in ``errors``), ``errors`` /
+        ``skipped`` (lists of ``{"file", "reason"[, "record"]}``; the reason reads
+        ``"<field>: <problem>"``), summed :data:`COUNTERS`, ``ignored_objects`` /
         ``unknown_road_types`` (counts by name), ``limit_reached`` and ``seconds``.
 
     Raises:

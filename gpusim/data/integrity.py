@@ -29,6 +29,7 @@ import crc32c as _crc32c
 import torch
 
 from gpusim.config import ObjectType, RoadType
+from gpusim.data.errors import PackFileError
 from gpusim.data.signals import SignalState
 
 #: Name stored beside every checksum.
@@ -99,28 +100,32 @@ def checksum_mismatch(meta: dict, tensors: dict[str, torch.Tensor]) -> str | Non
 
 # ---------------------------------------------------------------------------------- invariants
 def _checks(p) -> list[tuple[str, str, torch.Tensor]]:
-    """``(field, rule, ok)`` for every invariant of pack ``p`` (``ok``: a 0-dim bool tensor)."""
+    """``(field, rule, ok)`` for every invariant of pack ``p``: ``ok`` is a bool mask over the
+    field's scenarios (or a 0-dim bool for the large tensors, reduced without temporaries)."""
     S, A, R, L = p.num_scenarios, p.max_agents, p.road_seg.shape[1], p.max_signals
     dev = p.traj_pos.device
     na, nc, ns = p.num_agents.long(), p.num_controlled.long(), p.num_segments.long()  # [S]: cheap
     slot = torch.arange(A, device=dev)
-    exists_prefix = p.agent_exists == (slot[None, :] < na[:, None])
     n_obj, n_road, n_sig = len(ObjectType), len(RoadType), len(SignalState)
+
+    def within(t, lo, hi):  # per scenario: every entry in [lo, hi)
+        return ((t >= lo) & (t < hi)).reshape(S, -1).all(1)
+
     out = [
-        ("num_agents", f"in [0, {A}]", ((na >= 0) & (na <= A)).all()),
-        ("num_controlled", "in [0, num_agents]", ((nc >= 0) & (nc <= na)).all()),
-        ("sdc_index", "in [-1, num_agents)", ((p.sdc_index >= -1) & (p.sdc_index.long() < na)).all()),
-        ("agent_exists", "a prefix of num_agents slots", exists_prefix.all()),
-        ("agent_type", f"in [-1, {n_obj})", ((p.agent_type >= -1) & (p.agent_type < n_obj)).all()),
-        ("traj_valid", "only on existing slots", ~(p.traj_valid & ~p.agent_exists[:, :, None]).any()),
-        ("num_segments", f"in [0, {R}]", ((ns >= 0) & (ns <= R)).all()),
-        ("road_type", f"in [-1, {n_road})", ((p.road_type >= -1) & (p.road_type < n_road)).all()),
-        ("grid_dims", "at least 1 cell each way", (p.grid_dims >= 1).all()),
-        ("num_signals", f"in [0, {L}]", ((p.num_signals >= 0) & (p.num_signals <= L)).all()),
-        ("signal_state", f"in [0, {n_sig})", ((p.signal_state >= 0) & (p.signal_state < n_sig)).all()),
-        ("signal_lane", ">= -1", (p.signal_lane >= -1).all()),
-        ("agent_length", ">= 0", (p.agent_length >= 0).all()),
-        ("agent_width", ">= 0", (p.agent_width >= 0).all()),
+        ("num_agents", f"in [0, {A}]", within(na, 0, A + 1)),
+        ("num_controlled", "in [0, num_agents]", (nc >= 0) & (nc <= na)),
+        ("sdc_index", "in [-1, num_agents)", (p.sdc_index >= -1) & (p.sdc_index.long() < na)),
+        ("agent_exists", "a prefix of num_agents slots", (p.agent_exists == (slot[None, :] < na[:, None])).all(1)),
+        ("agent_type", f"in [-1, {n_obj})", within(p.agent_type, -1, n_obj)),
+        ("traj_valid", "only on existing slots", ~(p.traj_valid & ~p.agent_exists[:, :, None]).reshape(S, -1).any(1)),
+        ("num_segments", f"in [0, {R}]", within(ns, 0, R + 1)),
+        ("road_type", f"in [-1, {n_road})", within(p.road_type, -1, n_road)),
+        ("grid_dims", "at least 1 cell each way", (p.grid_dims >= 1).all(1)),
+        ("num_signals", f"in [0, {L}]", within(p.num_signals, 0, L + 1)),
+        ("signal_state", f"in [0, {n_sig})", within(p.signal_state, 0, n_sig)),
+        ("signal_lane", ">= -1", (p.signal_lane >= -1).all(1)),
+        ("agent_length", ">= 0", (p.agent_length >= 0).all(1)),
+        ("agent_width", ">= 0", (p.agent_width >= 0).all(1)),
     ]
     for name in ("offset", "traj_pos", "traj_heading", "traj_vel", "agent_goal", "agent_length", "agent_width",
                  "road_seg", "grid_origin", "signal_pos", "signal_dir"):
@@ -144,17 +149,17 @@ def check_invariants(pack) -> None:
     Shapes and dtypes are :meth:`ScenarioPack.validate`'s part (call it first).
 
     Raises:
-        ValueError: ``"<field>: <what is wrong>"`` for the first failing invariant, naming the
-            scenario for the grid tables.
+        ValueError: ``"<field>: <where and what>, expected <rule>"`` for the first failing
+            invariant, naming the scenario (index and id) where it can.
     """
     checks = _checks(pack)
-    ok = torch.stack([c[2] for c in checks]).tolist()
-    for (name, rule, _), good in zip(checks, ok):
+    ok = torch.stack([c[2].all() for c in checks]).tolist()
+    for (name, rule, mask), good in zip(checks, ok):
         if not good:
-            raise ValueError(f"{name}: {_first_bad(pack, name)}, expected {rule}")
+            raise ValueError(f"{name}: {_first_bad(pack, name, mask)}, expected {rule}")
 
 
-def _first_bad(p, name: str) -> str:
+def _first_bad(p, name: str, mask: torch.Tensor) -> str:
     """Where ``name`` first breaks its invariant (for the message; failure path only)."""
     if name in ("grid_road", "grid_edge"):
         g = getattr(p, name).long()
@@ -166,12 +171,12 @@ def _first_bad(p, name: str) -> str:
         return (f"row {row} (scenario {s}, {p.scenario_ids[s]!r}) holds {int(worst)} with "
                 f"{int(p.num_segments[s])} segment(s)")
     t = getattr(p, name)
-    if t.is_floating_point():
-        bad = ~torch.isfinite(t) if not bool(torch.isfinite(t).all()) else t < 0
-    else:
-        return "a value out of range"
-    idx = bad.nonzero()[0].tolist()
-    return f"{float(t[tuple(idx)])} at index {idx}"
+    if mask.dim() == 0:  # a finite check over the whole tensor
+        idx = (~torch.isfinite(t)).nonzero()[0].tolist()
+        return f"{float(t[tuple(idx)])} at index {idx} (scenario {idx[0]}, {p.scenario_ids[idx[0]]!r})"
+    s = int((~mask).nonzero()[0])
+    value = t[s].tolist() if t[s].numel() <= 4 else "a value"
+    return f"scenario {s} ({p.scenario_ids[s]!r}) holds {value}"
 
 
 # ---------------------------------------------------------------------------------- file kinds
@@ -219,7 +224,8 @@ def payload_kind(payload) -> str | None:
 def dataset_in(path) -> str | None:
     """What dataset files the directory ``path`` holds, in words, or None when it holds none
     (or is not a directory): ``"a sharded pack (index.json, 3 shard file(s))"``, ``"a pack
-    (pack.pt)"``, ``"an interrupted conversion: 2 orphan shard(s), no index"``, or both kinds."""
+    (pack.pt)"``, ``"the shards of an interrupted conversion: 2 orphan shard(s), no
+    index.json"``, or both kinds."""
     d = pathlib.Path(path)
     if not d.is_dir():
         return None
@@ -229,7 +235,7 @@ def dataset_in(path) -> str | None:
     if has_index:
         kinds.append(f"a sharded pack ({INDEX_NAME}, {len(shards)} shard file(s))")
     elif shards:
-        kinds.append(interrupted(len(shards)))
+        kinds.append(f"the shards of an {interrupted(len(shards))}")
     if any((d / n).exists() for n in PACK_NAMES):
         kinds.append(f"a pack ({', '.join(n for n in PACK_NAMES if (d / n).exists())})")
     return " and ".join(kinds) or None
@@ -237,7 +243,7 @@ def dataset_in(path) -> str | None:
 
 def interrupted(num_orphans: int) -> str:
     """The words for a directory of shards without an index."""
-    return f"an interrupted conversion: {num_orphans} orphan shard(s), no {INDEX_NAME}"
+    return f"interrupted conversion: {num_orphans} orphan shard(s), no {INDEX_NAME}"
 
 
 def orphan_shards(path) -> list[pathlib.Path]:
@@ -263,3 +269,21 @@ def clear_dataset(path) -> int:
             f.unlink()
             n += 1
     return n
+
+
+def check_one_dataset(path) -> None:
+    """Refuse a directory that cannot be read as one dataset: a sharded pack and a pack side by
+    side (which one is meant?), or shards without an index (an interrupted conversion). A path
+    that is not a directory passes.
+
+    Raises:
+        PackFileError: naming the directory, what it holds and ``--overwrite``.
+    """
+    p = pathlib.Path(path)
+    orphans = orphan_shards(p)
+    has_pack = p.is_dir() and (p / PACK_NAMES[0]).exists()
+    if orphans and not has_pack:
+        raise PackFileError(p, "", f"{interrupted(len(orphans))} — rerun the conversion with --overwrite")
+    if has_pack and ((p / INDEX_NAME).exists() or orphans):
+        raise PackFileError(p, "", f"holds two datasets, {dataset_in(p)}; convert again into it with "
+                                   f"--overwrite (or into an empty directory)")

@@ -42,8 +42,8 @@ from gpusim.config import DataConfig
 from gpusim.data.build import ScenarioData
 from gpusim.data.convert import convert_sources
 from gpusim.data.errors import PackFileError, ScenarioError
-from gpusim.data.integrity import (INDEX_NAME, SHARD_GLOB, check_invariants, checksum_mismatch, clear_dataset,
-                                   dataset_in, pack_checksums)
+from gpusim.data.integrity import (INDEX_NAME, SHARD_GLOB, check_invariants, check_one_dataset, checksum_mismatch,
+                                   clear_dataset, dataset_in, pack_checksums)
 from gpusim.data.pack_file import FORMAT_VERSION, atomic_torch_save, read_payload
 
 from gpusim.data.layout import cell_counts, flatten_grid, grid_dtype, grid_rows, padded_grid, starts_of
@@ -433,6 +433,7 @@ class ScenarioPack:
         """
         path = pathlib.Path(path)
         file = path if path.suffix == ".pt" else path / PACK_FILE
+        check_one_dataset(path)
         payload = read_payload(file, verify, expect_crc32c, expect_bytes)
         meta, tensors = payload["meta"], payload["tensors"]
         version = meta.get("format_version")

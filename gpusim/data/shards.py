@@ -41,7 +41,7 @@ from gpusim.config import DataConfig
 from gpusim.data.build import ScenarioData
 from gpusim.data.convert import convert_sources
 from gpusim.data.errors import PackFileError, ScenarioError
-from gpusim.data.integrity import clear_dataset, dataset_in, file_crc32c, orphan_shards
+from gpusim.data.integrity import check_one_dataset, clear_dataset, dataset_in, file_crc32c
 from gpusim.data.layout import grid_dtype, starts_of
 from gpusim.data.pack import TENSOR_FIELDS, ScenarioPack, pack_scenarios
 
@@ -62,23 +62,6 @@ def is_sharded(path) -> bool:
     """``path`` is a directory holding a sharded pack's ``index.json``."""
     p = pathlib.Path(path)
     return p.is_dir() and (p / INDEX_FILE).exists()
-
-
-def check_one_dataset(path) -> None:
-    """Refuse a directory that cannot be read as one dataset: a sharded pack and a pack side by
-    side (which one is meant?), or shards without an index (an interrupted conversion).
-
-    Raises:
-        PackFileError: naming the directory, what it holds and ``--overwrite``.
-    """
-    p = pathlib.Path(path)
-    orphans = orphan_shards(p)
-    if orphans and not (p / "pack.pt").exists():
-        raise PackFileError(p, "", f"interrupted conversion: {len(orphans)} orphan shard(s), no {INDEX_FILE} — "
-                                   f"rerun the conversion with --overwrite")
-    if p.is_dir() and ((p / INDEX_FILE).exists() or orphans) and (p / "pack.pt").exists():
-        raise PackFileError(p, "", f"holds two datasets, {dataset_in(p)}; convert again into it with "
-                                   f"--overwrite (or into an empty directory)")
 
 
 def _pad_axis(t: torch.Tensor, axis: int, size: int, value) -> torch.Tensor:
