@@ -311,7 +311,7 @@ def test_train_run_with_coplayers_logs_roles_and_keeps_partners(tmp_path, monkey
     in-memory partner's weights are bit-identical to its file after two updates."""
     import train.run as run_module
     from train.config import TrainConfig
-    from train.coplayer import RunExtras
+    from train.extras import RunExtras
     from train.run import train
 
     made = []
@@ -361,7 +361,7 @@ def test_periodic_evaluation_logs_eval_mode_keys(tmp_path):
     ``eval/<mode>/*`` ego means in the next report, nothing in between."""
     import types
 
-    from train.coplayer import RunExtras
+    from train.extras import RunExtras
 
     pack_file = four_car_pack().save(tmp_path / "four.pt")
     config = env_cfg(ego_slots=1, scenario_length=5)

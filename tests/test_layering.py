@@ -3,7 +3,10 @@
 * the simulator package ``gpusim`` never imports the trainer (``train``) or the policy (``policy``);
 * kernels (``gpusim/kernels``) import nothing of the project but ``gpusim.backend``, the leaf enum
   module ``gpusim.enums`` and other kernels;
-* no module of ``gpusim`` imports another module's ``_private`` name.
+* no module of ``gpusim`` imports another module's ``_private`` name;
+* no import cycle among the modules of ``gpusim``, ``policy`` and ``train``, counting imports inside
+  functions too (a lazy import defers a cycle, it does not remove it: the trainer once had
+  ``train.run -> train.coplayer -> train.eval.live -> train.evaluate -> train.run``).
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GPUSIM = ROOT / "gpusim"
+#: The packages whose modules may not import each other in a cycle.
+LAYERED = ("gpusim", "policy", "train")
 
 
 def imported_modules(path: pathlib.Path, root: pathlib.Path = ROOT):
@@ -83,16 +88,127 @@ def test_no_private_names_imported_across_modules(path):
 def test_every_kernel_source_ships_in_the_wheel():
     """Each C / CUDA source under gpusim/ matches a ``[tool.setuptools.package-data]`` pattern of its
     package: without one, a non-editable install lacks the file and the env silently runs the torch
-    reference instead of the C kernels (step_cpu.c and observations/cpu.c were missing once)."""
+    reference instead of the C kernels (the step's C sources and observations/cpu.c were missing once)."""
     import fnmatch
     import tomllib
 
     root = pathlib.Path(__file__).resolve().parents[1]
     data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    sources = [p for ext in ("*.c", "*.cu", "*.cuh", "*.cpp") for p in (root / "gpusim").rglob(ext)]
+    sources = [p for ext in ("*.c", "*.h", "*.cu", "*.cuh", "*.cpp") for p in (root / "gpusim").rglob(ext)]
     assert sources
     for src in sources:
         package = ".".join(src.parent.relative_to(root).parts)
         patterns = data.get(package, [])
         assert any(fnmatch.fnmatch(src.name, pat) for pat in patterns), (
             f"{src.relative_to(root)}: add it to [tool.setuptools.package-data] \"{package}\" in pyproject.toml")
+
+
+# ----------------------------------------------------------------------------------- import cycles
+def module_name(path: pathlib.Path, root: pathlib.Path) -> str:
+    """``train/eval/live.py`` -> ``train.eval.live``; a package's ``__init__.py`` -> the package."""
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: pathlib.Path = ROOT, packages=LAYERED) -> dict[str, set[str]]:
+    """Module -> project modules it imports (anywhere in its body), over ``packages`` under
+    ``root``. ``from a.b import c`` points at ``a.b.c`` when that is a module, else at ``a.b``."""
+    paths = [p for pkg in packages if (root / pkg).is_dir() for p in sources(root / pkg)]
+    names = {module_name(p, root): p for p in paths}
+    graph = {}
+    for name, path in names.items():
+        edges = set()
+        for _, mod, imported in imported_modules(path, root=root):
+            targets = [f"{mod}.{n}" if f"{mod}.{n}" in names else mod for n in imported] or [mod]
+            edges |= {t for t in targets if t in names and t != name}
+        graph[name] = edges
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (``[a, b, ..., a]``) per strongly connected component of more than one module
+    (Tarjan's algorithm, iterative), sorted; ``[]`` when the imports form a DAG."""
+    index, low, on_stack, stack, comps, counter = {}, {}, set(), [], [], [0]
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter[0]
+                    counter[0] += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = set()
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    comp.add(m)
+                    if m == node:
+                        break
+                if len(comp) > 1:
+                    comps.append(comp)
+    return sorted(_one_cycle(graph, comp) for comp in comps)
+
+
+def _one_cycle(graph, comp: set[str]) -> list[str]:
+    """A shortest cycle through the first module of ``comp`` (breadth-first inside ``comp``)."""
+    first = min(comp)
+    prev, frontier = {first: None}, [first]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for child in sorted(graph[node] & comp):
+                if child == first:
+                    path = [node]
+                    while prev[path[-1]] is not None:
+                        path.append(prev[path[-1]])
+                    return path[::-1] + [first]
+                if child not in prev:
+                    prev[child] = node
+                    nxt.append(child)
+        frontier = nxt
+    return sorted(comp)
+
+
+def test_cycle_finder_sees_lazy_and_from_import_cycles(tmp_path):
+    """The finder reports a cycle closed by function-local imports and ``from pkg import module``
+    (the shape of the trainer's old cycle), and nothing for the same modules without the back edge."""
+    files = {"train/__init__.py": "", "train/eval/__init__.py": "",
+             "train/run.py": "from train.coplayer import RunExtras\n",
+             "train/coplayer.py": "def f():\n    from train.eval import live\n",
+             "train/eval/live.py": "class L:\n    def __init__(self):\n        from train.evaluate import mode_env\n",
+             "train/evaluate.py": "import json\ndef g():\n    from train.run import check_device\n",
+             "train/config.py": "import torch\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph = import_graph(tmp_path, ("train",))
+    assert graph["train.coplayer"] == {"train.eval.live"} and graph["train.config"] == set()
+    assert import_cycles(graph) == [["train.coplayer", "train.eval.live", "train.evaluate", "train.run",
+                                     "train.coplayer"]]
+    (tmp_path / "train/evaluate.py").write_text("def g():\n    from train.config import x\n")
+    assert import_cycles(import_graph(tmp_path, ("train",))) == []
+
+
+def test_no_import_cycle_in_gpusim_policy_train():
+    graph = import_graph()
+    assert {"train.run", "train.evaluate", "policy.actor_critic", "gpusim.env"} <= set(graph)
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles (move the shared piece to a module both import): " + "; ".join(
+        " -> ".join(c) for c in cycles)
