@@ -290,6 +290,29 @@ def test_policy_checkpoint_is_deterministic(pack_file, tmp_path):
         assert a["runs"][0]["summary"][k] == b["runs"][0]["summary"][k]
 
 
+def test_checkpoint_for_other_observations_is_one_line(pack_file, tmp_path, capsys):
+    """A second checkpoint that reads fewer road points than the first one's env gives: exit 2 with
+    one line naming it and both observation layouts (the first one's settings are used)."""
+    from gpusim.kernels.observations import obs_layout
+    from policy.actor_critic import ActorCritic, PolicyConfig
+    from train.checkpoint import save_checkpoint
+    from train.config import TrainConfig
+
+    paths = []
+    for name, roads in (("a", 16), ("b", 8)):
+        env_config = _env_config(num_roads=roads)
+        pol = ActorCritic(obs_layout(env_config.num_partners, roads, env_config.num_signals), 91, False,
+                          PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16))
+        env_dict = TrainConfig(env=env_config).to_dict()["env"]
+        paths.append(str(save_checkpoint(tmp_path / name / "checkpoint.pt", policy=pol, global_step=1, update=1,
+                                         optimizer=torch.optim.Adam(pol.parameters()), config={"env": env_dict},
+                                         env_config=env_dict)))
+    assert main(["--policy", *paths, "--data", str(pack_file), "--device", "cpu", "--quiet", "--num-threads", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --policy {paths[1]}: the policy reads observations")
+    assert "first checkpoint" in err[0]
+
+
 def test_skipped_files_listed_with_reasons(tmp_path, sample_dir, capsys):
     """A data directory with one bad file: the evaluation runs on the good one and lists the bad
     one with its reason (console and JSON)."""

@@ -196,19 +196,24 @@ def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
 
 
 def _make_driver(entry: dict, env, cfg: EvalConfig):
+    """The driver of one ``--policy`` entry: a baseline, or the checkpoint's policy
+    (:func:`train.checkpoint.policy_from_checkpoint`, the one policy loader) acting through a
+    :class:`train.eval.sweep.PolicyDriver` (argmax unless ``--stochastic``).
+
+    Raises:
+        UserError: the checkpoint's observation layout, action count or action space is not the env's.
+    """
     if entry["kind"] == "baseline":
         return CallableDriver(make_baseline(entry["spec"], seed=cfg.seed))
-    from policy.actor_critic import ActorCritic
-    from policy.encoders import ObsDims
+    from gpusim.config import ActionSpace
+    from train.checkpoint import PolicyMismatch, policy_from_checkpoint
 
-    ck = entry["ckpt"]
-    policy = ActorCritic.from_description(ck["policy"])
-    want = dataclasses.asdict(ObsDims.from_layout(env.obs_layout))
-    if dataclasses.asdict(policy.dims) != want or policy.num_actions != env.num_actions:
-        raise UserError(f"--policy {entry['spec']}: the checkpoint's observation/action sizes "
-                        f"({dataclasses.asdict(policy.dims)}, {policy.num_actions} actions) do not match the "
-                        f"evaluation env's ({want}, {env.num_actions}); evaluate it on its own or first")
-    policy.load_state_dict(ck["model"])
+    continuous = int(env.config.action_space) == int(ActionSpace.CONTINUOUS)
+    try:
+        policy = policy_from_checkpoint(entry["ckpt"], entry["spec"], env.obs_layout, env.num_actions, continuous)
+    except PolicyMismatch as e:
+        raise UserError(f"--policy {entry['spec']}: {e.detail} (the env settings are the first checkpoint's); "
+                        "evaluate it on its own or first") from None
     return PolicyDriver(policy.to(env.device), deterministic=not cfg.stochastic)
 
 
