@@ -29,6 +29,13 @@ Usage (from the repository root)::
     python profiling/bench_train.py --iters 3 --json
     python profiling/bench_train.py -- --num-worlds 64 --env.max-controlled 8
     python profiling/bench_train.py --compare 04b2ebc --rounds 2 -- --num-threads 1
+
+The trainer flags are parsed as ``train/run.py`` parses them, recipe included (``train/recipes.py``):
+on a CUDA device the GPU recipe applies unless ``-- --recipe cpu`` is given. Its update levers are
+measured one at a time by switching each off: ``-- --ppo.autocast off``, ``-- --ppo.no-fused-adam``,
+``-- --ppo.num-minibatches N``. ``meta`` names the recipe and the levers in use (``recipe``,
+``autocast``, ``fused_adam`` = the optimizer really is the fused one, ``num_minibatches``,
+``update_epochs``, ``d_model``); every iteration records its ``rows_per_minibatch``.
 """
 
 from __future__ import annotations
@@ -149,7 +156,7 @@ def main(argv=None) -> dict:
     dims = ObsDims.from_layout(env.obs_layout)
     continuous = int(env.config.action_space) == 1
     policy = ActorCritic(dims, env.num_actions, continuous, cfg.policy).to(device)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    optimizer = ppo_mod.make_optimizer(policy.parameters(), cfg.learning_rate, cfg.adam_eps, fused=cfg.ppo.fused_adam)
     hook = make_hook(cfg.experience, cfg.experience_arg, hook_context(env, cfg.ppo.gamma))
     W, C, H = env.num_worlds, env.num_slots, env.horizon
     R = W * C
@@ -194,7 +201,7 @@ def main(argv=None) -> dict:
                 "env_step": sec.get("env_step", 0.0), "policy_rollout": sec.get("policy_rollout", 0.0),
                 "rollout_other": rollout - sec.get("env_step", 0.0) - sec.get("policy_rollout", 0.0),
                 "advantage": sec.get("advantage", 0.0), "ppo_update": update - sec.get("advantage", 0.0),
-                "optimizer_steps": counts["optimizer_steps"],
+                "optimizer_steps": counts["optimizer_steps"], "rows_per_minibatch": counts["rows_per_minibatch"],
             })
     finally:
         ppo_mod.advantage = saved_adv
@@ -204,7 +211,10 @@ def main(argv=None) -> dict:
         peak["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
     meta = {"device": str(device), "threads": torch.get_num_threads(), "worlds": W, "slots": C, "horizon": H,
             "policy_params": sum(p.numel() for p in policy.parameters()), "iters": args.iters,
-            "warmup": args.warmup, "train_argv": args.train_argv, "torch": torch.__version__}
+            "warmup": args.warmup, "train_argv": args.train_argv, "torch": torch.__version__,
+            "recipe": cfg.recipe, "autocast": cfg.ppo.autocast, "fused_adam": bool(optimizer.defaults.get("fused")),
+            "num_minibatches": cfg.ppo.num_minibatches, "update_epochs": cfg.ppo.update_epochs,
+            "d_model": cfg.policy.d_model}
     result = {"meta": meta, "median": med, "iterations": iters, **peak}
     if args.json:
         json.dump(result, sys.stdout, indent=1)

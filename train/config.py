@@ -135,6 +135,10 @@ class TrainConfig:
             the Triton backend (``GPUSIM_CUDA_GRAPHS=0`` turns it off), ``on`` = wanted (one
             warning with the reason when it cannot be used), ``off``. A failed capture warns once
             and runs eagerly. Same results either way.
+        recipe: the defaults the command line starts from (:mod:`train.recipes`): ``auto`` = the
+            GPU recipe on a CUDA device (1024 worlds, 60M steps, fused Adam, bfloat16 autocast in
+            the update), else the CPU recipe (the defaults written here); ``cpu`` / ``gpu`` by
+            name. Flags given explicitly win; not applied with ``--config``.
     """
 
     data: str = "data/womd_sample"
@@ -173,6 +177,7 @@ class TrainConfig:
     eval_mode: tuple[str, ...] = ("self_play",)
     eval_data: str | None = None
     cuda_graph: Literal["auto", "on", "off"] = "auto"
+    recipe: Literal["auto", "cpu", "gpu"] = "auto"
 
     def to_dict(self) -> dict:
         """Plain-data view (enums as lower-case names), for checkpoints and logs."""
@@ -335,7 +340,8 @@ def parse_args(argv=None, description: str | None = None) -> TrainConfig:
     """Parse the command line into a :class:`TrainConfig` (``argv`` None = ``sys.argv[1:]``).
 
     With ``--config FILE`` the file's values are the defaults and the other flags override them
-    (tyro's ``default=`` instance).
+    (tyro's ``default=`` instance). Without ``--config`` the defaults are the device's recipe
+    (:func:`train.recipes.with_recipe`: the GPU recipe on CUDA, else TrainConfig's own).
 
     Raises:
         SystemExit: from tyro for unknown/invalid flags (exit code 2). Errors of
@@ -349,4 +355,7 @@ def parse_args(argv=None, description: str | None = None) -> TrainConfig:
     path = _config_flag(argv)
     default = load_config_file(path) if path else None
     cfg = tyro.cli(TrainConfig, args=argv, registry=cli_registry(), description=description, default=default)
-    return cfg
+    from train.recipes import with_recipe  # device-aware defaults (the GPU recipe on CUDA); flags win
+
+    return with_recipe(cfg, lambda base: tyro.cli(TrainConfig, args=argv, registry=cli_registry(),
+                                                  description=description, default=base), from_file=path is not None)

@@ -19,17 +19,37 @@ Advantages come from :func:`gpusim.kernels.advantage.advantage` on the minibatch
 whole episodes and the last column never bootstraps, so per-row computation is exact): plain GAE by
 default, or, with ``vtrace=True``, V-trace clipping with ``log_rho = logp_new - logp_behaviour``
 (detached) recomputed for every minibatch, as PufferLib does.
+
+Speed options for a GPU (all off by default, so a CPU run is bit for bit what it was without them):
+
+* ``autocast="bf16"``: the policy's forward (and so its backward) runs under
+  ``torch.autocast(dtype=bfloat16)``; its outputs are cast back to float32 before anything else,
+  so the log-probabilities, the entropy, the ratio, the value loss, the advantages and the value
+  targets (GAE / V-trace) are all computed in float32.
+* ``fused_adam=True``: :func:`make_optimizer` builds ``torch.optim.Adam(fused=True)`` (one kernel
+  for every parameter's update) when the parameters are on a CUDA device, the default Adam
+  elsewhere.
+* The update itself reads nothing back to the host: no ``.item()``, ``.tolist()`` or
+  data-dependent shape per minibatch (its statistics stay device tensors; the trainer reads them
+  once per report). Only the policy's CPU paths read (they pack the kept steps and the valid road
+  slots), and the default Adam reads its step counters, which are host tensors on every device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import nn
 
 from gpusim.kernels.advantage import advantage
+
+
+#: ``PPOConfig.autocast`` values and the dtype each runs the policy forward in (None: no autocast).
+AUTOCAST_DTYPES = {"off": None, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -45,6 +65,14 @@ class PPOConfig:
         max_grad_norm: global gradient-norm clip.
         update_epochs, num_minibatches: nominal optimizer steps per update =
             ``update_epochs * num_minibatches``.
+        autocast: ``"off"`` (float32 everywhere) or ``"bf16"`` (the policy forward/backward of the
+            update under bfloat16 autocast; log-probabilities, ratio, losses, advantages and
+            value targets stay float32). Works on CPU and CUDA; meant for CUDA.
+        fused_adam: build the optimizer with ``torch.optim.Adam(fused=True)`` where the
+            parameters are on CUDA (:func:`make_optimizer`); ignored on other devices.
+
+    Raises:
+        ValueError: ``autocast`` not one of ``"off"``, ``"bf16"``.
     """
 
     gamma: float = 0.99
@@ -61,6 +89,33 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     update_epochs: int = 4
     num_minibatches: int = 4
+    autocast: Literal["off", "bf16"] = "off"
+    fused_adam: bool = False
+
+    def __post_init__(self):
+        if self.autocast not in AUTOCAST_DTYPES:
+            raise ValueError(f"PPOConfig.autocast must be one of {', '.join(AUTOCAST_DTYPES)}, got {self.autocast!r}")
+
+
+def make_optimizer(parameters, lr: float, eps: float, fused: bool = False) -> torch.optim.Adam:
+    """The trainer's Adam optimizer.
+
+    Args:
+        parameters: the policy's parameters (an iterable of tensors).
+        lr: learning rate. eps: Adam epsilon.
+        fused: use PyTorch's fused CUDA implementation (``fused=True``: one kernel updates every
+            parameter instead of a few multi-tensor kernels per step). Taken only when every
+            parameter is on a CUDA device; elsewhere (CPU) the default implementation is built,
+            the same optimizer as with ``fused=False``, so CPU results do not change.
+
+    Returns:
+        ``torch.optim.Adam``; ``optimizer.defaults["fused"]`` tells which implementation it is.
+    """
+    params = list(parameters)
+    use_fused = bool(fused) and len(params) > 0 and all(p.device.type == "cuda" for p in params)
+    if use_fused:
+        return torch.optim.Adam(params, lr=lr, eps=eps, fused=True)
+    return torch.optim.Adam(params, lr=lr, eps=eps)
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -88,10 +143,7 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
         v_loss, entropy, approx_kl, clipfrac, valid_steps) — all on the device.
     """
     mask = mb["loss_mask"]
-    if mb.get("prepared", False):  # obs from policy.prepare_obs (ppo_update): compact, removed steps cleared
-        logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"], prepared=True, rows=mb.get("obs_rows"))
-    else:
-        logits, new_values = policy(mb["obs"], mb["terminal"], mb["removed"])
+    logits, new_values = _policy_forward(policy, mb, cfg.autocast)
     new_logp = policy.log_prob(logits, mb["actions"])
     entropy = policy.entropy(logits)
     log_ratio = new_logp - mb["logprobs"]
@@ -139,6 +191,20 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
             "valid_steps": mask.sum().float(),
         }
     return loss, stats
+
+
+def _policy_forward(policy, mb: dict, autocast: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy's ``(logits, values)`` for the minibatch, float32; with ``autocast`` ``"bf16"``
+    computed under bfloat16 autocast and cast back (``.float()`` is a no-op on float32 outputs)."""
+    dtype = AUTOCAST_DTYPES[autocast]
+    scope = (torch.autocast(device_type=mb["loss_mask"].device.type, dtype=dtype) if dtype is not None
+             else contextlib.nullcontext())
+    with scope:
+        if mb.get("prepared", False):  # obs from policy.prepare_obs (ppo_update): compact, removed steps cleared
+            logits, values = policy(mb["obs"], mb["terminal"], mb["removed"], prepared=True, rows=mb.get("obs_rows"))
+        else:
+            logits, values = policy(mb["obs"], mb["terminal"], mb["removed"])
+    return logits.float(), values.float()
 
 
 def optimizer_steps(effective_steps: int, nominal_steps: int, cfg: PPOConfig) -> int:

@@ -28,6 +28,7 @@ from train.distributed import NullLogger
 from train.experience import hook_context, make_hook
 from train.logger import Logger
 from train.packs import PACK_FIELDS, adapt_env_config, data_problems, load_pack
+from train.ppo import make_optimizer
 from train.resume import CHECKPOINT_FILE, announce, resolve_out, restore
 from train.rollout import RolloutBatch
 
@@ -183,7 +184,7 @@ def build_run(cfg: TrainConfig, ranks, ckpt: dict | None, ckpt_file, run_dir: pa
 
     continuous = int(getattr(env, "config", env_config).action_space) == int(ActionSpace.CONTINUOUS)
     policy = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, policy_config).to(device)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
+    optimizer = make_optimizer(policy.parameters(), cfg.learning_rate, cfg.adam_eps, fused=cfg.ppo.fused_adam)
     global_step, update, elapsed, dropped = 0, 0, 0.0, 0
     if ckpt is not None:
         global_step, update, elapsed, dropped = restore(ckpt, ckpt_file, policy, optimizer, metric_log, run_dir,
