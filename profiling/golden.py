@@ -46,8 +46,12 @@ script fingerprints any tree put first on ``PYTHONPATH``::
 ``--compare REF`` prints, per config and backend, ``equal`` or ``DIFFERENT`` with the first step and
 field that differ, and exits 1 if any differ (0 otherwise). Fields present only in the new run are
 listed but do not count as a difference; a field, metric or record missing from it does.
-Runtime: about 4 minutes on 2 cores, most of it the Triton interpreter (``--backends c torch`` runs
-in seconds).
+Runtime: about 2.5 minutes of CPU time on one core, most of it the Triton interpreter (``--backends
+c torch`` takes about 10 s).
+
+The C kernels and the torch references give bit-identical hashes, so the ``c`` records cannot show
+whether the C kernels ran (a silent fallback to torch would still compare equal): time the step
+(``profiling/bench_env.py``) for that.
 """
 
 from __future__ import annotations
