@@ -1,4 +1,4 @@
-"""Which implementation of a computation runs: ``"torch"`` (reference) or ``"triton"``.
+"""Which implementation of a computation runs: ``"torch"`` (reference), ``"triton"`` or ``"c"``.
 
 Rules (DESIGN.md section 2):
 
@@ -7,6 +7,10 @@ Rules (DESIGN.md section 2):
 * ``GPUSIM_BACKEND=torch|triton`` overrides the choice. ``triton`` on CPU tensors is only valid
   with ``TRITON_INTERPRET=1`` (Triton's interpreter), which is how kernels are tested without a GPU.
 * :func:`use_backend` overrides it for a ``with`` block (used by tests and benchmarks).
+* ``"c"``, the hand-written C kernels of the CPU path, is chosen per call, not forced: an op's
+  dispatcher takes ``backend=`` (:data:`OP_BACKENDS`, resolved by :func:`op_backend`) and the env
+  passes ``"c"`` where :func:`step_backend` says so (``EnvConfig.cpu_kernels`` on the torch backend
+  with CPU tensors).
 
 The kernels package imports only this module from the rest of the project.
 """
@@ -20,6 +24,8 @@ import os
 import torch
 
 BACKENDS = ("torch", "triton")
+#: What an op's ``backend=`` argument may name (None: :func:`backend_for` of its tensors).
+OP_BACKENDS = ("torch", "triton", "c")
 _override: list[str] = []
 
 
@@ -130,3 +136,29 @@ def cupy_available() -> bool:
 def use_cupy(tensor: torch.Tensor) -> bool:
     """True when a CuPy kernel should run for ``tensor``: CUDA tensor, CuPy usable, no override."""
     return tensor.device.type == "cuda" and requested_backend() is None and cupy_available()
+
+
+def step_backend(tensor: torch.Tensor, cpu_kernels: bool) -> str:
+    """The backend of a simulator step on ``tensor``'s device: ``"c"`` where :func:`backend_for`
+    says ``"torch"``, the tensor is on the CPU and ``cpu_kernels`` (``EnvConfig.cpu_kernels``);
+    else :func:`backend_for`'s answer. Ops whose C kernel cannot be built run their torch
+    reference under ``"c"`` (one warning, ``gpusim.kernels.cbuild``)."""
+    name = backend_for(tensor)
+    return "c" if name == "torch" and cpu_kernels and tensor.device.type == "cpu" else name
+
+
+def op_backend(backend: str | None, tensor: torch.Tensor) -> str:
+    """The backend an op's dispatcher runs: ``backend`` when given, else :func:`backend_for`.
+
+    Raises:
+        ValueError: a name outside :data:`OP_BACKENDS`; ``"c"`` on a tensor that is not on the CPU.
+    """
+    if backend is None:
+        return backend_for(tensor)
+    if backend == "c":
+        if not tensor.is_cpu:
+            raise ValueError(f"backend 'c' runs CPU tensors only, got a tensor on {tensor.device}")
+        return backend
+    if backend not in OP_BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: expected one of {OP_BACKENDS}")
+    return backend

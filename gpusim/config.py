@@ -110,18 +110,11 @@ class EnvConfig:
             ``road_radius`` (docs/signals.md). 16 covers a four-way intersection with four lanes per
             approach; in the shared WOMD scenes 90% of controlled agent-steps have at most 16
             signals within 50 m (median 9, max 19). 0 removes the block.
-        compile: opt-in CPU path: on the torch backend ``DriveEnv.step`` runs the compiled step
-            (``gpusim.sim.compiled.CompiledStep``: the stage pipeline through ``torch.compile``,
-            sparse contacts/goals and the partner/road observation block eager; ``reset()`` and
-            ``observe()`` too). Same results within float32 rounding; the first
-            step of a new env size compiles (~22 s cold on 2 cores, 5-8 s with inductor's disk
-            cache). Ignored on the Triton backend and while a stage hook is set. Default off:
-            no measured step gain yet (docs/performance.md, "The compiled CPU step").
-        cpu_kernels: on the torch backend, the observation stage uses the hand-written C kernel
-            (``gpusim.kernels.observations.observations_cpu``) and the contacts, replay, motion,
-            signals and rewards stages use ``gpusim.kernels.step_cpu`` (compiled with the system C compiler at first use and
+        cpu_kernels: on the torch backend with CPU tensors the stages' ops run their hand-written
+            C kernels (the ``"c"`` backend, ``gpusim.backend.step_backend``: ``gpusim/kernels/*.c``
+            and ``observations/cpu.c``, compiled with the system C compiler at first use and
             cached in ``~/.cache/gpusim``; same results as the torch references). False runs the
-            torch references. Without a C compiler the references run (one warning per library).
+            torch references. Without a C compiler the references run (one warning).
         check_actions: when action values (range, NaN) are checked: ``"sync"`` (a ValueError at
             the bad step; one host sync per step), ``"async"`` (no sync: recorded on the device,
             raised at the next ``DriveEnv.metrics()`` / ``check_errors()``, the bad slot's action
@@ -164,7 +157,6 @@ class EnvConfig:
     road_radius: float = 50.0
     num_signals: int = 16
     dt: float = DT
-    compile: bool = False
     cpu_kernels: bool = True
     check_actions: str = "auto"
     ego_slots: int = 0
@@ -218,8 +210,6 @@ class EnvConfig:
             )
         if self.dt <= 0:
             raise ValueError(f"EnvConfig.dt must be > 0, got {self.dt}")
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"EnvConfig.compile must be True or False, got {self.compile!r}")
         if not isinstance(self.cpu_kernels, bool):
             raise ValueError(f"EnvConfig.cpu_kernels must be True or False, got {self.cpu_kernels!r}")
         if self.check_actions not in ("auto", "sync", "async"):

@@ -15,56 +15,24 @@ episode's first state).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
+from gpusim.backend import normalize_device
 from gpusim.config import ActionSpace, EnvConfig
 from gpusim.data.pack import ScenarioPack
 from gpusim.kernels import dynamics
 from gpusim.kernels.observations import obs_layout
 from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, trial_metric_names
 from gpusim.sim.actions import ActionCheck
-from gpusim.backend import backend_for, normalize_device
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.episode import begin_episode, draw_scenarios
 from gpusim.sim.motion import expert_actions, model_for
 from gpusim.sim.observe import observe_state
-from gpusim.sim import fused_cpu
 from gpusim.sim.pipeline import PIPELINE, run_pipeline
+from gpusim.sim.result import StepResult, check_pack, step_result
 from gpusim.state import EnvState
 
-
-@dataclass
-class StepResult:
-    """Result of :meth:`DriveEnv.step` (W worlds, C slots, D observation features).
-
-    Attributes:
-        obs: [W, C, D] float32 observation of the state after the step.
-        reward: [W, C] float32 reward of the action just taken (0 on invalid steps).
-        terminal: [W, C] bool, the slot's episode ended with this step (once per active slot).
-        truncation: [W, C] bool, trial boundary (trial mode; always False otherwise).
-        loss_mask: [W, C] bool, the slot's agent was in play when it acted (train on this step).
-        slot_active: [W, C] bool, a controlled agent occupies the slot (after the step).
-        removed: [W, C] bool, the slot's agent is removed (after the step).
-        stopped: [W, C] bool, the slot's agent is stopped (after the step).
-        trial_ended: [W, C] bool, a trial ended (trial mode; always False otherwise).
-        info: device tensors: ``goal_reached`` / ``collided`` / ``offroad`` [W, C] bool (events of
-            this step, valid steps only), ``truncated`` [W] bool (world truncated early now),
-            ``episode_end`` [] bool (this step completed the horizon and reset all worlds; a
-            cached constant: do not modify it), ``trial_end`` [W] bool in trial mode.
-    """
-
-    obs: torch.Tensor
-    reward: torch.Tensor
-    terminal: torch.Tensor
-    truncation: torch.Tensor
-    loss_mask: torch.Tensor
-    slot_active: torch.Tensor
-    removed: torch.Tensor
-    stopped: torch.Tensor
-    trial_ended: torch.Tensor
-    info: dict = field(default_factory=dict)
+__all__ = ["DriveEnv", "StepResult"]
 
 
 class DriveEnv:
@@ -98,7 +66,7 @@ class DriveEnv:
         pool = None
         if not isinstance(pack, ScenarioPack) and hasattr(pack, "episode_done"):  # a ScenarioPool
             pool, pack = pack, pack.current
-        _check_pack(pack, int(num_worlds), config)
+        check_pack(pack, int(num_worlds), config)
         self.config = config
         self.device = normalize_device(device)
         if pool is not None and normalize_device(pool.device) != self.device:
@@ -132,7 +100,6 @@ class DriveEnv:
         # reset(); obs_written [W*C] bool marks the slots that may hold non-zero values.
         self.sim.obs_buf = torch.zeros(self.num_worlds, self.num_slots, self.obs_dim, device=self.device)
         self.sim.obs_written = torch.zeros(self.num_worlds * self.num_slots, dtype=torch.bool, device=self.device)
-        self._compiled = None  # gpusim.sim.compiled.CompiledStep, built on the first compiled step
 
     @property
     def pack(self) -> ScenarioPack:
@@ -147,7 +114,7 @@ class DriveEnv:
         Raises:
             ValueError: as the constructor, for a pack that does not fit this env's config.
         """
-        _check_pack(pack, self.num_worlds, self.config)
+        check_pack(pack, self.num_worlds, self.config)
         self.sim.pack = pack.to(self.device)
 
     @property
@@ -202,9 +169,6 @@ class DriveEnv:
 
     def observe(self) -> torch.Tensor:
         """Recompute the observation [W, C, D] of the current state (into the reused buffer)."""
-        compiled = self._compiled_step()
-        if compiled is not None:  # the compiled step's observation (gpusim/sim/compiled.py)
-            return compiled.observe(self.state)
         return observe_state(self.sim, self.state)
 
     def step(self, actions: torch.Tensor) -> StepResult:
@@ -247,48 +211,14 @@ class DriveEnv:
         """
         sim = self.sim
         step = StepVars(actions=actions, episode_end=bool(episode_end))
-        compiled = self._compiled_step()
-        if compiled is not None:  # EnvConfig.compile on the torch backend (gpusim/sim/compiled.py)
-            state = compiled(state, step)
-        elif self.pipeline is PIPELINE:  # the C kernels skip their checks on a state they checked before
+        if self.pipeline is PIPELINE:  # the C kernels skip their checks on a state they checked before
             pack, step.checked = sim.pack, sim.step_checked(state)
             establishes = step.checked or sim.checkable(state)
-            if self.stage_hook is None and fused_cpu.applies(sim, state, step):  # the C path in one function
-                state = fused_cpu.fused_step(sim, state, step)
-            else:
-                state = run_pipeline(sim, state, step, hook=self.stage_hook, stages=self.pipeline)
+            state = run_pipeline(sim, state, step, hook=self.stage_hook)
             sim.last_checked = (state, pack) if establishes else (None, None)
         else:
             state = run_pipeline(sim, state, step, hook=self.stage_hook, stages=self.pipeline)
-        C = self.num_slots
-        result = StepResult(
-            obs=step.obs,
-            reward=step.reward,
-            terminal=step.terminal,
-            truncation=step.truncation,
-            loss_mask=step.loss_mask,
-            slot_active=state.slot_active,
-            removed=state.removed[:, :C],
-            stopped=state.stopped[:, :C],
-            trial_ended=step.trial_ended,
-            info={"goal_reached": step.goal_now[:, :C],
-                  "collided": step.collided_in_play()[:, :C],
-                  "offroad": step.offroad_in_play()[:, :C],
-                  "truncated": step.truncated,
-                  "episode_end": sim.end_scalars[int(step.episode_end)],
-                  **step.info},
-        )
-        return state, result
-
-    def _compiled_step(self):
-        """The compiled step (``EnvConfig.compile`` on the torch backend, no stage hook), else None."""
-        if not self.config.compile or self.stage_hook is not None or backend_for(self.state.pos) != "torch":
-            return None
-        if self._compiled is None or self._compiled.pipeline is not self.pipeline:
-            from gpusim.sim.compiled import CompiledStep
-
-            self._compiled = CompiledStep(self.sim, self.pipeline)
-        return self._compiled
+        return state, step_result(sim, state, step)
 
     def expert_actions(self) -> torch.Tensor:
         """Actions that make every controlled agent follow its logged trajectory.
@@ -349,28 +279,3 @@ class DriveEnv:
         current state and the clock :attr:`episode_step` advances by one."""
         self.sim.t += 1
         self.state = state
-
-
-def _check_pack(pack: ScenarioPack, num_worlds: int, config: EnvConfig) -> None:
-    """Raise ValueError when ``pack`` cannot run under ``config`` (the message says what to change)."""
-    if num_worlds < 1:
-        raise ValueError(f"num_worlds must be >= 1, got {num_worlds}")
-    if pack.num_scenarios < 1:
-        raise ValueError("the scenario pack is empty")
-    pc = pack.config
-    for name, env_val, pack_val in (
-        ("max_agents", config.max_agents, pc.max_agents),
-        ("max_controlled", config.max_controlled, pc.max_controlled),
-        ("init_steps", config.init_steps, pc.init_steps),
-        ("num_roads", config.num_roads, pc.grid_k),
-    ):
-        if env_val != pack_val:
-            pack_name = "grid_k" if name == "num_roads" else name
-            raise ValueError(
-                f"EnvConfig.{name}={env_val} but the pack was built with DataConfig.{pack_name}={pack_val}; "
-                f"set EnvConfig({name}={pack_val}) or rebuild the pack with config.data_config()"
-            )
-    if pack.max_agents != config.max_agents:
-        raise ValueError(f"pack tensors have {pack.max_agents} agent slots, EnvConfig.max_agents={config.max_agents}")
-    if pack.num_steps <= config.init_steps:
-        raise ValueError(f"pack has {pack.num_steps} logged steps, init_steps={config.init_steps}")

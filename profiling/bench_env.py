@@ -12,16 +12,14 @@ Reports, for every (worlds, max_controlled) pair of the sweep:
   ``profiling/timers.py``; synchronised on CUDA) and ``other`` (action check, result);
 * memory: ``state_bytes_per_world`` (the ``EnvState`` tensors), ``obs_bytes_per_world`` (the
   observation buffer) and ``pack_bytes`` (the scenario pack, shared by all worlds);
-* ``reset_s``: seconds of the first ``env.reset()`` and ``first_step_s`` of the first step: with
-  ``--backend torch-compiled`` they include compiling the step graphs for this env size
-  (``torch.compile``; fast when inductor's on-disk cache already holds them);
+* ``reset_s``: seconds of the first ``env.reset()`` and ``first_step_s`` of the first step (on the
+  CPU the first use builds the C kernels unless they are cached);
 * ``episode_end_step_ms`` / ``other_step_ms`` (with ``--episode-end``): the step that ends an
   episode (auto-reset) vs the median other step of the same episodes.
 
 ``--compare REF`` runs this script twice per round, the current tree (A) and REF (B: a commit-ish,
 exported with ``git archive``, or a directory), interleaved A/B, B/A, ... and prints A/B ratios of
-agent-steps/s (``profiling/compare.py``); ``--ref-backend`` gives B another backend (e.g. compiled vs
-eager on the same tree: ``--compare HEAD --backend torch-compiled --ref-backend torch``).
+agent-steps/s (``profiling/compare.py``); ``--ref-backend`` gives B another backend.
 
 Timing: ``--warmup`` untimed steps, then the median (``--stat min``: the fastest) over ``--repeats``
 runs of ``--steps`` steps, wall clock (``--clock cpu``: this process's CPU time).
@@ -36,12 +34,10 @@ Usage (from the repository root)::
 ``--threads`` sets torch's intra-op threads (default 1: on a shared 2-core machine the step is many
 small ops, and two threads that wait for each other at every op are often slower than one).
 ``--backend torch`` (default) is the CPU step as the env runs it by default: ``EnvConfig.cpu_kernels``
-True, i.e. the hand-written C kernels (``gpusim/kernels/step_cpu.c``, ``observations/cpu.c``, built
+True, i.e. the hand-written C kernels (``gpusim/kernels/*.c``, ``observations/cpu.c``, built
 at first use) with the remaining torch ops around them. ``--scenarios balanced`` gives every size the
 same scenario mix (world ``w`` runs scenario ``w mod S``), so per-agent costs compare across sizes.
 ``--backend triton`` needs CUDA (Triton's CPU interpreter is a test tool, far too slow to time).
-``--backend torch-compiled`` is the torch backend with ``EnvConfig(compile=True)``: observations
-through ``torch.compile`` (``gpusim.kernels.observations.observations_compiled``).
 ``--graphed`` steps through :class:`gpusim.graphed_env.GraphedEnv` (steady steps replayed from a CUDA
 graph; only meaningful on CUDA: elsewhere it steps eagerly and prints the reason once); the
 ``--breakdown`` pass always runs eagerly (its stage hook turns the graph off).
@@ -140,7 +136,7 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
         return torch.rand(shape, generator=g, device=env.device) * 2 - 1
 
     t_first = time.perf_counter()
-    stepper.step(actions())  # the first step compiles the step graphs with EnvConfig(compile=True)
+    stepper.step(actions())  # the first step builds or loads the C kernels
     _sync(env.device)
     t_first = time.perf_counter() - t_first
     for _ in range(warmup):
@@ -244,10 +240,10 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0 = leave torch's default)")
     ap.add_argument("--device", default=None, help="default: cuda for --backend triton, else cpu")
-    ap.add_argument("--backend", default="torch", choices=["torch", "torch-compiled", "triton"],
+    ap.add_argument("--backend", default="torch", choices=["torch", "triton"],
                     help="torch: the CPU step (EnvConfig.cpu_kernels=True, the default: the hand-written C "
-                         "kernels of gpusim/kernels/step_cpu.c and observations/cpu.c, built at first use, torch "
-                         "ops around them); torch-compiled: EnvConfig(compile=True); triton: the kernels (needs CUDA)")
+                         "kernels of gpusim/kernels/*.c and observations/cpu.c, built at first use, torch "
+                         "ops around them); triton: the kernels (needs CUDA)")
     ap.add_argument("--action-space", default="discrete", choices=["discrete", "continuous"])
     ap.add_argument("--stat", default="median", choices=["median", "min"],
                     help="median (default) or min (the fastest repeat) of the --repeats timed runs")
@@ -270,9 +266,8 @@ def parse_args(argv=None):
     ap.add_argument("--compare", metavar="REF", default=None,
                     help="A/B: this tree vs REF (a git commit-ish of this repository, or a directory holding "
                          "another checkout), interleaved A/B, B/A, ... in one run; prints ratios (profiling/compare.py)")
-    ap.add_argument("--ref-backend", default=None, choices=["torch", "torch-compiled", "triton"],
-                    help="with --compare: the backend of the REF side (default: --backend); e.g. --compare HEAD "
-                         "--backend torch-compiled --ref-backend torch compares compiled vs eager")
+    ap.add_argument("--ref-backend", default=None, choices=["torch", "triton"],
+                    help="with --compare: the backend of the REF side (default: --backend)")
     ap.add_argument("--rounds", type=int, default=None,
                     help="with --compare: A/B rounds (default 3); without: run the whole sweep this many times, "
                          "sizes interleaved, and keep per size the round picked by --stat (min: the fastest; "
@@ -301,10 +296,9 @@ def main(argv=None) -> dict:
         raise SystemExit(2)
     rows = []
     pack_bytes = {}
-    compiled = args.backend == "torch-compiled"
-    with use_backend("torch" if compiled else args.backend):
+    with use_backend(args.backend):
         for mc in args.max_controlled:
-            config = EnvConfig(action_space=args.action_space, max_controlled=mc, compile=compiled)
+            config = EnvConfig(action_space=args.action_space, max_controlled=mc)
             pack = load_pack(args.data, config)
             pack_bytes[mc] = pack.nbytes()
             # rounds: the sweep over sizes is repeated, so a slow spell of a shared machine hits every

@@ -12,7 +12,7 @@ load average before each run is printed: on a shared machine, ratios are what to
 Usage::
 
     python profiling/bench_env.py --compare HEAD~3 --worlds 256 1024 --max-controlled 8
-    python profiling/bench_env.py --compare . --backend torch-compiled --ref-backend torch
+    python profiling/bench_env.py --compare /tmp/other_checkout --worlds 1 64 4096
 """
 
 from __future__ import annotations

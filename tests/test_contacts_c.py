@@ -1,4 +1,5 @@
-"""The hand-written C kernels of the contacts and replay stages (gpusim/kernels/step_cpu.c)
+"""The hand-written C kernels of the contacts and replay stages (gpusim/kernels/collision.c,
+offroad.c, replay.c)
 against their torch references: real scenarios at odd world counts over many random-action steps
 (collisions, offroad and hits occur and are counted), perturbed states (near-touching and
 overlapping boxes, NaN poses, out-of-range log indices), garbage-prefilled outputs, the env with
@@ -15,14 +16,12 @@ import torch
 from gpusim.config import EnvConfig
 from gpusim.data import ScenarioPack
 from gpusim.env import DriveEnv
-from gpusim.kernels import step_cpu
-from gpusim.kernels.collision import collisions_reference
-from gpusim.kernels.events import hit_by_reference
+from gpusim.kernels.cbuild import forget_step_libraries, step_kernels_status
+from gpusim.kernels.collision import collisions_cpu, collisions_reference, hit_by_cpu, hit_by_reference
 from gpusim.kernels.obs_layout import EGO_FEATURES
 from gpusim.kernels.observations import cpu as obs_cpu
-from gpusim.kernels.offroad import offroad_reference
-from gpusim.kernels.replay import replay_reference
-from gpusim.kernels.step_cpu import collisions_cpu, hit_by_cpu, offroad_cpu, replay_cpu, step_kernels_status
+from gpusim.kernels.offroad import offroad_cpu, offroad_reference
+from gpusim.kernels.replay import replay_cpu, replay_reference
 
 
 @pytest.fixture(scope="module")
@@ -197,10 +196,10 @@ def fresh_build(monkeypatch, tmp_path):
     """An empty library cache and no loaded C library (observation kernel too, so a failed build
     there cannot outlive the test); both are loaded afresh afterwards."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    step_cpu.forget_step_library()
+    forget_step_libraries()
     obs_cpu.forget_library()
     yield tmp_path
-    step_cpu.forget_step_library()
+    forget_step_libraries()
     obs_cpu.forget_library()
 
 

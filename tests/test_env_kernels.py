@@ -5,7 +5,8 @@ import torch
 
 from gpusim.backend import use_backend
 from gpusim.config import ContactBehavior, GoalBehavior
-from gpusim.kernels.events import events, events_reference, hit_by
+from gpusim.kernels.collision import hit_by
+from gpusim.kernels.events import events, events_reference
 from gpusim.kernels.replay import replay, replay_reference
 from synthetic import to_cpu, to_kernel_device
 

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from gpusim.backend import interpreting, use_backend
-from gpusim.kernels.collision import collisions_reference
-from gpusim.kernels.events import _hit_by_triton, hit_by, hit_by_reference
+from gpusim.kernels.collision import _hit_by_triton, collisions_reference, hit_by, hit_by_reference
 from synthetic import KERNEL_DEVICE, backend_device, to_kernel_device
 
 HAVE_TRITON = torch.cuda.is_available() or interpreting()

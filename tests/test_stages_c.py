@@ -1,5 +1,5 @@
-"""The C kernels of stages ``rewards`` and ``signals`` (``events_cpu``, ``red_light_cpu`` in
-gpusim/kernels/step_cpu.c) against their torch references, and the env with and without them.
+"""The C kernels of the stages ``rewards``, ``signals``, ``motion``, ``accounting`` and ``replay``
+(``events_cpu``, ``red_light_cpu``, ``kernels/motion.py``, ``accumulate_cpu``, ``replay_state_cpu``) against their torch references, and the env with and without them.
 
 Kernel cases: real scenarios (the bundled sample, the bundled TFRecord scenario with 12 signals)
 with random and forced events (goals, collisions, offroad, hits, already stopped / removed agents,
@@ -21,11 +21,12 @@ from gpusim.data import ScenarioPack
 from gpusim.enums import SignalState
 from gpusim.env import DriveEnv
 from gpusim.kernels import dynamics
-from gpusim.kernels.events import events_reference
-from gpusim.kernels.signals import red_light_violation_reference
-from gpusim.kernels.replay import replay_reference
-from gpusim.kernels.step_cpu import (accounting_cpu, bicycle_slots_cpu, discrete_motion_tables, events_cpu, in_play_cpu,
-                                    motion_discrete_cpu, red_light_cpu, replay_state_cpu, step_kernels_status)
+from gpusim.kernels.accounting import accumulate_cpu as accounting_cpu
+from gpusim.kernels.cbuild import step_kernels_status
+from gpusim.kernels.events import events_cpu, events_reference
+from gpusim.kernels.motion import bicycle_slots_cpu, discrete_motion_tables, in_play_cpu, motion_discrete_cpu
+from gpusim.kernels.replay import replay_reference, replay_state_cpu
+from gpusim.kernels.signals import red_light_cpu, red_light_violation_reference
 from gpusim.state import in_play
 from tests.synthetic import driver, lane, small_config, synthetic_pack
 
@@ -416,16 +417,20 @@ def test_env_red_light_penalty_equal_reference():
         assert torch.equal(bits(r1), bits(r2)) and torch.equal(f1, f2)
 
 
-def test_c_kernels_only_for_cpu_tensors():
+def test_c_backend_only_for_cpu_tensors():
     """``use_backend("torch")`` on a CUDA env must run the torch reference, not hand CUDA tensors to
-    the C kernels (a GPU run raised "tensors must be on the CPU"); ``meta`` stands in for CUDA here."""
-    from types import SimpleNamespace
+    the C kernels (a GPU run raised "tensors must be on the CPU"); ``meta`` stands in for CUDA here.
+    An op asked for ``"c"`` on such tensors says so, and an unknown backend name is refused."""
+    from gpusim.backend import op_backend, step_backend, use_backend
+    from gpusim.kernels.collision import collisions
 
-    from gpusim.backend import use_backend
-    from gpusim.sim.context import StepVars, use_step_c
-
-    ctx = SimpleNamespace(config=EnvConfig())
+    meta = torch.zeros(1, 1, 2, device="meta")
     with use_backend("torch"):
-        assert use_step_c(ctx, SimpleNamespace(pos=torch.zeros(1, 1, 2)), StepVars(actions=None, episode_end=False))
-        meta = SimpleNamespace(pos=torch.zeros(1, 1, 2, device="meta"))
-        assert not use_step_c(ctx, meta, StepVars(actions=None, episode_end=False))
+        assert step_backend(torch.zeros(1, 1, 2), cpu_kernels=True) == "c"
+        assert step_backend(torch.zeros(1, 1, 2), cpu_kernels=False) == "torch"
+        assert step_backend(meta, cpu_kernels=True) == "torch"
+    with pytest.raises(ValueError, match="backend 'c' runs CPU tensors only"):
+        op_backend("c", meta)
+    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+        z = torch.zeros(1, 2)
+        collisions(torch.zeros(1, 2, 2), z, z, z, z.bool(), 1.0, backend="cuda")

@@ -1,5 +1,8 @@
 """Build, cache and load the hand-written C kernels of the CPU path (ctypes), shared by every
-``*.c`` kernel (``observations/cpu.c``, ``step_cpu.c``).
+``*.c`` kernel: one source per op next to the op's module (``collision.c``, ``offroad.c``,
+``replay.c``, ``events.c``, ``signals.c``, ``motion.c``, ``accounting.c``, ``observations/cpu.c``),
+all including the one shared header ``cpu_common.h`` (:data:`HEADER`), plus the argument checks
+their Python wrappers share (:func:`c_tensor`, :func:`bool_out`, :func:`heading_trig_of`).
 
 A :class:`CLibrary` compiles its source at first use with the system C compiler (``$CC``, else
 ``cc``; ``CC`` may carry arguments, e.g. ``"ccache gcc"``) and :data:`CFLAGS` plus ``-fopenmp``
@@ -12,7 +15,9 @@ compiler exists or the build fails, :meth:`CLibrary.load` returns None and warns
 (``RuntimeWarning`` naming the reason); callers then run their torch reference.
 
 Each source exports ``int <prefix>_abi(void)`` (checked against the expected version, so a stale
-cached library with another argument list is never called) and ``int <prefix>_has_openmp(void)``.
+cached library with another argument list is never called) and ``int <prefix>_has_openmp(void)``
+(the header's ``GPUSIM_EXPORT_ABI`` macro). Libraries that share a ``label`` (the step's op kernels:
+:data:`STEP_LABEL`) warn once together, so a machine without a compiler sees one warning.
 
 OpenMP: loaded after torch, a library binds to the ``libgomp.so.1`` torch already loaded, so it
 shares torch's thread pool.
@@ -32,9 +37,23 @@ import weakref
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 #: Compiler flags (plus ``-fopenmp`` when it works). ``-ffp-contract=off`` keeps every float32
 #: multiply and add separately rounded, as torch's eager ops are, so results match bit for bit.
 CFLAGS = ("-std=c99", "-O3", "-fPIC", "-shared", "-ffp-contract=off")
+
+#: The header every kernel source includes (its directory is on the include path; its bytes are in
+#: each library's cache key).
+HEADER = Path(__file__).with_name("cpu_common.h")
+
+#: The ``label`` of the step's op kernels (one warning for all of them).
+STEP_LABEL = "C step kernels"
+
+#: Every :class:`CLibrary` created, by name (:func:`libraries`).
+_LIBRARIES: dict = {}
+#: Labels that have warned since their libraries were last forgotten.
+_WARNED: set = set()
 
 
 def cache_dir() -> Path:
@@ -54,7 +73,8 @@ def compile_shared(cc: list, flags: tuple, source: Path, dest: Path) -> str | No
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp", dir=dest.parent)
         os.close(fd)
-        res = subprocess.run([*cc, *flags, "-o", tmp, str(source), "-lm"], capture_output=True, text=True,
+        res = subprocess.run([*cc, *flags, f"-I{HEADER.parent}", "-o", tmp, str(source), "-lm"],
+                             capture_output=True, text=True,
                              timeout=120)
         if res.returncode != 0:
             return (res.stderr or res.stdout).strip()[-400:] or f"exit code {res.returncode}"
@@ -83,13 +103,14 @@ class CLibrary:
         self.name, self.source, self.prefix, self.abi = name, Path(source), prefix, abi
         self.declare, self.label = declare, label
         self._state: dict = {}  # "lib": CDLL | None, "reason": str, "openmp": bool, "path": Path
+        _LIBRARIES[name] = self
 
     def _build_and_load(self) -> tuple:
         """(lib, reason, openmp, path): the loaded library, or None and why not."""
         cc = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
         if shutil.which(cc[0]) is None:
             return None, f"no C compiler: {cc[0]!r} not found (set CC)", False, None
-        src = self.source.read_bytes()
+        src = self.source.read_bytes() + HEADER.read_bytes()
         errors = []
         for flags in (CFLAGS + ("-fopenmp",), CFLAGS):
             tag = hashlib.sha256(src + repr((flags, cc)).encode()).hexdigest()[:16]
@@ -114,11 +135,12 @@ class CLibrary:
 
     def load(self, stacklevel: int = 3):
         """The loaded library (built and cached on first use), or None when it cannot be built; the
-        first failure warns once (``RuntimeWarning`` naming the reason)."""
+        first failure of a label warns once (``RuntimeWarning`` naming the reason)."""
         if "lib" not in self._state:
             lib, reason, omp, path = self._build_and_load()
             self._state.update(lib=lib, reason=reason, openmp=omp, path=path)
-            if lib is None:
+            if lib is None and self.label not in _WARNED:
+                _WARNED.add(self.label)
                 warnings.warn(f"gpusim: {self.label} unavailable ({reason}); using the torch reference "
                               "(same results, slower)", RuntimeWarning, stacklevel=stacklevel)
         return self._state["lib"]
@@ -134,6 +156,76 @@ class CLibrary:
         """Forget the loaded library and any build failure, so the next call builds/loads again
         (tests: a changed ``CC`` or cache directory). A loaded library stays mapped in the process."""
         self._state.clear()
+        _WARNED.discard(self.label)
+
+
+def libraries(label: str = STEP_LABEL) -> list:
+    """The :class:`CLibrary` objects created with ``label`` (the op modules create theirs at import)."""
+    return [lib for lib in _LIBRARIES.values() if lib.label == label]
+
+
+def step_kernels_status() -> dict:
+    """``{"available", "reason", "openmp", "path"}`` of the step's op kernels together (builds them on
+    first call): available when every one loaded; the first failure's reason; ``path`` the cache
+    directory of the first library."""
+    import importlib
+
+    for source in HEADER.parent.glob("*.c"):  # each op module next to its .c creates its library at import
+        importlib.import_module(f"{__package__}.{source.stem}")
+    st = [lib.status() for lib in libraries()]
+    bad = [s for s in st if not s["available"]]
+    return {"available": not bad, "reason": bad[0]["reason"] if bad else "", "openmp": all(s["openmp"] for s in st),
+            "path": st[0]["path"] if st else None}
+
+
+def forget_step_libraries() -> None:
+    """:meth:`CLibrary.forget` on every step op library (tests: another ``CC`` or cache directory)."""
+    for lib in libraries():
+        lib.forget()
+
+
+def c_tensor(t: torch.Tensor, fn: str, name: str, dtype, shape) -> torch.Tensor:
+    """``t`` as a contiguous CPU tensor of ``dtype`` and ``shape`` (a copy only when not already
+    contiguous). Called dozens of times a step, so the test is cheap and the message is built only
+    on failure.
+
+    Raises:
+        ValueError: ``"<fn>: <name> must be a CPU <dtype> tensor of shape <shape>, got ..."``.
+    """
+    if t.dtype is not dtype or t.shape != shape or not t.is_cpu:
+        raise ValueError(f"{fn}: {name} must be a CPU {dtype} tensor of shape {tuple(shape)}, "
+                         f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def trusted(t: torch.Tensor, fn: str, name: str, dtype, shape) -> torch.Tensor:
+    """:func:`c_tensor` without the checks (``check=False``: the caller guarantees the layout)."""
+    return t
+
+
+def checker(check: bool) -> Callable:
+    """:func:`c_tensor` when ``check``, else :func:`trusted`."""
+    return c_tensor if check else trusted
+
+
+def bool_out(out, W: int, A: int, name: str) -> torch.Tensor:
+    """``out`` checked as a contiguous CPU bool [W, A] tensor, or a new one when None.
+
+    Raises:
+        ValueError: ``out`` of another dtype, shape, layout or device.
+    """
+    if out is None:
+        return torch.empty(W, A, dtype=torch.bool)
+    if out.dtype != torch.bool or tuple(out.shape) != (W, A) or not out.is_contiguous() or out.device.type != "cpu":
+        raise ValueError(f"{name}: out must be a contiguous CPU bool tensor of shape {(W, A)}")
+    return out
+
+
+def heading_trig_of(heading: torch.Tensor, cos_h=None, sin_h=None) -> tuple:
+    """``(cos, sin)`` of ``heading`` (float32, torch's values): the caller's when given, else computed."""
+    if cos_h is None or sin_h is None:
+        return torch.cos(heading), torch.sin(heading)
+    return cos_h.contiguous(), sin_h.contiguous()
 
 
 #: index tensors already checked by :func:`check_index_range`: id -> (weak reference, version, bound)

@@ -22,16 +22,26 @@ holds. Otherwise they overlap. Choices:
 
 ``box_scale`` shrinks the logged boxes (0.7 in GPUDrive/PufferDrive, whose logged WOMD boxes are
 generous; see ``EnvConfig.collision_box_scale``).
+
+:func:`hit_by` (collision REMOVE: who was touched by an agent in collision) is the same box test
+between a set of source agents and everyone.
+
+Backends of both ops (``backend=``, :func:`gpusim.backend.op_backend`): the torch references, the
+Triton kernels and the C kernels of ``collision.c`` (same float32 operations in the same order,
+the same bounding-circle pre-check and margin: identical booleans).
 """
 
 from __future__ import annotations
+
+import ctypes
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
-
+from gpusim.backend import interpreting, op_backend
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, checker, heading_trig_of
 
 def collisions_reference(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
                          query: torch.Tensor | None = None):
@@ -204,8 +214,10 @@ def _collisions_triton(pos, heading, length, width, present, box_scale: float, n
     return out != 0
 
 
+
 def collisions(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
-               query: torch.Tensor | None = None):
+               query: torch.Tensor | None = None, *, backend: str | None = None, check: bool = True,
+               cos_h=None, sin_h=None, out=None):
     """For every agent, does its box overlap the box of another present agent of the same world?
 
     Args:
@@ -221,14 +233,248 @@ def collisions(pos, heading, length, width, present, box_scale: float, num_query
         query: optional [W, A] bool, overrides ``num_query``: only these agents are tested
             against everyone (the env passes its controlled agents); any other agent is flagged
             only when it overlaps a query agent.
+        backend: ``"torch"`` | ``"triton"`` | ``"c"``, default :func:`gpusim.backend.backend_for`.
+        check, cos_h, sin_h, out: C backend only (:func:`collisions_cpu`); ignored otherwise.
 
     Returns:
         [W, A] bool collision flags (False for absent agents).
 
     Raises:
-        ValueError: ``query`` of the wrong shape, dtype or device.
-    Raises (Triton backend): ValueError on wrong shapes, dtypes or devices.
+        ValueError: ``query`` of the wrong shape, dtype or device; an unknown backend.
+    Raises (Triton and C backends): ValueError on wrong shapes, dtypes or devices.
     """
-    if backend_for(heading) == "triton":
+    name = op_backend(backend, heading)
+    if name == "c":
+        return collisions_cpu(pos, heading, length, width, present, box_scale, num_query, query, cos_h=cos_h,
+                              sin_h=sin_h, out=out, check=check)
+    if name == "triton":
         return _collisions_triton(pos, heading, length, width, present, box_scale, num_query, query)
     return collisions_reference(pos, heading, length, width, present, box_scale, num_query, query)
+
+
+_HIT_BY_DOC = """Agents touched by a source agent: the "agent it hit" of collision REMOVE.
+
+    Oriented-bounding-box separating-axis test between every source agent and every other present
+    agent of its world, with boxes ``box_scale`` times the logged length and width: two boxes
+    overlap iff, on each of the four box axes (the two edge normals of each box), the centre
+    offset projected on the axis is at most the sum of the two boxes' half-extents on it; touching
+    counts, as in ``collision.collisions``. Costs ``W x S x A`` pair tests (S = source slots); the
+    env calls it only with collision REMOVE.
+
+    Args:
+        pos: [W, A, 2] float32 box centres (m). heading, length, width: [W, A] float32 (rad, m, m).
+        present: [W, A] bool; absent agents neither hit nor are hit.
+        source: [W, S] bool with S <= A: the source agents are the first S agent slots where set
+            (and present); the env passes ``in_play & collided`` ([W, A]).
+        box_scale: factor on length and width (> 0).
+
+    Returns:
+        [W, A] bool, True for present agents whose box overlaps the box of at least one source
+        agent other than themselves.
+
+    Raises (Triton backend): ValueError on wrong shapes, dtypes or devices, or S > A.
+    """
+
+
+def hit_by_reference(pos, heading, length, width, present, source, box_scale: float) -> torch.Tensor:
+    S = source.shape[1]
+    src = source & present[:, :S]
+    hl = 0.5 * box_scale * length
+    hw = 0.5 * box_scale * width
+    c, s = torch.cos(heading), torch.sin(heading)
+    # source box i (first S), target box j (all A): pairs [W, S, A]
+    dx = pos[:, None, :, 0] - pos[:, :S, None, 0]
+    dy = pos[:, None, :, 1] - pos[:, :S, None, 1]
+    ci, si, li, wi = c[:, :S, None], s[:, :S, None], hl[:, :S, None], hw[:, :S, None]
+    cj, sj, lj, wj = c[:, None, :], s[:, None, :], hl[:, None, :], hw[:, None, :]
+    cos_ij = (ci * cj + si * sj).abs()
+    sin_ij = (ci * sj - si * cj).abs()
+    # axes of box i: (ci, si) and (-si, ci); axes of box j likewise
+    sep = (dx * ci + dy * si).abs() > li + lj * cos_ij + wj * sin_ij
+    sep |= (dy * ci - dx * si).abs() > wi + lj * sin_ij + wj * cos_ij
+    sep |= (dx * cj + dy * sj).abs() > lj + li * cos_ij + wi * sin_ij
+    sep |= (dy * cj - dx * sj).abs() > wj + li * sin_ij + wi * cos_ij
+    A = pos.shape[1]
+    not_self = torch.arange(S, device=pos.device)[:, None] != torch.arange(A, device=pos.device)[None, :]
+    touch = ~sep & src[:, :, None] & present[:, None, :] & not_self[None]
+    return touch.any(1)
+
+
+hit_by_reference.__doc__ = _HIT_BY_DOC
+
+
+@triton.jit
+def _hit_by_kernel(pos_ptr, heading_ptr, length_ptr, width_ptr, present_ptr, source_ptr, out_ptr,
+                   A, S, box_scale, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Program (w, b): targets j of block b of world w (rows of a [BLOCK, BLOCK_S] tile) against
+    the S source slots, BLOCK_S at a time (columns). Every program owns its outputs (no atomics)."""
+    w = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    mj = j < A
+    gj = w * A + j
+    qx = tl.load(pos_ptr + 2 * gj, mask=mj, other=0.0)[:, None]
+    qy = tl.load(pos_ptr + 2 * gj + 1, mask=mj, other=0.0)[:, None]
+    hj = tl.load(heading_ptr + gj, mask=mj, other=0.0)
+    lj = (0.5 * box_scale * tl.load(length_ptr + gj, mask=mj, other=0.0))[:, None]
+    wj = (0.5 * box_scale * tl.load(width_ptr + gj, mask=mj, other=0.0))[:, None]
+    pj = ((tl.load(present_ptr + gj, mask=mj, other=0) != 0) & mj)[:, None]
+    cj = tl.cos(hj)[:, None]
+    sj = tl.sin(hj)[:, None]
+    hit = tl.zeros([BLOCK], dtype=tl.int32)
+    for i0 in range(0, S, BLOCK_S):
+        i = i0 + tl.arange(0, BLOCK_S).to(tl.int64)
+        mi = i < S
+        gi = w * A + i
+        src = (tl.load(source_ptr + w * S + i, mask=mi, other=0) != 0) & \
+            (tl.load(present_ptr + gi, mask=mi, other=0) != 0) & mi
+        px = tl.load(pos_ptr + 2 * gi, mask=mi, other=0.0)[None, :]
+        py = tl.load(pos_ptr + 2 * gi + 1, mask=mi, other=0.0)[None, :]
+        hi = tl.load(heading_ptr + gi, mask=mi, other=0.0)
+        li = (0.5 * box_scale * tl.load(length_ptr + gi, mask=mi, other=0.0))[None, :]
+        wi = (0.5 * box_scale * tl.load(width_ptr + gi, mask=mi, other=0.0))[None, :]
+        ci = tl.cos(hi)[None, :]
+        si = tl.sin(hi)[None, :]
+        dx = qx - px
+        dy = qy - py
+        cos_ij = tl.abs(ci * cj + si * sj)
+        sin_ij = tl.abs(ci * sj - si * cj)
+        sep = tl.abs(dx * ci + dy * si) > li + lj * cos_ij + wj * sin_ij
+        sep = sep | (tl.abs(dy * ci - dx * si) > wi + lj * sin_ij + wj * cos_ij)
+        sep = sep | (tl.abs(dx * cj + dy * sj) > lj + li * cos_ij + wi * sin_ij)
+        sep = sep | (tl.abs(dy * cj - dx * sj) > wj + li * sin_ij + wi * cos_ij)
+        touch = (~sep) & pj & src[None, :] & (j[:, None] != i[None, :])
+        hit = tl.maximum(hit, tl.max(touch.to(tl.int32), axis=1))
+    tl.store(out_ptr + gj, hit.to(tl.int8), mask=mj)
+
+
+def _hit_by_triton(pos, heading, length, width, present, source, box_scale: float, block: int | None = None,
+                   block_s: int | None = None, out: torch.Tensor | None = None):
+    """Launcher. ``block`` (targets per program), ``block_s`` (sources per tile column) and ``out`` (a
+    preallocated [W, A] int8 tensor whose every element the kernel overwrites with 0 or 1) are for
+    tests; by default a program covers up to 64 targets x 32 sources per loop iteration (all S at
+    once when interpreting)."""
+    if heading.dim() != 2 or source.dim() != 2:
+        raise ValueError(f"hit_by: heading and source must be 2-D, got {tuple(heading.shape)}, {tuple(source.shape)}")
+    W, A = heading.shape
+    S = source.shape[1]
+    if S > A or source.shape[0] != W:
+        raise ValueError(f"hit_by: source must be [W={W}, S <= A={A}], got {tuple(source.shape)}")
+    dev = heading.device
+    for name, t, shape, dtype in (
+        ("pos", pos, (W, A, 2), torch.float32), ("heading", heading, (W, A), torch.float32),
+        ("length", length, (W, A), torch.float32), ("width", width, (W, A), torch.float32),
+        ("present", present, (W, A), torch.bool), ("source", source, (W, S), torch.bool),
+    ):
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != dev:
+            raise ValueError(f"hit_by: {name} must be {dtype} {shape} on {dev}, "
+                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if out is None:
+        out = torch.empty((W, A), dtype=torch.int8, device=dev)
+    if W and A:
+        if block is None:
+            block = max(16, min(64, triton.next_power_of_2(A)))
+        if block_s is None:
+            block_s = max(16, min(128 if interpreting() else 32, triton.next_power_of_2(max(S, 1))))
+        grid = (W, triton.cdiv(A, block))
+        _hit_by_kernel[grid](pos.contiguous(), heading.contiguous(), length.contiguous(), width.contiguous(),
+                             present.contiguous().view(torch.uint8), source.contiguous().view(torch.uint8), out,
+                             A, S, float(box_scale), BLOCK=block, BLOCK_S=block_s)
+    return out != 0
+
+
+
+def hit_by(pos, heading, length, width, present, source, box_scale: float, *, backend: str | None = None,
+           check: bool = True, cos_h=None, sin_h=None, out=None) -> torch.Tensor:
+    name = op_backend(backend, heading)
+    if name == "c":
+        return hit_by_cpu(pos, heading, length, width, present, source, box_scale, cos_h=cos_h, sin_h=sin_h,
+                          out=out, check=check)
+    if name == "triton":
+        return _hit_by_triton(pos, heading, length, width, present, source, box_scale)
+    return hit_by_reference(pos, heading, length, width, present, source, box_scale)
+
+
+hit_by.__doc__ = _HIT_BY_DOC + """
+    Backend (``backend=``, :func:`gpusim.backend.op_backend`): the Triton kernel (one program per
+    world and block of target agents), the C kernel (:func:`hit_by_cpu`; ``check``, ``cos_h``,
+    ``sin_h``, ``out`` are its keywords, ignored by the others) or :func:`hit_by_reference`.
+    """
+
+
+# ---------------------------------------------------------------------------- C kernels (collision.c)
+def _declare(lib) -> None:
+    """ctypes signatures of collision.c."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.gpusim_collisions.restype = lib.gpusim_hit_by.restype = None
+    lib.gpusim_collisions.argtypes = [p] * 8 + [i64, i64, f32, f32, i32]
+    lib.gpusim_hit_by.argtypes = [p] * 8 + [i64, i64, i64, f32, i32]
+
+
+#: collision.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
+LIBRARY = CLibrary(name="collision", source=Path(__file__).with_suffix(".c"), prefix="gpusim_collision", abi=1,
+                   declare=_declare, label=STEP_LABEL)
+
+
+def _box_inputs(cc, fn: str, pos, heading, length, width, present):
+    W, A = heading.shape
+    return (W, A, cc(pos, fn, "pos", torch.float32, (W, A, 2)),
+            cc(heading, fn, "heading", torch.float32, (W, A)),
+            cc(length, fn, "length", torch.float32, (W, A)), cc(width, fn, "width", torch.float32, (W, A)),
+            cc(present, fn, "present", torch.bool, (W, A)))
+
+
+def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
+                   query: torch.Tensor | None = None, cos_h=None, sin_h=None, out=None, check: bool = True):
+    """The C kernel of :func:`collisions` (same arguments and result). Extra keywords: ``cos_h``,
+    ``sin_h`` [W, A] float32 ``torch.cos/sin(heading)`` when the caller has them; ``out`` [W, A]
+    bool contiguous, every element overwritten; ``check=False`` skips the argument checks (the env,
+    on a state whose layout an earlier checked step established: ``StepVars.checked``). Runs
+    :func:`collisions_reference` where the library cannot be built.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    cc = checker(check)
+    W, A, pos, heading, length, width, present = _box_inputs(cc, "collisions", pos, heading, length, width, present)
+    if query is None:
+        Q = A if num_query is None else max(0, min(int(num_query), A))
+        query = torch.zeros(W, A, dtype=torch.bool)
+        query[:, :Q] = True
+    query = cc(query, "collisions", "query", torch.bool, (W, A))
+    lib = LIBRARY.load(stacklevel=4)
+    if lib is None:
+        ref = collisions_reference(pos, heading, length, width, present, box_scale, query=query)
+        return ref if out is None else out.copy_(ref)
+    out = bool_out(out, W, A, "collisions")
+    c, s = heading_trig_of(heading, cos_h, sin_h)
+    lib.gpusim_collisions(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
+                          present.data_ptr(), query.data_ptr(), out.data_ptr(), W, A, 0.5 * box_scale,
+                          0.5 * CIRCLE_MARGIN, torch.get_num_threads())
+    return out
+
+
+def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, cos_h=None, sin_h=None, out=None,
+               check: bool = True):
+    """The C kernel of :func:`hit_by` (same arguments and result; ``source`` [W, S] bool, S <= A).
+    ``cos_h``, ``sin_h``, ``out``, ``check`` as in :func:`collisions_cpu`. Runs
+    :func:`hit_by_reference` where the library cannot be built.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    cc = checker(check)
+    W, A, pos, heading, length, width, present = _box_inputs(cc, "hit_by", pos, heading, length, width, present)
+    if source.dim() != 2 or source.shape[0] != W or source.shape[1] > A:
+        raise ValueError(f"hit_by: source must be [W, S] bool with S <= {A}, got {tuple(source.shape)}")
+    S = source.shape[1]
+    source = cc(source, "hit_by", "source", torch.bool, (W, S))
+    lib = LIBRARY.load(stacklevel=4)
+    if lib is None:
+        ref = hit_by_reference(pos, heading, length, width, present, source, box_scale)
+        return ref if out is None else out.copy_(ref)
+    out = bool_out(out, W, A, "hit_by")
+    c, s = heading_trig_of(heading, cos_h, sin_h)
+    lib.gpusim_hit_by(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
+                      present.data_ptr(), source.data_ptr(), out.data_ptr(), W, A, S, 0.5 * box_scale,
+                      torch.get_num_threads())
+    return out

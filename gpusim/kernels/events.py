@@ -24,18 +24,25 @@ Rules, per world ``w`` and agent ``a``:
 
 GOAL behaviours RESPAWN and NEW_GOAL need the initial pose / a sampled goal: the env applies
 them where ``goal_now`` holds and the agent is still in play. TRIAL is handled by the env.
+
+Backends (``backend=`` of :func:`events`): the torch reference, the Triton kernel (one program per
+world) and the C kernel of ``events.c`` (one pass per world instead of ~50 torch ops; scalars
+enter as float32, as in torch's tensor-scalar ops, so every output is the reference's bit for bit).
 """
 
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for, interpreting
+from gpusim.backend import op_backend
 from gpusim.enums import ContactBehavior, GoalBehavior
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, c_tensor
 from gpusim.kernels.checks import check_tensors
 
 
@@ -254,158 +261,93 @@ def events(
     stopped, contact_stopped, removed, world_done, episode_end, slot_active, slot_done,
     goal_radius: float, reward_goal: float, reward_collision: float, reward_offroad: float,
     goal_behavior: int, collision_behavior: int, offroad_behavior: int, stop_truncate_fraction: float,
+    *, backend: str | None = None, check: bool = True,
 ) -> EventsOut:
     """Goals, rewards, contact behaviours, early truncation and terminal flags of one step.
 
-    Same signature, semantics and errors as :func:`events_reference`; dispatches with
-    :func:`gpusim.backend.backend_for` (Triton kernel: one program per world).
+    Same signature, semantics and errors as :func:`events_reference`; ``backend``: ``"torch"`` |
+    ``"triton"`` | ``"c"`` (default :func:`gpusim.backend.backend_for`); ``check``: the C kernel's
+    argument checks (:func:`events_cpu`), ignored by the others.
     """
     args = (pos, goal, speed, controlled, in_play, present, collided, offroad, hit,
             stopped, contact_stopped, removed, world_done, episode_end, slot_active, slot_done,
             goal_radius, reward_goal, reward_collision, reward_offroad,
             goal_behavior, collision_behavior, offroad_behavior, stop_truncate_fraction)
-    if backend_for(pos) == "triton":
-        return _events_triton(*args)
+    name = op_backend(backend, pos)
+    if name == "c":
+        return events_cpu(*args, check=check)
+    if name == "triton":  # the kernel indexes raw pointers: contiguous inputs (a no-op when they are)
+        return _events_triton(*(a.contiguous() if isinstance(a, torch.Tensor) else a for a in args))
     return events_reference(*args)
 
 
-_HIT_BY_DOC = """Agents touched by a source agent: the "agent it hit" of collision REMOVE.
+# ---------------------------------------------------------------------------- C kernel (events.c)
+def _declare(lib) -> None:
+    """ctypes signature of events.c."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.gpusim_events.restype = None
+    lib.gpusim_events.argtypes = [p] * 27 + [i64] * 3 + [f32] * 4 + [i32] * 5 + [f32, i64, i32]
 
-    Oriented-bounding-box separating-axis test between every source agent and every other present
-    agent of its world, with boxes ``box_scale`` times the logged length and width: two boxes
-    overlap iff, on each of the four box axes (the two edge normals of each box), the centre
-    offset projected on the axis is at most the sum of the two boxes' half-extents on it; touching
-    counts, as in ``collision.collisions``. Costs ``W x S x A`` pair tests (S = source slots); the
-    env calls it only with collision REMOVE.
+
+#: events.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
+LIBRARY = CLibrary(name="events", source=Path(__file__).with_suffix(".c"), prefix="gpusim_events", abi=1,
+                   declare=_declare, label=STEP_LABEL)
+
+
+def events_scalar_args(goal_radius: float, reward_goal: float, reward_collision: float, reward_offroad: float,
+                       goal_behavior: int, collision_behavior: int, offroad_behavior: int,
+                       stop_truncate_fraction: float) -> tuple:
+    """The scalar arguments of the C kernel, in its order, from :func:`events`' keywords: the squared
+    goal radius (m^2), the three rewards, the REMOVE / STOP flags of collisions and offroad, the
+    goal STOP flag and the truncation fraction."""
+    col, off = int(collision_behavior), int(offroad_behavior)
+    rm, st = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP)
+    return (goal_radius * goal_radius, reward_goal, reward_collision, reward_offroad, col == rm, off == rm,
+            col == st, off == st, int(goal_behavior) == int(GoalBehavior.STOP), stop_truncate_fraction)
+
+
+def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped,
+               removed, world_done, episode_end, slot_active, slot_done, goal_radius: float, reward_goal: float,
+               reward_collision: float, reward_offroad: float, goal_behavior: int, collision_behavior: int,
+               offroad_behavior: int, stop_truncate_fraction: float, check: bool = True) -> EventsOut:
+    """The C kernel of :func:`events` (same arguments and result, new tensors). Runs
+    :func:`events_reference` where the library cannot be built.
 
     Args:
-        pos: [W, A, 2] float32 box centres (m). heading, length, width: [W, A] float32 (rad, m, m).
-        present: [W, A] bool; absent agents neither hit nor are hit.
-        source: [W, S] bool with S <= A: the source agents are the first S agent slots where set
-            (and present); the env passes ``in_play & collided`` ([W, A]).
-        box_scale: factor on length and width (> 0).
+        check: False skips the argument checks (the env, on a state whose layout an earlier checked
+            step established: ``StepVars.checked``); then ``slot_active`` may also be a row-strided
+            view such as ``controlled[:, :C]``.
 
-    Returns:
-        [W, A] bool, True for present agents whose box overlaps the box of at least one source
-        agent other than themselves.
-
-    Raises (Triton backend): ValueError on wrong shapes, dtypes or devices, or S > A.
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
     """
-
-
-def hit_by_reference(pos, heading, length, width, present, source, box_scale: float) -> torch.Tensor:
-    S = source.shape[1]
-    src = source & present[:, :S]
-    hl = 0.5 * box_scale * length
-    hw = 0.5 * box_scale * width
-    c, s = torch.cos(heading), torch.sin(heading)
-    # source box i (first S), target box j (all A): pairs [W, S, A]
-    dx = pos[:, None, :, 0] - pos[:, :S, None, 0]
-    dy = pos[:, None, :, 1] - pos[:, :S, None, 1]
-    ci, si, li, wi = c[:, :S, None], s[:, :S, None], hl[:, :S, None], hw[:, :S, None]
-    cj, sj, lj, wj = c[:, None, :], s[:, None, :], hl[:, None, :], hw[:, None, :]
-    cos_ij = (ci * cj + si * sj).abs()
-    sin_ij = (ci * sj - si * cj).abs()
-    # axes of box i: (ci, si) and (-si, ci); axes of box j likewise
-    sep = (dx * ci + dy * si).abs() > li + lj * cos_ij + wj * sin_ij
-    sep |= (dy * ci - dx * si).abs() > wi + lj * sin_ij + wj * cos_ij
-    sep |= (dx * cj + dy * sj).abs() > lj + li * cos_ij + wi * sin_ij
-    sep |= (dy * cj - dx * sj).abs() > wj + li * sin_ij + wi * cos_ij
-    A = pos.shape[1]
-    not_self = torch.arange(S, device=pos.device)[:, None] != torch.arange(A, device=pos.device)[None, :]
-    touch = ~sep & src[:, :, None] & present[:, None, :] & not_self[None]
-    return touch.any(1)
-
-
-hit_by_reference.__doc__ = _HIT_BY_DOC
-
-
-@triton.jit
-def _hit_by_kernel(pos_ptr, heading_ptr, length_ptr, width_ptr, present_ptr, source_ptr, out_ptr,
-                   A, S, box_scale, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Program (w, b): targets j of block b of world w (rows of a [BLOCK, BLOCK_S] tile) against
-    the S source slots, BLOCK_S at a time (columns). Every program owns its outputs (no atomics)."""
-    w = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    mj = j < A
-    gj = w * A + j
-    qx = tl.load(pos_ptr + 2 * gj, mask=mj, other=0.0)[:, None]
-    qy = tl.load(pos_ptr + 2 * gj + 1, mask=mj, other=0.0)[:, None]
-    hj = tl.load(heading_ptr + gj, mask=mj, other=0.0)
-    lj = (0.5 * box_scale * tl.load(length_ptr + gj, mask=mj, other=0.0))[:, None]
-    wj = (0.5 * box_scale * tl.load(width_ptr + gj, mask=mj, other=0.0))[:, None]
-    pj = ((tl.load(present_ptr + gj, mask=mj, other=0) != 0) & mj)[:, None]
-    cj = tl.cos(hj)[:, None]
-    sj = tl.sin(hj)[:, None]
-    hit = tl.zeros([BLOCK], dtype=tl.int32)
-    for i0 in range(0, S, BLOCK_S):
-        i = i0 + tl.arange(0, BLOCK_S).to(tl.int64)
-        mi = i < S
-        gi = w * A + i
-        src = (tl.load(source_ptr + w * S + i, mask=mi, other=0) != 0) & \
-            (tl.load(present_ptr + gi, mask=mi, other=0) != 0) & mi
-        px = tl.load(pos_ptr + 2 * gi, mask=mi, other=0.0)[None, :]
-        py = tl.load(pos_ptr + 2 * gi + 1, mask=mi, other=0.0)[None, :]
-        hi = tl.load(heading_ptr + gi, mask=mi, other=0.0)
-        li = (0.5 * box_scale * tl.load(length_ptr + gi, mask=mi, other=0.0))[None, :]
-        wi = (0.5 * box_scale * tl.load(width_ptr + gi, mask=mi, other=0.0))[None, :]
-        ci = tl.cos(hi)[None, :]
-        si = tl.sin(hi)[None, :]
-        dx = qx - px
-        dy = qy - py
-        cos_ij = tl.abs(ci * cj + si * sj)
-        sin_ij = tl.abs(ci * sj - si * cj)
-        sep = tl.abs(dx * ci + dy * si) > li + lj * cos_ij + wj * sin_ij
-        sep = sep | (tl.abs(dy * ci - dx * si) > wi + lj * sin_ij + wj * cos_ij)
-        sep = sep | (tl.abs(dx * cj + dy * sj) > lj + li * cos_ij + wi * sin_ij)
-        sep = sep | (tl.abs(dy * cj - dx * sj) > wj + li * sin_ij + wi * cos_ij)
-        touch = (~sep) & pj & src[None, :] & (j[:, None] != i[None, :])
-        hit = tl.maximum(hit, tl.max(touch.to(tl.int32), axis=1))
-    tl.store(out_ptr + gj, hit.to(tl.int8), mask=mj)
-
-
-def _hit_by_triton(pos, heading, length, width, present, source, box_scale: float, block: int | None = None,
-                   block_s: int | None = None, out: torch.Tensor | None = None):
-    """Launcher. ``block`` (targets per program), ``block_s`` (sources per tile column) and ``out`` (a
-    preallocated [W, A] int8 tensor whose every element the kernel overwrites with 0 or 1) are for
-    tests; by default a program covers up to 64 targets x 32 sources per loop iteration (all S at
-    once when interpreting)."""
-    if heading.dim() != 2 or source.dim() != 2:
-        raise ValueError(f"hit_by: heading and source must be 2-D, got {tuple(heading.shape)}, {tuple(source.shape)}")
-    W, A = heading.shape
-    S = source.shape[1]
-    if S > A or source.shape[0] != W:
-        raise ValueError(f"hit_by: source must be [W={W}, S <= A={A}], got {tuple(source.shape)}")
-    dev = heading.device
-    for name, t, shape, dtype in (
-        ("pos", pos, (W, A, 2), torch.float32), ("heading", heading, (W, A), torch.float32),
-        ("length", length, (W, A), torch.float32), ("width", width, (W, A), torch.float32),
-        ("present", present, (W, A), torch.bool), ("source", source, (W, S), torch.bool),
-    ):
-        if tuple(t.shape) != shape or t.dtype != dtype or t.device != dev:
-            raise ValueError(f"hit_by: {name} must be {dtype} {shape} on {dev}, "
-                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
-    if out is None:
-        out = torch.empty((W, A), dtype=torch.int8, device=dev)
-    if W and A:
-        if block is None:
-            block = max(16, min(64, triton.next_power_of_2(A)))
-        if block_s is None:
-            block_s = max(16, min(128 if interpreting() else 32, triton.next_power_of_2(max(S, 1))))
-        grid = (W, triton.cdiv(A, block))
-        _hit_by_kernel[grid](pos.contiguous(), heading.contiguous(), length.contiguous(), width.contiguous(),
-                             present.contiguous().view(torch.uint8), source.contiguous().view(torch.uint8), out,
-                             A, S, float(box_scale), BLOCK=block, BLOCK_S=block_s)
-    return out != 0
-
-
-def hit_by(pos, heading, length, width, present, source, box_scale: float) -> torch.Tensor:
-    if backend_for(heading) == "triton":
-        return _hit_by_triton(pos, heading, length, width, present, source, box_scale)
-    return hit_by_reference(pos, heading, length, width, present, source, box_scale)
-
-
-hit_by.__doc__ = _HIT_BY_DOC + """
-    Dispatch: :func:`gpusim.backend.backend_for` (Triton kernel: one program per world and block of
-    target agents), else :func:`hit_by_reference`.
-    """
+    W, A = present.shape
+    C = slot_active.shape[1]
+    f32, b = torch.float32, torch.bool
+    if not check:  # the caller guarantees the layout: no per-argument calls (fixed cost per step)
+        if slot_active.stride(-1) != 1:  # a row-strided view (e.g. controlled[:, :C]) is read in place
+            slot_active = slot_active.contiguous()
+        ins = [pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped,
+               removed, world_done, episode_end, slot_active, slot_done]
+    else:
+        ins = [c_tensor(t, "events", n, d, sh) for t, n, d, sh in (
+            (pos, "pos", f32, (W, A, 2)), (goal, "goal", f32, (W, A, 2)), (speed, "speed", f32, (W, A)),
+            (controlled, "controlled", b, (W, A)), (in_play, "in_play", b, (W, A)), (present, "present", b, (W, A)),
+            (collided, "collided", b, (W, A)), (offroad, "offroad", b, (W, A)), (hit, "hit", b, (W, A)),
+            (stopped, "stopped", b, (W, A)), (contact_stopped, "contact_stopped", b, (W, A)),
+            (removed, "removed", b, (W, A)), (world_done, "world_done", b, (W,)),
+            (episode_end, "episode_end", b, (W,)), (slot_active, "slot_active", b, (W, C)),
+            (slot_done, "slot_done", b, (W, C)),
+        )]
+    lib = LIBRARY.load(stacklevel=4)
+    if lib is None:
+        return events_reference(*ins, goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior,
+                                collision_behavior, offroad_behavior, stop_truncate_fraction)
+    e = torch.empty
+    out = EventsOut(e(W, C), e(W, A, dtype=b), e(W, A), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
+                    e(W, A, dtype=b), e(W, dtype=b), e(W, dtype=b), e(W, C, dtype=b), e(W, C, dtype=b))
+    scalars = events_scalar_args(goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior,
+                                 collision_behavior, offroad_behavior, stop_truncate_fraction)
+    lib.gpusim_events(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in out], W, A, C, *scalars,
+                      ins[14].stride(0), torch.get_num_threads())
+    return out

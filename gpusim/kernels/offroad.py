@@ -17,15 +17,22 @@ Proper intersection of segments ``p1p2`` and ``q1q2`` (orientation test):
 * Grid padding (``-1``) is ignored; absent agents are never offroad.
 * Segments are only found if the grid lists them for the agent's cell: the grid builder must keep
   enough road edges per cell (``DataConfig.grid_edge_k``) to cover a box reaching out of its cell.
+
+Backends (``backend=`` of :func:`offroad`): the torch reference, the Triton kernel and the C
+kernel of ``offroad.c`` (same float32 operations, same pre-check margin: identical booleans).
 """
 
 from __future__ import annotations
+
+import ctypes
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
+from gpusim.backend import op_backend
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, check_index_range, checker, heading_trig_of
 from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
 
 
@@ -221,7 +228,8 @@ def _offroad_triton(
 
 def offroad(
     pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
-    cell_size: float, box_scale: float, grid_start=None,
+    cell_size: float, box_scale: float, grid_start=None, num_slots: int | None = None, *,
+    backend: str | None = None, check: bool = True, cos_h=None, sin_h=None, out=None,
 ):
     """Is each agent's box outline crossing a road-edge segment listed for its grid cell?
 
@@ -236,18 +244,87 @@ def offroad(
         grid_origin: [S, 2] float32; grid_dims: [S, 2] int32 (see ``gpusim.kernels.grid``).
         cell_size: grid cell edge (m). box_scale: factor on length and width.
         grid_start: [S] int64 first row of each scenario in a compact ``grid_edge`` (None: padded).
+        num_slots: test only the first ``num_slots`` agents of each world (the env's policy slots;
+            the others are False); None: all A.
+        backend: ``"torch"`` | ``"triton"`` | ``"c"``, default :func:`gpusim.backend.backend_for`.
+        check, cos_h, sin_h, out: C backend only (:func:`offroad_cpu`); ignored otherwise.
 
     Returns:
         [W, A] bool offroad flags.
 
-    Raises (Triton backend): ValueError on wrong shapes, dtypes or devices.
+    Raises (Triton and C backends): ValueError on wrong shapes, dtypes or devices.
     """
-    if backend_for(heading) == "triton":
-        return _offroad_triton(
-            pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
-            cell_size, box_scale, grid_start,
-        )
-    return offroad_reference(
-        pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
-        cell_size, box_scale, grid_start,
-    )
+    name = op_backend(backend, heading)
+    if name == "c":
+        return offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin,
+                           grid_dims, cell_size, box_scale, grid_start, num_slots, cos_h=cos_h, sin_h=sin_h,
+                           out=out, check=check)
+    fn = _offroad_triton if name == "triton" else offroad_reference
+    if num_slots is None:
+        return fn(pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
+                  cell_size, box_scale, grid_start)
+    C = int(num_slots)
+    first = [t[:, :C].contiguous() for t in (pos, heading, length, width, present)]
+    flags = torch.zeros(present.shape, dtype=torch.bool, device=present.device)
+    flags[:, :C] = fn(*first, scenario, road_seg, grid_edge, grid_origin, grid_dims, cell_size, box_scale,
+                      grid_start)
+    return flags
+
+
+# ---------------------------------------------------------------------------- C kernel (offroad.c)
+def _declare(lib) -> None:
+    """ctypes signature of offroad.c."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.gpusim_offroad.restype = None
+    lib.gpusim_offroad.argtypes = [p] * 9 + [i32] + [p] * 4 + [i64] * 5 + [f32] * 3 + [i32]
+
+
+#: offroad.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
+LIBRARY = CLibrary(name="offroad", source=Path(__file__).with_suffix(".c"), prefix="gpusim_offroad", abi=1,
+                   declare=_declare, label=STEP_LABEL)
+
+
+def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
+                cell_size: float, box_scale: float, grid_start=None, num_slots: int | None = None,
+                cos_h=None, sin_h=None, out=None, check: bool = True):
+    """The C kernel of :func:`offroad` (same arguments and result). ``cos_h``, ``sin_h`` [W, A]
+    float32 ``torch.cos/sin(heading)`` when the caller has them; ``out`` [W, A] bool contiguous,
+    every element overwritten; ``check=False`` skips the argument checks (``StepVars.checked``).
+    Runs :func:`offroad_reference` where the library cannot be built.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device; a grid table of the wrong layout;
+            ``num_slots`` outside [0, A]; scenario indices out of range.
+    """
+    cc = checker(check)
+    W, A = heading.shape
+    pos, heading, length, width = (cc(t, "offroad", n, torch.float32, sh) for t, n, sh in (
+        (pos, "pos", (W, A, 2)), (heading, "heading", (W, A)), (length, "length", (W, A)), (width, "width", (W, A))))
+    present = cc(present, "offroad", "present", torch.bool, (W, A))
+    C = A if num_slots is None else int(num_slots)
+    if not 0 <= C <= A:
+        raise ValueError(f"offroad: num_slots must lie in [0, {A}], got {num_slots}")
+    S, R = road_seg.shape[:2]
+    road_seg = cc(road_seg, "offroad", "road_seg", torch.float32, (S, R, 4))
+    edge2, start = grid_table_rows(grid_edge, grid_start, "offroad: grid_edge")
+    scenario = cc(scenario, "offroad", "scenario", torch.int64, (W,))
+    grid_origin = cc(grid_origin, "offroad", "grid_origin", torch.float32, (S, 2))
+    grid_dims = cc(grid_dims, "offroad", "grid_dims", torch.int32, (S, 2))
+    lib = LIBRARY.load(stacklevel=4)
+    if lib is None:
+        sl = (slice(None), slice(0, C))
+        ref = torch.zeros(W, A, dtype=torch.bool)
+        ref[sl] = offroad_reference(pos[sl], heading[sl], length[sl], width[sl], present[sl], scenario, road_seg,
+                                    grid_edge, grid_origin, grid_dims, cell_size, box_scale, grid_start)
+        return ref if out is None else out.copy_(ref)
+    out = bool_out(out, W, A, "offroad")
+    if check:
+        check_index_range(scenario, S, f"offroad: scenario indices must lie in [0, S = {S})")
+    edge2, start = edge2.contiguous(), start.contiguous()
+    c, s = heading_trig_of(heading, cos_h, sin_h)
+    lib.gpusim_offroad(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
+                       present.data_ptr(), scenario.data_ptr(), road_seg.data_ptr(), edge2.data_ptr(),
+                       int(edge2.dtype == torch.int16), start.data_ptr(), grid_origin.data_ptr(),
+                       grid_dims.data_ptr(), out.data_ptr(), W, A, C, R, edge2.shape[1], float(cell_size),
+                       0.5 * box_scale, PRECHECK_MARGIN, torch.get_num_threads())
+    return out

@@ -6,16 +6,25 @@ takes ``traj_pos[s, a, i]``, ``traj_heading[s, a, i]`` and speed ``|traj_vel[s, 
 is not valid there (before it appears, after its log ends) it leaves the scene: ``present =
 False``, speed 0, position and heading kept from the input (so they stay finite). Slots that are
 not replayed are copied unchanged. The env calls it with
-``log_index = init_steps + (step - trial_start)`` (docs/contracts.md, DESIGN.md section 4).
+``log_index = init_steps + (step - trial_start)`` (docs/contracts.md, DESIGN.md section 4):
+:func:`replay_state`, which derives ``replayed`` and the log index from the state's fields.
+
+Backends (``backend=``): the torch reference, the Triton kernel and the C kernels of ``replay.c``
+(bit for bit: speed is the reference's ``torch.linalg.vector_norm``, computed as torch's CPU
+reduction computes it).
 """
 
 from __future__ import annotations
+
+import ctypes
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
+from gpusim.backend import op_backend
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, c_tensor, check_index_range
 
 
 def replay_reference(
@@ -157,15 +166,130 @@ def _replay_triton(pos, heading, speed, present, replayed, scenario, log_index,
 
 
 def replay(pos, heading, speed, present, replayed, scenario, log_index,
-           traj_pos, traj_heading, traj_vel, traj_valid):
+           traj_pos, traj_heading, traj_vel, traj_valid, *, backend: str | None = None):
     """Poses of log-replayed agents at each world's log index.
 
-    Same signature, semantics and errors as :func:`replay_reference`; runs the Triton kernel when
-    :func:`gpusim.backend.backend_for` says ``"triton"`` (CUDA tensors, or ``TRITON_INTERPRET=1``
-    with the backend forced), else the torch reference.
+    Same signature, semantics and errors as :func:`replay_reference`; ``backend``: ``"torch"`` |
+    ``"triton"`` | ``"c"`` (:func:`replay_cpu`), default :func:`gpusim.backend.backend_for`.
     """
-    if backend_for(pos) == "triton":
-        return _replay_triton(pos, heading, speed, present, replayed, scenario, log_index,
-                              traj_pos, traj_heading, traj_vel, traj_valid)
-    return replay_reference(pos, heading, speed, present, replayed, scenario, log_index,
-                            traj_pos, traj_heading, traj_vel, traj_valid)
+    args = (pos, heading, speed, present, replayed, scenario, log_index, traj_pos, traj_heading, traj_vel,
+            traj_valid)
+    name = op_backend(backend, pos)
+    if name == "c":
+        return replay_cpu(*args)
+    return (_replay_triton if name == "triton" else replay_reference)(*args)
+
+
+def replay_state(pos, heading, speed, present, controlled, removed, scenario, step, trial_start, init_steps: int,
+                 traj_pos, traj_heading, traj_vel, traj_valid, *, backend: str | None = None, check: bool = True):
+    """Stage ``replay``'s call: :func:`replay` with ``replayed = ~controlled & ~removed`` and
+    ``log_index = init_steps + (step - trial_start)`` (the C kernel derives both in its pass).
+
+    Args:
+        controlled, removed: [W, A] bool. step, trial_start: [W] int32 (``step`` the new clock).
+        init_steps: log index of step 0. The rest as :func:`replay`.
+        backend: as :func:`replay`. check: the C kernel's argument checks (:func:`replay_state_cpu`).
+
+    Returns:
+        ``(pos [W, A, 2], heading [W, A], speed [W, A], present [W, A] bool)``, new tensors.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    name = op_backend(backend, pos)
+    if name == "c":
+        return replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario, step, trial_start,
+                                init_steps, traj_pos, traj_heading, traj_vel, traj_valid, check=check)
+    return replay(pos, heading, speed, present, ~controlled & ~removed, scenario, init_steps + (step - trial_start),
+                  traj_pos, traj_heading, traj_vel, traj_valid, backend=name)
+
+
+# ---------------------------------------------------------------------------- C kernels (replay.c)
+def _declare(lib) -> None:
+    """ctypes signatures of replay.c."""
+    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    lib.gpusim_replay.restype = lib.gpusim_replay_state.restype = None
+    lib.gpusim_replay.argtypes = [p] * 15 + [i64] * 3 + [i32]
+    lib.gpusim_replay_state.argtypes = [p] * 9 + [i64] + [p] * 8 + [i64] * 3 + [i32]
+
+
+#: replay.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
+LIBRARY = CLibrary(name="replay", source=Path(__file__).with_suffix(".c"), prefix="gpusim_replay", abi=1,
+                   declare=_declare, label=STEP_LABEL)
+
+
+def _traj(S: int, A: int, T: int, traj_pos, traj_heading, traj_vel, traj_valid) -> list:
+    f32 = torch.float32
+    return [c_tensor(t, "replay", n, d, sh) for t, n, d, sh in (
+        (traj_pos, "traj_pos", f32, (S, A, T, 2)), (traj_heading, "traj_heading", f32, (S, A, T)),
+        (traj_vel, "traj_vel", f32, (S, A, T, 2)), (traj_valid, "traj_valid", torch.bool, (S, A, T)))]
+
+
+def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj_pos, traj_heading, traj_vel,
+               traj_valid, out=None):
+    """The C kernel of :func:`replay` (same arguments and result). ``out``: optional ``(pos,
+    heading, speed, present)`` tensors of the result's shapes and dtypes (contiguous), every
+    element overwritten. Runs :func:`replay_reference` where the library cannot be built.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device; scenario indices out of range.
+    """
+    W, A = present.shape
+    S, _, T = traj_valid.shape
+    args = [c_tensor(t, "replay", n, d, sh) for t, n, d, sh in (
+        (pos, "pos", torch.float32, (W, A, 2)), (heading, "heading", torch.float32, (W, A)),
+        (speed, "speed", torch.float32, (W, A)), (present, "present", torch.bool, (W, A)),
+        (replayed, "replayed", torch.bool, (W, A)), (scenario, "scenario", torch.int64, (W,)),
+    )]
+    if tuple(log_index.shape) != (W,) or log_index.dtype not in (torch.int32, torch.int64):
+        raise ValueError("replay: log_index must be a [W] int32/int64 tensor")
+    args.append(log_index.to(torch.int64).contiguous())
+    args += _traj(S, A, T, traj_pos, traj_heading, traj_vel, traj_valid)
+    lib = LIBRARY.load(stacklevel=4)
+    if lib is None or T == 0:
+        ref = replay_reference(*args)
+        return ref if out is None else tuple(o.copy_(r) for o, r in zip(out, ref))
+    if out is None:
+        out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A), torch.empty(W, A, dtype=torch.bool))
+    for o, ref_t in zip(out, args[:4]):
+        if o.dtype != ref_t.dtype or o.shape != ref_t.shape or not o.is_contiguous() or o.device.type != "cpu":
+            raise ValueError(f"replay: out tensors must be contiguous CPU {ref_t.dtype} {tuple(ref_t.shape)}")
+    check_index_range(args[5], S, f"replay: scenario indices must lie in [0, S = {S})")
+    lib.gpusim_replay(*(t.data_ptr() for t in args + list(out)), W, A, T, torch.get_num_threads())
+    return tuple(out)
+
+
+def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario, step, trial_start,
+                     init_steps: int, traj_pos, traj_heading, traj_vel, traj_valid, check: bool = True):
+    """The C kernel of :func:`replay_state` (same arguments and result, new tensors), without the
+    four torch ops that build ``replayed`` and the log index. ``check=False`` skips the argument
+    checks (``StepVars.checked``). Runs the reference where the library cannot be built.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device; scenario indices out of range.
+    """
+    W, A = present.shape
+    S, _, T = traj_valid.shape
+    f32, b = torch.float32, torch.bool
+    if not check:  # the caller guarantees the layout: no per-argument calls (fixed cost per step)
+        args = [pos, heading, speed, present, controlled, removed, scenario, step, trial_start]
+        traj = [traj_pos, traj_heading, traj_vel, traj_valid]
+    else:
+        args = [c_tensor(t, "replay", n, d, sh) for t, n, d, sh in (
+            (pos, "pos", f32, (W, A, 2)), (heading, "heading", f32, (W, A)), (speed, "speed", f32, (W, A)),
+            (present, "present", b, (W, A)), (controlled, "controlled", b, (W, A)), (removed, "removed", b, (W, A)),
+            (scenario, "scenario", torch.int64, (W,)), (step, "step", torch.int32, (W,)),
+            (trial_start, "trial_start", torch.int32, (W,)),
+        )]
+        traj = _traj(S, A, T, traj_pos, traj_heading, traj_vel, traj_valid)
+    lib = LIBRARY.load(stacklevel=4)
+    if lib is None or T == 0:
+        pos, heading, speed, present, controlled, removed, scenario, step, trial_start = args
+        return replay_reference(pos, heading, speed, present, ~controlled & ~removed, scenario,
+                                init_steps + (step - trial_start), *traj)
+    if check:
+        check_index_range(args[6], S, f"replay: scenario indices must lie in [0, S = {S})")
+    out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A), torch.empty(W, A, dtype=b))
+    lib.gpusim_replay_state(*[t.data_ptr() for t in args], int(init_steps), *[t.data_ptr() for t in traj],
+                            *[t.data_ptr() for t in out], W, A, T, torch.get_num_threads())
+    return out

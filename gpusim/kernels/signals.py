@@ -27,18 +27,23 @@ simulator does not invent signal states (docs/signals.md).
   window and the heading condition (docs/signals.md discusses the difference).
 
 Each has the torch reference (``*_reference``), the Triton kernel, the launcher and the public
-dispatcher (DESIGN.md section 2).
+dispatcher (DESIGN.md section 2); the red-light test also has the C kernel of ``signals.c``
+(:func:`red_light_cpu`, stage ``signals`` on the CPU: identical booleans).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
+import weakref
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
+from gpusim.backend import backend_for, op_backend
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, check_index_range, checker
 from gpusim.enums import RED_SIGNAL_STATES, SignalState
 from gpusim.kernels.checks import check_tensors
 from gpusim.kernels.obs_layout import SIGNAL_FEATURES
@@ -473,12 +478,91 @@ def _red_light_triton(pos_before, pos, heading, moving, scenario, log_index, sig
 
 def red_light_violation(pos_before, pos, heading, moving, scenario, log_index, signal_pos, signal_dir, signal_state,
                         signal_valid, num_signals, half_width=STOP_LINE_HALF_WIDTH,
-                        min_cos=math.cos(STOP_LINE_MAX_ANGLE)):
+                        min_cos=math.cos(STOP_LINE_MAX_ANGLE), *, backend: str | None = None, check: bool = True):
     """Which slots crossed the stop line of a red signal during the step (same signature, result
-    and errors as :func:`red_light_violation_reference`, whose docstring has the shapes and units);
-    the Triton kernel where :func:`gpusim.backend.backend_for` says ``"triton"``, else the torch
-    reference."""
-    fn = _red_light_triton if backend_for(pos) == "triton" else red_light_violation_reference
-    return fn(pos_before=pos_before, pos=pos, heading=heading, moving=moving, scenario=scenario, log_index=log_index,
+    and errors as :func:`red_light_violation_reference`, whose docstring has the shapes and units).
+    ``backend``: ``"torch"`` | ``"triton"`` | ``"c"`` (:func:`red_light_cpu`; ``check`` is its
+    argument checks), default :func:`gpusim.backend.backend_for`."""
+    kw = dict(pos_before=pos_before, pos=pos, heading=heading, moving=moving, scenario=scenario, log_index=log_index,
               signal_pos=signal_pos, signal_dir=signal_dir, signal_state=signal_state, signal_valid=signal_valid,
               num_signals=num_signals, half_width=half_width, min_cos=min_cos)
+    name = op_backend(backend, pos)
+    if name == "c":
+        return red_light_cpu(**kw, check=check)
+    return (_red_light_triton if name == "triton" else red_light_violation_reference)(**kw)
+
+
+# ---------------------------------------------------------------------------- C kernel (signals.c)
+def _declare(lib) -> None:
+    """ctypes signature of signals.c."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+    lib.gpusim_red_light.restype = None
+    lib.gpusim_red_light.argtypes = [p] * 13 + [i64] * 4 + [i32, i32, f32, f32, i32]
+
+
+#: signals.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
+LIBRARY = CLibrary(name="signals", source=Path(__file__).with_suffix(".c"), prefix="gpusim_signals", abi=1,
+                   declare=_declare, label=STEP_LABEL)
+
+#: ``(weak reference, version, answer)`` of the last ``num_signals`` tensor :func:`_no_signals` read
+_NO_SIGNALS: list = [None, -1, False]
+
+
+def _no_signals(num_signals: torch.Tensor) -> bool:
+    """True when no scenario has a signal: one host read per ``num_signals`` tensor (the same object
+    and in-place version is not read again; a pack's tensor never changes)."""
+    ref, version, answer = _NO_SIGNALS
+    if ref is not None and ref() is num_signals and version == num_signals._version:
+        return answer
+    answer = num_signals.numel() == 0 or int(num_signals.max()) == 0
+    _NO_SIGNALS[:] = [weakref.ref(num_signals), num_signals._version, answer]
+    return answer
+
+
+def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_pos, signal_dir, signal_state,
+                  signal_valid, num_signals, half_width=STOP_LINE_HALF_WIDTH, min_cos=math.cos(STOP_LINE_MAX_ANGLE),
+                  cos_h=None, sin_h=None, out=None, check: bool = True) -> torch.Tensor:
+    """The C kernel of :func:`red_light_violation` (same arguments and [W, C] bool result).
+    ``cos_h``, ``sin_h`` [W, C] float32 ``torch.cos/sin(heading)`` when the caller has them;
+    ``out`` [W, C] bool contiguous, every element overwritten; ``check=False`` skips the argument
+    checks (``StepVars.checked``). Where no scenario has a signal the result is all False without
+    a kernel call (what the kernel returns then). Runs the reference where the library cannot be
+    built.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    cc = checker(check)
+    W, C = heading.shape
+    S, T, L = signal_state.shape
+    if not check and out is None and _no_signals(num_signals):
+        return torch.zeros(W, C, dtype=torch.bool)
+    ins = [cc(t, "red_light", n, d, sh) for t, n, d, sh in (
+        (pos_before, "pos_before", torch.float32, (W, C, 2)), (pos, "pos", torch.float32, (W, C, 2)),
+        (heading, "heading", torch.float32, (W, C)), (moving, "moving", torch.bool, (W, C)),
+        (scenario, "scenario", torch.int64, (W,)),
+        (signal_pos, "signal_pos", torch.float32, (S, L, 2)), (signal_dir, "signal_dir", torch.float32, (S, L, 2)),
+        (signal_state, "signal_state", torch.int8, (S, T, L)), (signal_valid, "signal_valid", torch.bool, (S, T, L)),
+        (num_signals, "num_signals", torch.int32, (S,)),
+    )]
+    if tuple(log_index.shape) != (W,) or log_index.dtype not in (torch.int32, torch.int64):
+        raise ValueError("red_light: log_index must be a [W] int32/int64 tensor")
+    lib = LIBRARY.load(stacklevel=4)
+    if lib is None:
+        ref = red_light_violation_reference(*ins[:5], log_index, *ins[5:], half_width=half_width, min_cos=min_cos)
+        return ref if out is None else out.copy_(ref)
+    if out is None:
+        out = torch.empty(W, C, dtype=torch.bool)
+    elif out.dtype != torch.bool or tuple(out.shape) != (W, C) or not out.is_contiguous() or not out.is_cpu:
+        raise ValueError(f"red_light: out must be a contiguous CPU bool tensor of shape {(W, C)}")
+    if check:
+        check_index_range(ins[4], S, f"red_light: scenario indices must lie in [0, S = {S})")
+    c, s = (torch.cos(ins[2]), torch.sin(ins[2])) if cos_h is None or sin_h is None else (cos_h, sin_h)
+    pb, p, _, mv, sc, sp, sd, st, sv, ns = ins
+    red = [int(v) for v in RED_SIGNAL_STATES]
+    li = log_index.to(torch.int64).contiguous()  # kept alive through the call
+    lib.gpusim_red_light(pb.data_ptr(), p.data_ptr(), c.contiguous().data_ptr(), s.contiguous().data_ptr(),
+                         mv.data_ptr(), sc.data_ptr(), li.data_ptr(), sp.data_ptr(), sd.data_ptr(), st.data_ptr(),
+                         sv.data_ptr(), ns.data_ptr(), out.data_ptr(), W, C, T, L, red[0], red[1], half_width,
+                         min_cos, torch.get_num_threads())
+    return out

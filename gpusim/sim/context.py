@@ -14,10 +14,8 @@ from typing import Callable
 
 import torch
 
-from gpusim.backend import backend_for
 from gpusim.config import EnvConfig
 from gpusim.data.pack import ScenarioPack
-from gpusim.kernels.step_cpu import step_kernels_available
 
 
 def slots(t: torch.Tensor, num_slots: int) -> torch.Tensor:
@@ -28,25 +26,6 @@ def slots(t: torch.Tensor, num_slots: int) -> torch.Tensor:
 def with_slots(t: torch.Tensor, slot_values: torch.Tensor) -> torch.Tensor:
     """``t`` [W, A, ...] with its first C columns replaced by ``slot_values`` [W, C, ...] (new tensor)."""
     return torch.cat([slot_values, t[:, slot_values.shape[1]:]], dim=1)
-
-
-def on_torch(state, step: "StepVars") -> bool:
-    """True when the step runs on the torch backend (``backend_for(state.pos)``, evaluated once
-    per step and kept in ``step.backend``: it reads ``GPUSIM_BACKEND`` from the environment)."""
-    if step.backend is None:
-        step.backend = backend_for(state.pos)
-    return step.backend == "torch"
-
-
-def use_step_c(ctx: "SimContext", state, step: "StepVars", eager_only: bool = True) -> bool:
-    """True when a stage runs the C kernels of ``kernels.step_cpu``: ``EnvConfig.cpu_kernels``, the
-    torch backend on CPU tensors (``use_backend("torch")`` on a CUDA env runs the torch reference),
-    the library built (and, with ``eager_only``, no ``EnvConfig.compile``)."""
-    cfg = ctx.config
-    if step.c_kernels is None:  # evaluated once per step
-        step.c_kernels = bool(cfg.cpu_kernels and on_torch(state, step) and state.pos.device.type == "cpu"
-                              and step_kernels_available())
-    return step.c_kernels and not (eager_only and cfg.compile)
 
 
 def heading_trig(step: "StepVars", heading: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,15 +145,16 @@ class StepVars:
         restart: [W] bool, the world starts a new trial (trial mode) or None.
         info: extra result entries (``trial_end`` in trial mode).
         obs: [W, C, D] float32 observation of the new state (observe).
-        backend: ``"torch"`` / ``"triton"`` of this step, set at first use (:func:`on_torch`).
+        backend: the ops' backend for this step, ``"torch"`` / ``"triton"`` / ``"c"``
+        (:func:`gpusim.backend.step_backend` of the state's tensors and ``EnvConfig.cpu_kernels``;
+        set by :func:`~gpusim.sim.pipeline.run_pipeline` before the first stage). Every stage passes
+        it to its ops, whose dispatchers run that backend.
         trig: ``(heading, version, cos, sin)`` shared by the C stages (:func:`heading_trig`).
         checked: the C kernels may skip their argument checks (``check=False``): the state is the
         one the previous eager step of the built-in pipeline returned, on the same pack, so the
         tensors the kernels read were checked by an earlier step and every tensor the stages
         produced since comes from the stages themselves (contiguous, declared dtype and shape).
         Set by ``DriveEnv.advance`` (:meth:`SimContext.step_checked`); False by default.
-        c_kernels: ``cpu_kernels``, the torch backend on CPU tensors and the C library built
-        (:func:`use_step_c`, set at first use).
 
     ``collided_in_play()`` / ``offroad_in_play()``: the contacts of agents in play, computed once.
     """
@@ -198,7 +178,6 @@ class StepVars:
     backend: str | None = None
     trig: tuple | None = None
     checked: bool = False
-    c_kernels: bool | None = None
     _in_play_contacts: tuple | None = None
 
     def collided_in_play(self) -> torch.Tensor:

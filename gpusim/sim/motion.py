@@ -12,14 +12,9 @@ The dynamics model is looked up in :data:`DYNAMICS` by ``EnvConfig.dynamics``. A
 
 Adding a model = one kernel module (gpusim/kernels/) and one entry here (docs/architecture.md).
 
-CPU kernel: for the classic model (``forward`` is ``dynamics.bicycle_step``) on the torch backend with ``EnvConfig.cpu_kernels`` (default)
-and without ``compile``, the step runs ``kernels.step_cpu.bicycle_slots_cpu`` (torch's
-tan/atan/cos/sin, the rest in one C pass writing the full [W, A] tensors; bit-equal to the
-reference; the reference where no C compiler is available), and the in-play flags come from one
-C pass too (``kernels.step_cpu.in_play_cpu``). With discrete actions the flags, the decoding and
-theta come from one C pass and the dynamics from a second, with torch's cos/sin of theta between
-them and the steering's tan/atan/cos from per-action tables (``kernels.step_cpu.motion_discrete_cpu``;
-only where those tables are exact on the machine, ``discrete_motion_tables``).
+The stage runs :func:`gpusim.kernels.motion.move_slots` (in-play flags, action decoding, the
+model's ``forward`` on the in-play slots) on the step's backend; on the CPU its C kernels run the
+kinematic bicycle (``kernels/motion.c``), any other model runs through its own dispatcher.
 """
 
 from __future__ import annotations
@@ -30,9 +25,9 @@ import torch
 
 from gpusim.config import Dynamics
 from gpusim.kernels import dynamics
-from gpusim.kernels.step_cpu import bicycle_slots_cpu, discrete_motion_tables, in_play_cpu, motion_discrete_cpu
-from gpusim.sim.context import SimContext, StepVars, slots, use_step_c, with_slots
-from gpusim.state import EnvState, in_play
+from gpusim.kernels.motion import move_slots
+from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.state import EnvState
 
 
 class DynamicsModel(NamedTuple):
@@ -66,45 +61,13 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     Sets ``step.in_play`` [W, A] and ``step.loss_mask`` [W, C]; changes ``pos``, ``heading``,
     ``speed`` (experts' columns unchanged here; the ``replay`` stage moves them).
     """
-    C, cfg = ctx.num_slots, ctx.config
-    model = model_for(ctx)
-    use_c = model.forward is dynamics.bicycle_step and use_step_c(ctx, state, step)
-    if use_c and int(cfg.action_space) == 0 and discrete_motion_tables() is not None:
-        # discrete actions: flags, decoding and dynamics in two C passes (kernels.step_cpu)
-        step.in_play, step.loss_mask, pos, heading, speed = motion_discrete_cpu(
-            controlled=state.controlled, present=state.present, stopped=state.stopped, removed=state.removed,
-            world_done=state.world_done, pos=state.pos, heading=state.heading, speed=state.speed,
-            length=state.length, actions=step.actions, dt=cfg.dt, check=not step.checked)
-        return {"pos": pos, "heading": heading, "speed": speed}
-    if use_c:  # the same flags in one C pass (kernels.step_cpu.in_play_cpu)
-        step.in_play, step.loss_mask = in_play_cpu(controlled=state.controlled, present=state.present,
-                                                   stopped=state.stopped, removed=state.removed,
-                                                   world_done=state.world_done, num_slots=C, check=not step.checked)
-    else:
-        step.in_play = in_play(state)
-        step.loss_mask = slots(step.in_play, C)
-    accel, steer = dynamics.decode_actions(step.actions, int(cfg.action_space))
-    if use_c:
-        pos, heading, speed = bicycle_slots_cpu(pos=state.pos, heading=state.heading, speed=state.speed,
-                                                length=state.length, accel=accel.contiguous(),
-                                                steer=steer.contiguous(), moving=step.loss_mask, dt=cfg.dt,
-                                                check=not step.checked)
-        return {"pos": pos, "heading": heading, "speed": speed}
-    pos, heading, speed = model.forward(
-        pos=slots(state.pos, C),
-        heading=slots(state.heading, C),
-        speed=slots(state.speed, C),
-        length=slots(state.length, C),
-        accel=accel.contiguous(),
-        steer=steer.contiguous(),
-        moving=step.loss_mask,
-        dt=ctx.config.dt,
-    )
-    return {
-        "pos": with_slots(state.pos, pos),
-        "heading": with_slots(state.heading, heading),
-        "speed": with_slots(state.speed, speed),
-    }
+    cfg = ctx.config
+    step.in_play, step.loss_mask, pos, heading, speed = move_slots(
+        controlled=state.controlled, present=state.present, stopped=state.stopped, removed=state.removed,
+        world_done=state.world_done, pos=state.pos, heading=state.heading, speed=state.speed, length=state.length,
+        actions=step.actions, action_space=int(cfg.action_space), dt=cfg.dt, forward=model_for(ctx).forward,
+        backend=step.backend, check=not step.checked)
+    return {"pos": pos, "heading": heading, "speed": speed}
 
 
 def expert_actions(ctx: SimContext, state: EnvState) -> torch.Tensor:

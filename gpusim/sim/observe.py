@@ -23,19 +23,18 @@ gets ``written`` (``ctx.obs_written``) instead: a slot neither in play nor writt
 returns at once, with no host sync (on an H100 at 16,384 worlds the kernel had written all 32
 slots' rows, 87% of them empty, and the env copied the whole buffer once more).
 
-CPU kernel: on the torch backend the partner/road block comes from the hand-written C kernel
-(``kernels.observations.observations_cpu``; built at first use, bit-identical to the torch
-reference but for the goal distance's last bit) unless ``EnvConfig.cpu_kernels`` is False or
-``EnvConfig.compile`` selects the compiled observation path. Where no C compiler is available it
-warns once and the torch reference runs.
+C kernel: on the step's ``"c"`` backend (``EnvConfig.cpu_kernels`` on CPU tensors) the
+partner/road block comes from the hand-written C kernel (``kernels.observations.observations_cpu``;
+built at first use, bit-identical to the torch reference but for the goal distance's last bit).
+Where no C compiler is available it warns once and the torch reference runs.
 """
 
 from __future__ import annotations
 
 import torch
 
-from gpusim.backend import backend_for
-from gpusim.kernels.observations import cpu_kernel_available, observations, observations_compiled
+from gpusim.backend import step_backend
+from gpusim.kernels.observations import cpu_kernel_available, observations
 from gpusim.kernels.observations.cpu import observations_cpu_state, observations_cpu_static
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, heading_trig, slots
@@ -95,8 +94,8 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     full = ctx.obs_buf
     d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
-    on_cpu = (step.backend if step is not None and step.backend is not None else backend_for(state.pos)) == "torch"
-    if on_cpu and cfg.cpu_kernels and not cfg.compile and full.device.type == "cpu" and cpu_kernel_available():
+    name = step.backend if step is not None and step.backend is not None else step_backend(state.pos, cfg.cpu_kernels)
+    if name == "c" and cpu_kernel_available():
         # C kernel, one call on the state's own fields: picks the slots in play or written before,
         # writes the in-play rows and zeroes the others in place in the first d0 columns of the full
         # buffer (no obs_core copy); scenarios without signals: the all-zero signal block too
@@ -115,7 +114,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
             check=step is None or not step.checked,
             static=cpu_static(ctx))
         active = written.view(-1, C)
-    elif not on_cpu:
+    elif name == "triton":
         active = (state.slot_active & state.present[:, :C]).contiguous()
         # Triton: the kernel writes the first d0 columns of the full buffer in place and skips the
         # slots neither in play nor written before (their rows are zero): no host sync, no copy
@@ -130,15 +129,11 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
             buf = ctx.obs_core
         else:
             buf = full
-        rows, obs_fn = None, observations
-        if on_cpu:
-            if cfg.compile:  # opt-in torch.compile'd CPU path (EnvConfig.compile, docs/performance.md)
-                obs_fn = observations_compiled
-            flat = active.view(-1)
-            rows = flat.nonzero().squeeze(1)
-            stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
-            buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
-        obs_fn(**_observe_inputs(ctx, state, active), out=buf, rows=rows)
+        flat = active.view(-1)
+        rows = flat.nonzero().squeeze(1)
+        stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
+        buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
+        observations(**_observe_inputs(ctx, state, active), out=buf, rows=rows)
         if cfg.num_signals > 0:
             full[..., :d0].copy_(buf)
     ctx.obs_written = active.view(-1)  # inactive slots are all zero now (``active`` is this call's own)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, NamedTuple
 
-import torch
-
+from gpusim.backend import step_backend
 from gpusim.sim.accounting import accounting
 from gpusim.sim.contacts import contacts
 from gpusim.sim.context import SimContext, StepVars
@@ -60,14 +59,10 @@ def run_pipeline(ctx: SimContext, state: EnvState, step: StepVars, hook: Callabl
 
     ``state`` itself is not modified: the stages work on one copy of it (``state.replace()``), to
     which each stage's changes are applied in place (``EnvState.set_fields``), so a stage sees the
-    fields as the stages before it left them. Under ``torch.compile`` tracing every stage's changes
-    make a new state (``replace``), as the tracer prefers."""
-    if torch.compiler.is_compiling():
-        for stage in stages:
-            changes = stage.run(ctx, state, step)
-            if changes:
-                state = state.replace(**changes)
-        return state
+    fields as the stages before it left them. ``step.backend``, when None, is set first
+    (:func:`gpusim.backend.step_backend`: the ops' backend for the whole step)."""
+    if step.backend is None:
+        step.backend = step_backend(state.pos, ctx.config.cpu_kernels)
     work = state.replace()
     for stage in stages:
         if hook is None:

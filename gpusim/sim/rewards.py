@@ -13,18 +13,13 @@ truncation (``stop_truncate_fraction`` of a world's agents contact-stopped) and 
 In trial mode the trial clock owns ``world_done``, ``slot_done`` and ``terminal`` (stage
 ``trial``), so this stage leaves them alone there.
 
-CPU kernel: on the torch backend with ``EnvConfig.cpu_kernels`` (default) and without ``compile``
-(where this stage is traced) the events run the C kernel ``kernels.step_cpu.events_cpu`` (same
-results bit for bit; the reference where no C compiler is available).
+The op is :func:`gpusim.kernels.events.events` on the step's backend.
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 from gpusim.kernels.events import events
-from gpusim.kernels.step_cpu import events_cpu
-from gpusim.sim.context import SimContext, StepVars, use_step_c
+from gpusim.sim.context import SimContext, StepVars
 from gpusim.state import EnvState
 
 
@@ -32,18 +27,12 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Sets ``step.reward`` [W, C], ``step.goal_now`` [W, A], ``step.truncated`` [W],
     ``step.terminal`` [W, C]; changes ``speed``, ``present``, ``stopped``, ``contact_stopped``,
     ``removed``, ``last_reward`` (and ``world_done``, ``slot_done`` outside trial mode)."""
-    cfg = ctx.config
-    use_c = use_step_c(ctx, state, step)
-    if use_c and step.checked:  # the env's checked layout: the C kernel with its scalars cached per context
-        ev = events_cpu(
-            pos=state.pos, goal=state.goal, speed=state.speed, controlled=state.controlled, in_play=step.in_play,
-            present=state.present, collided=step.collided, offroad=step.offroad, hit=step.hit,
-            stopped=state.stopped, contact_stopped=state.contact_stopped, removed=state.removed,
-            world_done=state.world_done, episode_end=ctx.end_flags[int(step.episode_end)],
-            slot_active=state.slot_active, slot_done=state.slot_done, check=False,
-            **ctx.cached("event_scalars", event_scalars))
-    else:
-        ev = _events(ctx, state, step, use_c)
+    ev = events(
+        pos=state.pos, goal=state.goal, speed=state.speed, controlled=state.controlled, in_play=step.in_play,
+        present=state.present, collided=step.collided, offroad=step.offroad, hit=step.hit, stopped=state.stopped,
+        contact_stopped=state.contact_stopped, removed=state.removed, world_done=state.world_done,
+        episode_end=ctx.end_flags[int(step.episode_end)], slot_active=state.slot_active, slot_done=state.slot_done,
+        backend=step.backend, check=not step.checked, **event_scalars(ctx.config))
     return _apply(ctx, state, step, ev)
 
 
@@ -53,31 +42,6 @@ def event_scalars(cfg) -> dict:
                 reward_offroad=cfg.reward_offroad, goal_behavior=int(cfg.goal_behavior),
                 collision_behavior=int(cfg.collision_behavior), offroad_behavior=int(cfg.offroad_behavior),
                 stop_truncate_fraction=cfg.stop_truncate_fraction)
-
-
-def _events(ctx: SimContext, state: EnvState, step: StepVars, use_c: bool):
-    """``events`` (or its C kernel with the argument checks) on the stage's inputs."""
-    return (partial(events_cpu, check=not step.checked) if use_c else events)(
-        pos=state.pos.contiguous(),
-        goal=state.goal,
-        speed=state.speed.contiguous(),
-        controlled=state.controlled,
-        in_play=step.in_play,
-        present=state.present,
-        collided=step.collided,
-        offroad=step.offroad,
-        hit=step.hit,
-        stopped=state.stopped,
-        contact_stopped=state.contact_stopped,
-        removed=state.removed,
-        world_done=state.world_done,
-        episode_end=ctx.end_flags[int(step.episode_end)],
-        slot_active=state.slot_active.contiguous(),
-        slot_done=state.slot_done,
-        # not ctx.cached here: filling that cache lazily in this path would change the context
-        # during a CUDA-graph warm-up step, which the graph's audit rejects
-        **event_scalars(ctx.config),
-    )
 
 
 def _apply(ctx: SimContext, state: EnvState, step: StepVars, ev) -> dict:

@@ -14,21 +14,16 @@ does not invent states. :func:`signal_log_index` is that clock.
   ``gpusim/kernels/signals.py``). The ``rewards`` stage adds ``reward_red_light`` for it and
   ``accounting`` ORs it into ``ever_red_light`` (metric ``red_light_violation``).
 
-CPU kernel: on the torch backend with ``EnvConfig.cpu_kernels`` (default) and without ``compile``
-the red-light test runs the C kernel ``kernels.step_cpu.red_light_cpu`` (same booleans; the
-reference where no C compiler is available), and when no scenario of the pack has a signal it
-returns all False without a kernel (what every kernel returns then).
+The red-light test runs on the step's backend (``kernels.signals.red_light_violation``; its C
+kernel returns all False without a pass when no scenario of the pack has a signal).
 """
 
 from __future__ import annotations
 
-from functools import partial
-
 import torch
 
 from gpusim.kernels.signals import red_light_violation
-from gpusim.kernels.step_cpu import red_light_cpu
-from gpusim.sim.context import SimContext, StepVars, slots, use_step_c
+from gpusim.sim.context import SimContext, StepVars, slots
 from gpusim.state import EnvState
 
 
@@ -51,10 +46,7 @@ def signals_before(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
 def signals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``red_light_now`` [W, C] (in-play slots that crossed a red stop line this step)."""
     p, C = ctx.pack, ctx.num_slots
-    use_c = use_step_c(ctx, state, step)
-    if use_c and ctx.pack_fact("no_signals", no_signal_pack):  # no stop line to cross: all False
-        return {"red_light_now": torch.zeros(state.pos_before.shape[:2], dtype=torch.bool)}
-    now = (partial(red_light_cpu, check=not step.checked) if use_c else red_light_violation)(
+    now = red_light_violation(
         pos_before=state.pos_before,
         pos=slots(state.pos, C),
         heading=slots(state.heading, C),
@@ -66,5 +58,7 @@ def signals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         signal_state=p.signal_state,
         signal_valid=p.signal_valid,
         num_signals=p.num_signals,
+        backend=step.backend,
+        check=not step.checked,
     )
     return {"red_light_now": now}

@@ -41,10 +41,7 @@ and are ordered by grid position in both backends, whatever the last bits of the
 Implementations (one file each, flash-linear-attention style):
 
 * ``naive.py``: the torch reference :func:`observations_reference` (CPU; the oracle) and
-  ``observe_features``, the one feature computation of both CPU paths (eager lays the columns out
-  in place, the compiled path concatenates them).
-* ``compiled.py``: :func:`observations_compiled` (opt-in, ``EnvConfig.compile``), the same body
-  through ``torch.compile`` over fixed-size row blocks.
+  ``observe_features``, its feature computation.
 * ``cpu.c`` / ``cpu.py``: :func:`observations_cpu`, a hand-written C kernel (OpenMP over slot
   rows) built with the system compiler at first use and loaded through ctypes: the torch
   backend's default in the env (``EnvConfig.cpu_kernels``), bit-identical to the reference but for
@@ -75,14 +72,12 @@ from gpusim.kernels.obs_layout import (  # noqa: F401  (re-exported: the layout 
     ObsLayout,
     obs_layout,
 )
-from gpusim.kernels.observations.compiled import COMPILED_BLOCK_ROWS, observations_compiled  # noqa: F401
 from gpusim.kernels.observations.cpu import cpu_kernel_available, cpu_kernel_status, observations_cpu
 from gpusim.kernels.observations.launcher import observations_triton
 from gpusim.kernels.observations.naive import observations_reference
 from gpusim.kernels.observations.tables import road_table  # noqa: F401
 
 __all__ = [
-    "COMPILED_BLOCK_ROWS",
     "EGO_EXTRA",
     "EGO_FEATURES",
     "GOAL_SCALE",
@@ -95,7 +90,6 @@ __all__ = [
     "SPEED_SCALE",
     "obs_layout",
     "observations",
-    "observations_compiled",
     "observations_cpu",
     "observations_reference",
     "observations_triton",

@@ -1,9 +1,7 @@
 """Torch reference of the observations (CPU, and the oracle of the Triton kernel).
 
-:func:`observe_features` is the one computation of both CPU paths; only the final layout
-differs: the eager reference (:func:`observations_reference`) writes the columns into a block
-(:func:`observe_block`), the compiled path (:mod:`.compiled`) concatenates them
-(:func:`observe_block_functional`) under ``torch.compile``.
+:func:`observe_features` computes the feature columns; :func:`observe_block` writes them into a
+block of rows (:func:`observations_reference` runs it on the requested rows).
 """
 
 from __future__ import annotations
@@ -49,8 +47,7 @@ def observe_features(
         ``(ego, partners, roads)``: lists of float32 columns in feature order, each either one
         feature (``[n]``, ``[n, kp]``, ``[n, K]``) or several (a trailing feature axis): the ego
         block [n, 11], the first ``kp = min(P, A)`` partner slots [n, kp, 11] (the caller pads to
-        P with zeros), the road slots [n, K, 10]. :func:`observe_block` writes them into a block
-        (eager), :func:`observe_block_functional` concatenates them (``torch.compile``).
+        P with zeros), the road slots [n, K, 10]. :func:`observe_block` writes them into a block.
     """
     W, A = present.shape
     K = grid2.shape[1]
@@ -118,12 +115,6 @@ def _write_columns(dst: torch.Tensor, cols: list) -> None:
             j += 1
 
 
-def _cat_columns(cols: list) -> torch.Tensor:
-    """Feature columns (see :func:`observe_features`) concatenated along a new last axis."""
-    dim = max(col.dim() for col in cols)
-    return torch.cat([col if col.dim() == dim else col[..., None] for col in cols], -1)
-
-
 def observe_block(**kw) -> torch.Tensor:
     """Eager layout of :func:`observe_features` (same keyword arguments): the [n, D] float32
     observations of ``rows``, written column by column into one block through views (no
@@ -142,40 +133,11 @@ def observe_block(**kw) -> torch.Tensor:
     return blk
 
 
-def observe_block_functional(**kw) -> torch.Tensor:
-    """Functional layout of :func:`observe_features` (same keyword arguments, same [n, D] result as
-    :func:`observe_block`) for ``torch.compile``: concatenations, which inductor fuses, instead of
-    slice writes, which it turns into whole-block copies."""
-    ego, partners, roads = observe_features(**kw)
-    n, P = kw["rows"].shape[0], kw["P"]
-    part = _cat_columns(partners)  # [n, kp, 11]
-    if part.shape[1] < P:
-        part = torch.cat([part, part.new_zeros(n, P - part.shape[1], part.shape[2])], 1)
-    return torch.cat([_cat_columns(ego), rearrange(part, "n p f -> n (p f)"),
-                      rearrange(_cat_columns(roads), "n k f -> n (k f)")], 1)
-
-
-def padded_blocks(rows: torch.Tensor, sizes: tuple[int, int]):
-    """Yield the slot rows ``rows`` [n] int64 in blocks of ``sizes[0]`` rows while that many remain,
-    then of ``sizes[1]``. A short last block is padded by repeating its last row (the same values
-    are written again), so every block has one of two shapes and a compiled block function is
-    never re-specialised."""
-    big, small = sizes
-    n, r0 = rows.numel(), 0
-    while r0 < n:
-        B = big if n - r0 >= big else small
-        r = rows[r0:r0 + B]
-        r0 += B
-        if r.numel() < B:
-            r = torch.cat([r, r[-1:].expand(B - r.numel())])
-        yield r
-
-
 def block_arguments(*, pos, heading, speed, length, width, agent_type, present, goal, ego_extra, scenario,
                     road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners,
                     partner_radius, road_radius, grid_start=None) -> dict:
     """The keyword arguments of :func:`observe_block` but ``rows``: the per-agent table, the cached
-    road tables and flat views of the inputs (shared by the eager and compiled paths)."""
+    road tables and flat views of the inputs."""
     W, C = goal.shape[:2]
     grid2, start = grid_table_rows(grid_road, grid_start, "observations: grid_road")
     geo, feat = road_table(road_seg, road_type)

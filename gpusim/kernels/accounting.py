@@ -1,0 +1,110 @@
+"""The per-slot episode accumulators of one step (stage ``accounting``), and the contacts of agents
+in play.
+
+For slots ``[W, C]`` and agents ``[W, A]``: ``ep_return + reward``, ``ep_length + loss_mask``,
+``goal_reached | goal_now``, ``ever_collided | (in_play & collided)``,
+``ever_offroad | (in_play & offroad)``, ``ever_red_light | red_light_now``; plus
+``in_play & collided``, ``in_play & offroad`` and the number of ``terminal`` slots.
+
+Backends (``backend=`` of :func:`accumulate`): the torch expressions (CUDA tensors run them too:
+elementwise, no kernel of their own) and the C kernel of ``accounting.c`` (one pass, equal bit for
+bit, the terminal count returned by the C call: no tensor read).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from gpusim.backend import op_backend
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, c_tensor
+
+_NAMES = ("ep_return", "reward", "ep_length", "loss_mask", "goal_reached", "goal_now", "in_play", "collided",
+          "offroad", "ever_collided", "ever_offroad", "ever_red_light", "red_light_now", "terminal")
+
+
+def accumulate_reference(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
+                         ever_collided, ever_offroad, ever_red_light, red_light_now, terminal, count: bool = True):
+    """The torch expressions of :func:`accumulate` (same arguments and result); the terminal count
+    is read from the tensor where ``count`` and it is on the CPU (no sync there), else None."""
+    col_ip, off_ip = in_play & collided, in_play & offroad
+    changes = {"ep_return": ep_return + reward, "ep_length": ep_length + loss_mask,  # int32 + bool -> int32
+               "goal_reached": goal_reached | goal_now, "ever_collided": ever_collided | col_ip,
+               "ever_offroad": ever_offroad | off_ip, "ever_red_light": ever_red_light | red_light_now}
+    return changes, col_ip, off_ip, (int(terminal.sum()) if count and terminal.is_cpu else None)
+
+
+def accumulate(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
+               ever_collided, ever_offroad, ever_red_light, red_light_now, terminal, *, backend: str | None = None,
+               check: bool = True):
+    """The accumulator updates of one step (module docstring).
+
+    Args:
+        ep_return, reward: [W, C] float32. ep_length: [W, C] int32. loss_mask: [W, C] bool.
+        goal_reached, goal_now, in_play, collided, offroad, ever_collided, ever_offroad: [W, A] bool.
+        ever_red_light, red_light_now, terminal: [W, C] bool.
+        backend: ``"torch"`` | ``"triton"`` (the torch expressions) | ``"c"``, default
+            :func:`gpusim.backend.backend_for`. check: the C kernel's argument checks.
+
+    Returns:
+        ``(changes, collided_in_play [W, A] bool, offroad_in_play [W, A] bool, terminals)``;
+        ``changes`` maps ``ep_return``, ``ep_length``, ``goal_reached``, ``ever_collided``,
+        ``ever_offroad``, ``ever_red_light`` to their new tensors; ``terminals`` is the number of
+        terminal slots (host int) on the ``"torch"`` and ``"c"`` backends with CPU tensors, else
+        None (no host read: the Triton path stays free of syncs).
+
+    Raises:
+        ValueError: (C backend) a tensor of the wrong shape, dtype or device.
+    """
+    args = (ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
+            ever_collided, ever_offroad, ever_red_light, red_light_now, terminal)
+    name = op_backend(backend, reward)
+    if name == "c":
+        return accumulate_cpu(*args, check=check)
+    return accumulate_reference(*args, count=name == "torch")
+
+
+# ---------------------------------------------------------------------------- C kernel (accounting.c)
+def _declare(lib) -> None:
+    """ctypes signature of accounting.c."""
+    lib.gpusim_accounting.restype = ctypes.c_int64
+    lib.gpusim_accounting.argtypes = [ctypes.c_void_p] * 22 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+
+
+#: accounting.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
+LIBRARY = CLibrary(name="accounting", source=Path(__file__).with_suffix(".c"), prefix="gpusim_accounting", abi=1,
+                   declare=_declare, label=STEP_LABEL)
+
+
+def accumulate_cpu(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
+                   ever_collided, ever_offroad, ever_red_light, red_light_now, terminal, check: bool = True):
+    """The C kernel of :func:`accumulate` (same arguments and result, new tensors; the terminal
+    count is the C call's return value). ``check=False`` skips the argument checks
+    (``StepVars.checked``). Runs :func:`accumulate_reference` where the library cannot be built.
+
+    Raises:
+        ValueError: a tensor of the wrong shape, dtype or device.
+    """
+    W, A = in_play.shape
+    C = ep_return.shape[1]
+    b = torch.bool
+    ins = [ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
+           ever_collided, ever_offroad, ever_red_light, red_light_now, terminal]
+    if check:
+        specs = ((torch.float32, (W, C)), (torch.float32, (W, C)), (torch.int32, (W, C)), (b, (W, C))) + \
+            ((b, (W, A)),) * 7 + ((b, (W, C)),) * 3
+        ins = [c_tensor(t, "accounting", n, d, sh) for t, n, (d, sh) in zip(ins, _NAMES, specs)]
+    lib = LIBRARY.load(stacklevel=4)
+    if lib is None:
+        return accumulate_reference(*ins)
+    e = torch.empty
+    outs = [e(W, C), e(W, C, dtype=torch.int32), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
+            e(W, A, dtype=b), e(W, A, dtype=b), e(W, C, dtype=b)]
+    terminals = lib.gpusim_accounting(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in outs], W, A, C,
+                                      torch.get_num_threads())
+    ret, length, reached, col_ip, off_ip, ever_c, ever_o, ever_r = outs
+    changes = {"ep_return": ret, "ep_length": length, "goal_reached": reached, "ever_collided": ever_c,
+               "ever_offroad": ever_o, "ever_red_light": ever_r}
+    return changes, col_ip, off_ip, int(terminals)
