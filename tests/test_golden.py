@@ -71,7 +71,8 @@ def test_compare_reports_missing_fields_records_and_metrics(reference):
     lines, ok = golden.compare(now, ref)
     assert ok and "new fields not in the reference: state.extra" in lines[0]
     del now["respawn_remove/c"]["fields"]["state.speed"]
-    assert golden.compare(now, ref) == (["respawn_remove/c: DIFFERENT: field state.speed missing now (1 missing)"], False)
+    want = ["respawn_remove/c: DIFFERENT: field state.speed missing now (1 missing)"]
+    assert golden.compare(now, ref) == (want, False)
     now = json.loads(json.dumps(ref))
     now["respawn_remove/c"]["metrics"]["mean"]["n"] += 1
     lines, ok = golden.compare(now, ref)
