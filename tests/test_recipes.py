@@ -40,7 +40,7 @@ def test_cpu_recipe_is_exactly_the_trainconfig_defaults(capsys):
     assert capsys.readouterr().out == ""  # the CPU recipe prints nothing (CPU output unchanged)
 
 
-def test_gpu_recipe_sets_its_fields_and_says_so(capsys):
+def test_gpu_recipe_sets_its_fields_and_says_so(capsys, monkeypatch):
     cfg = parse_args(["--recipe", "gpu", "--device", "cpu"])
     assert cfg.recipe == "gpu"
     for key, value in RECIPES["gpu"].items():
@@ -54,6 +54,9 @@ def test_gpu_recipe_sets_its_fields_and_says_so(capsys):
     assert out.startswith("recipe gpu (device cpu): --num-worlds 1024 --total-timesteps 60000000")
     assert "--ppo.autocast bf16 --ppo.fused-adam" in out and "overridden" not in out
     assert parse_args(["--recipe", "gpu", "--device", "cpu", "--quiet"]).recipe == "gpu"
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "1")  # torchrun: the other ranks stay silent
+    assert parse_args(["--recipe", "gpu", "--device", "cpu"]).num_worlds == 1024
     assert capsys.readouterr().out == ""
 
 

@@ -29,6 +29,7 @@ checkpoint, so the recipe leaves them alone.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 
@@ -150,7 +151,8 @@ def with_recipe(cfg, reparse, from_file: bool = False, say=print):
             (flags given win over it).
         from_file: the command line has ``--config FILE``: its values are the defaults and no
             recipe is applied (``cfg`` is returned after checking its ``recipe`` name).
-        say: where the GPU recipe's one-line description goes (unless ``cfg.quiet``).
+        say: where the GPU recipe's one-line description goes (unless ``cfg.quiet``; under
+            torchrun only on rank 0, ``RANK`` in the environment).
 
     Returns:
         The TrainConfig to run, its ``recipe`` field set to the recipe used (``"cpu"`` or ``"gpu"``)
@@ -168,6 +170,6 @@ def with_recipe(cfg, reparse, from_file: bool = False, say=print):
 
     base = apply_recipe(TrainConfig(device=cfg.device), name, resuming=bool(cfg.resume))
     out = dataclasses.replace(reparse(base), recipe=name)
-    if not out.quiet:
+    if not out.quiet and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 says it once
         say(describe(out, name))
     return out
