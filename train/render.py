@@ -14,7 +14,6 @@ overrides it). Bad input prints one line and exits with code 2.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from typing import Callable
 
@@ -69,9 +68,9 @@ def env_config_from_checkpoint(path) -> EnvConfig:
         FileNotFoundError / ValueError: from :func:`train.checkpoint.load_checkpoint`, or an invalid
             saved config.
     """
-    d = load_checkpoint(path, map_location="cpu")["env_config"]
-    names = {f.name for f in dataclasses.fields(EnvConfig)}
-    return EnvConfig(**{k: v for k, v in d.items() if k in names})
+    from train.config import env_config_from_dict
+
+    return env_config_from_dict(load_checkpoint(path, map_location="cpu")["env_config"])
 
 
 def build_train_parser():
