@@ -358,7 +358,15 @@ def main(argv=None) -> int:
     pi.add_argument("--verify", action="store_true",
                     help=f"check every shard's checksum even past {VERIFY_LIMIT} bytes of shards")
     _add_config_flags(pi)
+    pe = sub.add_parser("export-proto", help="write the Scenario protos of any sources (JSON or TFRecord) "
+                        "as one TFRecord, e.g. for Waymo's WOSAC scorer")
+    pe.add_argument("sources", nargs="+", metavar="SRC")
+    pe.add_argument("--out", required=True, help="output TFRecord file")
     args = parser.parse_args(argv)
+    if args.cmd == "export-proto":
+        from gpusim.data.proto_export import export_command
+
+        return export_command(args.sources, args.out)
     try:
         config = _config_from(args)
     except ValueError as exc:

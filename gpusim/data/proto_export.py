@@ -323,3 +323,33 @@ def export_scenarios(sources, out) -> tuple[int, list]:
             (errors if isinstance(item, ScenarioError) else payloads).append(item)
     write_records(out, payloads)
     return len(payloads), errors
+
+
+def export_command(sources, out, *, stdout=None, stderr=None) -> int:
+    """``python -m gpusim.data export-proto SRC... --out FILE.tfrecord``: write the ``Scenario``
+    protos of ``sources``, print one line per unreadable file or record and a summary.
+
+    Returns:
+        0 if at least one scenario was written, 1 if none could be, 2 for a bad ``--out`` or no
+        source file.
+    """
+    import sys
+
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    out = pathlib.Path(out)
+    if out.is_dir() or not out.parent.is_dir():
+        print(f"error: --out {out}: must be a file in an existing directory (e.g. scenarios.tfrecord)", file=stderr)
+        return 2
+    try:
+        n, errors = export_scenarios(sources, out)
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=stderr)
+        return 2
+    for e in errors:
+        print(f"error: {e}", file=stderr)
+    if n == 0:
+        out.unlink(missing_ok=True)
+        print("nothing exported; no file written", file=stderr)
+        return 1
+    print(f"wrote {out}: {n} Scenario proto(s)" + (f", {len(errors)} source(s) skipped" if errors else ""), file=stdout)
+    return 0
