@@ -313,7 +313,8 @@ def load_config_file(path) -> TrainConfig:
         try:
             import yaml
         except ImportError as e:
-            raise ImportError(f"--config {p}: YAML needs PyYAML (pip install pyyaml), or use a .json file") from e
+            raise ImportError(f"--config {p}: YAML needs PyYAML: pip install 'gpusim[yaml]' (or pyyaml), "
+                              "or use a .json file") from e
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as e:

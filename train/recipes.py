@@ -166,9 +166,8 @@ def with_recipe(cfg, reparse, from_file: bool = False, say=print):
         return cfg
     if name == "cpu":
         return dataclasses.replace(cfg, recipe="cpu")
-    from train.config import TrainConfig
-
-    base = apply_recipe(TrainConfig(device=cfg.device), name, resuming=bool(cfg.resume))
+    # type(cfg) is TrainConfig (not imported: train.config imports this module)
+    base = apply_recipe(type(cfg)(device=cfg.device), name, resuming=bool(cfg.resume))
     out = dataclasses.replace(reparse(base), recipe=name)
     if not out.quiet and os.environ.get("RANK", "0") == "0":  # under torchrun: rank 0 says it once
         say(describe(out, name))
