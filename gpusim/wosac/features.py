@@ -300,6 +300,8 @@ def red_light_violation(batch: WosacBatch, x, y, valid, *, chunk: int = 1 << 24)
     t0 = C.CURRENT_TIME_INDEX
     ex, ey = _gather_eval(x[..., t0:], batch), _gather_eval(y[..., t0:], batch)  # [S,R,E,81]
     E, T1 = ex.shape[2], ex.shape[3]
+    if batch.lane_start.shape[1] == 0:  # no surface-street lane in any scenario: no violation
+        return torch.zeros(S, R, E, T1 - 1, dtype=torch.bool, device=x.device)
     xy = torch.stack([ex, ey], dim=-1)
     lane = _current_lane(batch, xy.reshape(S, -1, 2), chunk).reshape(S, R, E, T1)
     start = batch.sig_seg_start[:, None, None, t0:]  # [S,1,1,81,K,2]
