@@ -383,10 +383,11 @@ def test_bad_checkpoint_and_device_exit_2(tmp_path, capsys):
 
 
 def test_a_registered_mode_is_run_through_its_hooks(pack_file, monkeypatch, capsys):
-    """A new evaluation mode is one ``register_mode`` entry: its env changes, check, prepare, driver
-    and describe hooks are what the evaluator runs (here the mode hands the egos to
-    ``constant_speed``, so ``random`` scores constant_speed's known table), with no name test in
-    ``evaluate``; its check refuses bad options with one line (exit 2); names are unique."""
+    """A new evaluation mode is one ``register_mode`` entry: its env changes, check, prepare, driver,
+    describe, episodes and summarise hooks are what the evaluator runs (here the mode hands the egos
+    to ``constant_speed``, so ``random`` scores constant_speed's known table, runs every scenario
+    twice and adds a metric), with no name test in ``evaluate``; its check refuses bad options with
+    one line (exit 2); names are unique."""
     import train.eval.modes as modes
 
     monkeypatch.setattr(modes, "MODES", dict(modes.MODES))
@@ -400,7 +401,11 @@ def test_a_registered_mode_is_run_through_its_hooks(pack_file, monkeypatch, caps
         "autopilot", "constant speed drives the egos", env_changes=(("max_controlled", 4),), check=check,
         prepare=lambda env, opts: seen.append(env.config.max_controlled) or "cs",
         drive=lambda driver, context, opts: CallableDriver(make_baseline("constant_speed", seed=opts.seed)),
-        describe=lambda context: {"driven_by": context}))
+        describe=lambda context: {"driven_by": context}, episodes=lambda opts: 2,
+        summarise=lambda egos, worlds, n, context, opts: {
+            "summary": {**modes.outcome_summary(egos, worlds, n, context, opts)["summary"],
+                        "goal_again": mean_interval(egos["goal_reached"])},
+            "per_scenario": modes.outcome_summary(egos, worlds, n, context, opts)["per_scenario"]}))
     with pytest.raises(ValueError, match="already registered"):
         modes.register_mode(modes.EvalMode("autopilot", "again"))
     res = evaluate(EvalConfig(policy=("random",), data=str(pack_file), mode=("self_play", "autopilot"), device="cpu",
@@ -408,6 +413,10 @@ def test_a_registered_mode_is_run_through_its_hooks(pack_file, monkeypatch, caps
     runs = {r["mode"]: r for r in res["runs"]}
     assert seen == [4] and runs["autopilot"]["driven_by"] == "cs" and "driven_by" not in runs["self_play"]
     assert [r["goal_reached"] for r in runs["autopilot"]["per_scenario"]] == [k[0] for k in KNOWN]
+    assert [r["episodes"] for r in runs["autopilot"]["per_scenario"]] == [2] * 4
+    assert [r["episodes"] for r in runs["self_play"]["per_scenario"]] == [1] * 4
+    summary = runs["autopilot"]["summary"]
+    assert summary["goal_again"].mean == summary["goal_reached"].mean == 0.25 and summary["goal_again"].n == 8
     assert [r["collided"] for r in runs["autopilot"]["per_scenario"]] == [k[1] for k in KNOWN]
     assert main(["--policy", "random", "--data", str(pack_file), "--mode", "autopilot", "--seed", "-1",
                  "--device", "cpu", "--quiet"]) == 2

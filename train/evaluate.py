@@ -51,7 +51,7 @@ from train.config import (USER_ERRORS, UserError, check_device, default_device, 
 from gpusim.data.errors import PackFileError
 from gpusim.data.shards import ShardedPack
 from train.eval.modes import ModeOptions, get_mode, mode_env
-from train.eval.report import per_scenario, scenario_table, summarise, summary_table
+from train.eval.report import scenario_table, summary_table
 from train.eval.sweep import (CallableDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
                               sweep_plan)
 from train.eval.streaming import first_pack, local_records, streaming_sweep
@@ -274,7 +274,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             if item not in out["skipped"]:
                 out["skipped"].append(dict(item))
         sharded = pack if isinstance(pack, ShardedPack) else None
-        S, N = pack.num_scenarios, cfg.episodes_per_scenario
+        S, N = pack.num_scenarios, mode.episodes(opts)
         W = cfg.num_worlds or default_num_worlds(min(S, cfg.chunk_size if sharded else S) * N)
         out["num_worlds"] = W
         env = make_sweep_env(first_pack(sharded) if sharded else pack, W, env_config, device, cfg.seed)
@@ -291,12 +291,10 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
                 agents, worlds = run_sweep(env, driver, sweep_plan(S, N, W), egos=mode.egos, on_batch=on_batch)
                 ids = list(pack.scenario_ids)
             else:
-                agents, worlds, ids = _stream(env, driver, sharded, cfg, mode, on_batch, out["skipped"])
+                agents, worlds, ids = _stream(env, driver, sharded, cfg.chunk_size, N, mode, on_batch, out["skipped"])
             label = entry["label"] if len(modes) == 1 else f"{entry['label']} ({mode.name})"
-            egos = ego_rows(agents)
             run = {"label": label, "policy": entry["spec"], "mode": mode.name, "scenarios": ids,
-                   "summary": summarise(egos, worlds, cfg.interval, cfg.level, cfg.resamples, cfg.seed),
-                   "per_scenario": per_scenario(egos, len(ids)), "records": agents}
+                   **mode.summarise(ego_rows(agents), worlds, len(ids), context, opts), "records": agents}
             run.update(mode.describe(context))
             if entry["kind"] == "checkpoint":
                 run["global_step"] = int(entry["ckpt"].get("global_step", 0))
@@ -304,7 +302,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     return out
 
 
-def _stream(env, driver, sharded, cfg: EvalConfig, mode, on_batch, skipped: list) -> tuple[dict, dict, list[str]]:
+def _stream(env, driver, sharded, chunk_size: int, episodes: int, mode, on_batch,
+            skipped: list) -> tuple[dict, dict, list[str]]:
     """The streaming sweep of a sharded pack (:func:`train.eval.streaming.streaming_sweep`):
     ``(agents, worlds, scenario ids run)`` with record ``scenario`` = index into those ids (as the
     in-memory sweep); an unreadable shard is added to ``skipped`` (file, reason).
@@ -312,8 +311,8 @@ def _stream(env, driver, sharded, cfg: EvalConfig, mode, on_batch, skipped: list
     Raises:
         PackFileError: no shard could be read.
     """
-    agents, worlds, run = streaming_sweep(env, driver, sharded, episodes=cfg.episodes_per_scenario,
-                                          chunk_size=cfg.chunk_size, egos=mode.egos, on_batch=on_batch)
+    agents, worlds, run = streaming_sweep(env, driver, sharded, episodes=episodes, chunk_size=chunk_size,
+                                          egos=mode.egos, on_batch=on_batch)
     done = set(run)
     for i in range(sharded.num_shards):
         left = [g for g in sharded.shard_scenarios(i) if g not in done]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 
 from train.eval.modes import ModeOptions, get_mode, mode_env
-from train.eval.report import summarise
 from train.eval.sweep import PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep, sweep_plan
 
 
@@ -40,7 +39,7 @@ class LiveEvaluator:
             S = pack.num_scenarios
             W = default_num_worlds(S)
             env = make_sweep_env(pack, W, config, device, self.seed)
-            self.items.append((mode, env, sweep_plan(S, 1, W), mode.prepare(env, self.opts)))
+            self.items.append((mode, env, sweep_plan(S, mode.episodes(self.opts), W), mode.prepare(env, self.opts)))
 
     @torch.no_grad()
     def run(self, policy) -> dict[str, float]:
@@ -50,7 +49,7 @@ class LiveEvaluator:
             driver = mode.drive(PolicyDriver(policy, deterministic=True), context, self.opts)
             env.reset(seed=self.seed)
             agents, worlds = run_sweep(env, driver, plan, egos=mode.egos)
-            summary = summarise(ego_rows(agents), worlds)
+            summary = mode.summarise(ego_rows(agents), worlds, plan.num_scenarios, context, self.opts)["summary"]
             for k, iv in summary.items():
                 out[f"eval/{mode.name}/{k}"] = float(iv.mean)
             out[f"eval/{mode.name}/n"] = float(summary["goal_reached"].n)

@@ -11,7 +11,12 @@ test a mode's name:
 * ``prepare(env, opts)``: what the mode builds once per env (e.g. the partner pool), its *context*;
 * ``drive(driver, context, opts)``: the driver the sweep steps, wrapping the evaluated policy's
   (e.g. partners acting for the co-player slots; a driver clearing the KV cache at trial starts);
-* ``describe(context)``: extra fields of the mode's runs in the results (e.g. the partners' labels).
+* ``describe(context)``: extra fields of the mode's runs in the results (e.g. the partners' labels);
+* ``episodes(opts)``: how many times every scenario runs (default ``--episodes-per-scenario``);
+* ``summarise(egos, worlds, num_scenarios, context, opts)``: the run's ``summary`` (metric ->
+  :class:`train.eval.stats.Interval`) and ``per_scenario`` rows (default: the outcome rates of
+  :mod:`train.eval.report`); a mode with other metrics (e.g. realism scores of trajectories its
+  ``drive`` wrapper recorded into its context) computes them here.
 
 ``opts`` is a :class:`ModeOptions`. A new mode = one :func:`register_mode` call here (plus, if it
 reads a new option, a field of :class:`ModeOptions` and the same-named flag of
@@ -38,6 +43,7 @@ from typing import Any, Callable
 import torch
 
 from train.config import UserError, resolve_path
+from train.eval.report import per_scenario, summarise
 from train.packs import adapt_env_config, load_pack
 
 
@@ -48,12 +54,18 @@ class ModeOptions:
     Attributes:
         coplayer: partner checkpoint paths (``--coplayer``). coplayer_sample: partners sample their
             actions instead of argmax. seed: env, partner-draw and sampling seed.
+        episodes_per_scenario: runs of every scenario. interval, level, resamples: confidence
+            intervals (:func:`train.eval.stats.mean_interval`).
         flag: the flag that named the modes (``--mode``, ``--eval-mode``), for messages.
     """
 
     coplayer: tuple[str, ...] = ()
     coplayer_sample: bool = False
     seed: int = 0
+    episodes_per_scenario: int = 1
+    interval: str = "normal"
+    level: float = 0.95
+    resamples: int = 2000
     flag: str = "--mode"
 
     @classmethod
@@ -73,6 +85,14 @@ def _ego_role(env) -> torch.Tensor:
     return env.state.ego.clone()
 
 
+def outcome_summary(egos: dict, worlds: dict, num_scenarios: int, context, opts: ModeOptions) -> dict:
+    """The default ``summarise`` hook: ``{"summary": {metric: Interval}, "per_scenario": [...]}`` of
+    the ego agent-episode columns (goal, collision, offroad, score, return; trial scores in trial
+    mode: :func:`train.eval.report.summarise` and :func:`train.eval.report.per_scenario`)."""
+    return {"summary": summarise(egos, worlds, opts.interval, opts.level, opts.resamples, opts.seed),
+            "per_scenario": per_scenario(egos, num_scenarios)}
+
+
 @dataclass(frozen=True)
 class EvalMode:
     """One evaluation mode (the hooks of the module docstring).
@@ -85,6 +105,9 @@ class EvalMode:
         prepare: ``prepare(env, opts) -> context`` built once per env (default None).
         drive: ``drive(driver, context, opts) -> driver`` for one evaluated policy (default: as is).
         describe: ``describe(context) -> dict`` extra fields of each run (default none).
+        episodes: ``episodes(opts) -> int`` runs of every scenario (default ``opts.episodes_per_scenario``).
+        summarise: ``summarise(egos, worlds, num_scenarios, context, opts) -> {"summary",
+            "per_scenario"}`` (default :func:`outcome_summary`).
     """
 
     name: str
@@ -95,6 +118,8 @@ class EvalMode:
     prepare: Callable[[Any, ModeOptions], Any] = lambda env, opts: None
     drive: Callable[[Any, Any, ModeOptions], Any] = lambda driver, context, opts: driver
     describe: Callable[[Any], dict] = lambda context: {}
+    episodes: Callable[[ModeOptions], int] = lambda opts: opts.episodes_per_scenario
+    summarise: Callable[..., dict] = outcome_summary
 
     def env_config(self, base):
         """``base`` (an :class:`~gpusim.config.EnvConfig`) with this mode's changes."""
