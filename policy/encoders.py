@@ -161,7 +161,7 @@ def slot_max(x: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor, with_in
                 run_idx[:k].masked_fill_(blk > cur, s)
             torch.maximum(cur, blk, out=cur)
         rows = order[: ks[0]]
-        best.index_copy_(0, rows, run)
+        best.index_copy_(0, rows, run.to(best.dtype))  # bfloat16 under autocast (the PPO update's option)
         if with_index:
             idx.index_copy_(0, rows, run_idx)
     return best, idx

@@ -173,7 +173,14 @@ class _DtypeSpy(_Spy):
         return out
 
 
-def test_bf16_autocast_loss_close_to_fp32_and_logprob_ratio_stay_fp32():
+@pytest.mark.parametrize("path", ["cpu_packed", "device_dense"])
+def test_bf16_autocast_loss_close_to_fp32_and_logprob_ratio_stay_fp32(monkeypatch, path):
+    """Both policy paths under autocast: the CPU one (kept steps packed, valid road slots compacted:
+    ``COMPACT_MIN_ROWS`` 0 makes this small batch take it) and the dense one CUDA takes."""
+    import policy.encoders as encoders
+
+    monkeypatch.setattr(encoders, "COMPACT_MIN_ROWS", 0 if path == "cpu_packed" else 10**12)
+    monkeypatch.setattr(ActorCritic, "pack_removed", path == "cpu_packed")
     mb = _minibatch(B=8, T=12, seed=1)
     ref = _model()
     loss32, stats32 = ppo_loss(ref, mb, PPOConfig())
