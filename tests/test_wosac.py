@@ -183,3 +183,29 @@ def test_speed_validity_is_taken_on_the_80_simulated_steps(batch):
     assert out["linear_acceleration"].item() == pytest.approx(reference["linear_acceleration"].item(), rel=1e-6)
     log["linear_speed"][..., 1] = 24.0  # the second one counts
     assert M.likelihoods(batch, log, sim)["linear_speed"].item() < 0.95 * reference["linear_speed"].item()
+
+
+def test_pruned_nearest_segment_searches_equal_the_full_ones():
+    """The candidate pruning of the road-edge and lane searches changes nothing: same segments as
+    a search over every segment, on the bundled WOMD scenario (5251 road-edge segments)."""
+    from gpusim.data.tfrecord import iter_records
+
+    from conftest import REPO
+
+    payload = next(p for _, p in iter_records(REPO / "data/womd_tfrecord/motion_data_one_scenario.tfrecord.gz"))
+    msg = messages()["Scenario"]()
+    msg.ParseFromString(payload)
+    b = stack_scenes([scene_from_proto(msg)])
+    assert b.edge_start.shape[1] > 10 * F.CANDIDATES
+    g = torch.Generator().manual_seed(0)
+    centre = b.edge_start[0, ::50]  # points scattered around the map, some far from any edge
+    q = (centre[torch.randint(len(centre), (600,), generator=g)] + torch.randn(600, 3, generator=g) * 15)[None]
+    seg, rel, d2 = F._nearest_edge(b, q)
+    _, _, _, d3 = F._edge_terms(q[:, :, None], b.edge_start[:, None], b.edge_vec[:, None])
+    full = torch.where(b.edge_valid[:, None], d3, torch.full_like(d3, F.BIG)).argmin(dim=-1)
+    assert torch.equal(seg, full)
+    xy = q[..., :2]
+    lane = F._current_lane(b, xy, 1 << 22)
+    dl = F._lane_distance(xy[:, :, None], b.lane_start[:, None], b.lane_vec[:, None])
+    brute = torch.gather(b.lane_seg_lane_id, 1, dl.argmin(dim=-1))
+    assert torch.equal(lane, brute)

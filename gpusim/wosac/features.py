@@ -207,32 +207,90 @@ def time_to_collision(batch: WosacBatch, x, y, heading, valid, dt: float = C.STE
     return torch.cat(out, dim=1)
 
 
-def _nearest_edge_signed(batch: WosacBatch, q: torch.Tensor) -> torch.Tensor:
-    """Signed 2D distance of query points ``q`` [S, Q, 3] to the road edge (official sign rule)."""
-    st, vec = batch.edge_start[:, None], batch.edge_vec[:, None]  # [S,1,G,3]
-    px = q[:, :, None, 0] - st[..., 0]  # [S,Q,G], start -> point
-    py = q[:, :, None, 1] - st[..., 1]
-    pz = q[:, :, None, 2] - st[..., 2]
+#: Candidate segments per query point kept by the exact pruning of :func:`_candidates`.
+CANDIDATES = 24
+#: Safety margin (m) of the pruning test, far above the float32 error of the distances it compares.
+_PRUNE_MARGIN = 0.5
+
+
+def _candidates(q, start, vec, valid, k: int):
+    """Exact pruning for a nearest-segment search: the ``k`` segments of smallest lower bound
+    ``|q - midpoint| - length / 2`` (no point of a segment is closer), in ascending segment order,
+    and the k-th smallest bound. Any segment outside the candidates is at least that bound away, so
+    a candidate closer than it (minus a margin) is the true nearest. Coordinates are centred per
+    scenario before ``cdist`` so float32 keeps centimetres.
+
+    Args:
+        q: [S, Q, D] points; start, vec: [S, G, D] segment starts and end - start; valid: [S, G].
+
+    Returns:
+        (candidate indices [S, Q, k] int64 ascending, bound [S, Q]).
+    """
+    mid = start + vec / 2
+    origin = q.mean(dim=1, keepdim=True)
+    d = torch.cdist(q - origin, mid - origin)  # [S,Q,G]
+    half = torch.linalg.vector_norm(vec, dim=-1)[:, None] / 2
+    lb = torch.where(valid[:, None], d - half, torch.full_like(d, float("inf")))
+    bound, cand = lb.topk(k, dim=-1, largest=False)
+    return cand.sort(dim=-1).values, bound[..., -1]
+
+
+def _edge_terms(q, start, vec):
+    """Per (point, segment): projection fraction, 2D offset from the segment and stretched 3D
+    squared distance (official ``map_metric_features`` definitions). Shapes broadcast."""
+    px, py, pz = q[..., 0] - start[..., 0], q[..., 1] - start[..., 1], q[..., 2] - start[..., 2]
     vx, vy, vz = vec[..., 0], vec[..., 1], vec[..., 2]
     den = vx * vx + vy * vy
     num = px * vx + py * vy
     rel = torch.where(den != 0, num / torch.where(den != 0, den, torch.ones_like(den)), torch.zeros_like(num))
     tc = rel.clamp(0, 1)
     ex, ey, ez = px - vx * tc, py - vy * tc, (pz - vz * tc) * C.Z_STRETCH
-    d3 = ex * ex + ey * ey + ez * ez  # squared: same argmin (first index on ties)
-    d3 = torch.where(batch.edge_valid[:, None], d3, torch.full_like(d3, BIG))
-    g = d3.argmin(dim=-1, keepdim=True)  # [S,Q,1]
-    pick = lambda t: torch.gather(t, 2, g).squeeze(2)  # noqa: E731
-    d2 = torch.hypot(pick(ex), pick(ey))
-    r = pick(rel)
+    return rel, ex, ey, ex * ex + ey * ey + ez * ez
 
-    def side(seg):  # sign of cross(start -> point, start -> end) for segment ``seg`` [S,Q]
-        s = torch.gather(batch.edge_start, 1, seg[..., None].expand(-1, -1, 3))
-        e = torch.gather(batch.edge_vec, 1, seg[..., None].expand(-1, -1, 3))
+
+def _nearest_edge(batch: WosacBatch, q: torch.Tensor):
+    """Index [S, Q] of the road-edge segment nearest (3D, z stretched; first on ties) to ``q``
+    [S, Q, 3], with the projection fraction and 2D distance to it. Candidates first
+    (:func:`_candidates`); points whose candidates do not settle it are searched in full."""
+    S, Q, G = q.shape[0], q.shape[1], batch.edge_start.shape[1]
+
+    def full(qs, start, vec, ok):  # qs [S', Q', 3] against every segment
+        rel, ex, ey, d3 = _edge_terms(qs[:, :, None], start[:, None], vec[:, None])
+        j = torch.where(ok[:, None], d3, torch.full_like(d3, BIG)).argmin(dim=-1, keepdim=True)
+        pick = lambda t: torch.gather(t, 2, j).squeeze(2)  # noqa: E731
+        return j.squeeze(2), pick(rel), torch.hypot(pick(ex), pick(ey))
+
+    if G <= 2 * CANDIDATES:
+        return full(q, batch.edge_start, batch.edge_vec, batch.edge_valid)
+    stretch = torch.tensor([1.0, 1.0, C.Z_STRETCH], dtype=q.dtype, device=q.device)
+    cand, bound = _candidates(q * stretch, batch.edge_start * stretch, batch.edge_vec * stretch,
+                              batch.edge_valid, CANDIDATES)
+    take = lambda t: torch.gather(t[:, None].expand(-1, Q, -1, -1), 2,  # noqa: E731
+                                  cand[..., None].expand(-1, -1, -1, t.shape[-1]))
+    rel, ex, ey, d3 = _edge_terms(q[:, :, None], take(batch.edge_start), take(batch.edge_vec))
+    d3 = torch.where(torch.gather(batch.edge_valid[:, None].expand(-1, Q, -1), 2, cand), d3, torch.full_like(d3, BIG))
+    best = d3.min(dim=-1)
+    j = best.indices[..., None]
+    pick = lambda t: torch.gather(t, 2, j).squeeze(2)  # noqa: E731
+    seg, r, d2 = pick(cand), pick(rel), torch.hypot(pick(ex), pick(ey))
+    redo = torch.nonzero(~(best.values.sqrt() < bound - _PRUNE_MARGIN))  # [M, 2] (scenario, point)
+    for i in range(0, redo.shape[0], 256):  # the unsettled points, in full, a few at a time
+        si, qi = redo[i:i + 256, 0], redo[i:i + 256, 1]
+        f = full(q[si, qi][:, None], batch.edge_start[si], batch.edge_vec[si], batch.edge_valid[si])
+        seg[si, qi], r[si, qi], d2[si, qi] = (t[:, 0] for t in f)
+    return seg, r, d2
+
+
+def _nearest_edge_signed(batch: WosacBatch, q: torch.Tensor) -> torch.Tensor:
+    """Signed 2D distance of query points ``q`` [S, Q, 3] to the road edge (official sign rule)."""
+    seg, r, d2 = _nearest_edge(batch, q)
+
+    def side(i):  # sign of cross(start -> point, start -> end) for segment ``i`` [S,Q]
+        s = torch.gather(batch.edge_start, 1, i[..., None].expand(-1, -1, 3))
+        e = torch.gather(batch.edge_vec, 1, i[..., None].expand(-1, -1, 3))
         p = q - s
         return torch.sign(p[..., 0] * e[..., 1] - p[..., 1] * e[..., 0])
 
-    seg = g.squeeze(2)
     at = lambda t: torch.gather(t, 1, seg)  # noqa: E731
     n, n_prior, n_next = side(seg), side(at(batch.edge_prior)), side(at(batch.edge_next))
     before = torch.where(at(batch.edge_convex_before), torch.maximum(n, n_prior), torch.minimum(n, n_prior))
@@ -268,22 +326,60 @@ def distance_to_road_edge(batch: WosacBatch, x, y, z, heading, valid, *, chunk: 
     return torch.where(v, d, torch.full_like(d, -BIG))
 
 
-def _current_lane(batch: WosacBatch, xy: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Lane id [S, Q] of the nearest surface-street lane segment to ``xy`` [S, Q, 2], measured as
-    the official scorer does (its point-to-segment "distance" adds the clipped projection)."""
-    sx, sy = batch.lane_start[:, None, :, 0], batch.lane_start[:, None, :, 1]  # [S,1,H]
-    vx, vy = batch.lane_vec[:, None, :, 0], batch.lane_vec[:, None, :, 1]
+def _lane_distance(xy, start, vec):
+    """The official scorer's point-to-lane-segment "distance" (squared): it adds the clipped
+    projection instead of subtracting it, so it is the distance to a point of the segment mirrored
+    through its start. Shapes broadcast (last dim 2)."""
+    px, py = xy[..., 0] - start[..., 0], xy[..., 1] - start[..., 1]
+    vx, vy = vec[..., 0], vec[..., 1]
     den = vx * vx + vy * vy
     safe = torch.where(den != 0, den, torch.ones_like(den))
-    real = (batch.lane_seg_lane_id != -2)[:, None]
-    step = max(1, chunk // max(xy.shape[0] * sx.shape[2], 1))
+    tc = torch.where(den != 0, (px * vx + py * vy) / safe, torch.zeros_like(px)).clamp(0, 1)
+    ex, ey = px + vx * tc, py + vy * tc
+    return ex * ex + ey * ey
+
+
+def _current_lane(batch: WosacBatch, xy: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Lane id [S, Q] of the nearest surface-street lane segment to ``xy`` [S, Q, 2] by the
+    official rule (:func:`_lane_distance`; first on ties). The long segments that run to the
+    padding origin are measured in full; the others by candidates (exact bound of the mirrored
+    segment, :func:`_candidates`), points the candidates do not settle searched in full."""
+    S, H = xy.shape[0], batch.lane_start.shape[1]
+    real = batch.lane_seg_lane_id != -2
+    regular = real & ~batch.lane_seg_to_padding
+    pad_idx = batch.lane_padding_index.clamp(min=0)  # [S, P]
+    pad_ok = batch.lane_padding_index >= 0
+    pad_start = torch.gather(batch.lane_start, 1, pad_idx[..., None].expand(-1, -1, 2))
+    pad_vec = torch.gather(batch.lane_vec, 1, pad_idx[..., None].expand(-1, -1, 2))
+    step = max(1, chunk // max(S * min(H, 4 * CANDIDATES + pad_idx.shape[1]), 1))
     ids = []
     for i in range(0, xy.shape[1], step):
-        px, py = xy[:, i:i + step, None, 0] - sx, xy[:, i:i + step, None, 1] - sy
-        tc = torch.where(den != 0, (px * vx + py * vy) / safe, torch.zeros_like(px)).clamp(0, 1)
-        ex, ey = px + vx * tc, py + vy * tc
-        d = torch.where(real, ex * ex + ey * ey, torch.full_like(px, BIG))
-        ids.append(torch.gather(batch.lane_seg_lane_id, 1, d.argmin(dim=-1)))
+        q = xy[:, i:i + step]
+        Q = q.shape[1]
+        if H <= 2 * CANDIDATES:
+            d = torch.where(real[:, None], _lane_distance(q[:, :, None], batch.lane_start[:, None],
+                                                          batch.lane_vec[:, None]), torch.full((), BIG))
+            ids.append(torch.gather(batch.lane_seg_lane_id, 1, d.argmin(dim=-1)))
+            continue
+        cand, bound = _candidates(q, batch.lane_start, -batch.lane_vec, regular, CANDIDATES)
+        take = lambda t: torch.gather(t[:, None].expand(-1, Q, -1, -1), 2,  # noqa: E731
+                                      cand[..., None].expand(-1, -1, -1, 2))
+        d = _lane_distance(q[:, :, None], take(batch.lane_start), take(batch.lane_vec))
+        d = torch.where(torch.gather(regular[:, None].expand(-1, Q, -1), 2, cand), d, torch.full((), BIG))
+        best = d.min(dim=-1)
+        seg, val = torch.gather(cand, 2, best.indices[..., None]).squeeze(2), best.values
+        redo = torch.nonzero(~(val.sqrt() < bound - _PRUNE_MARGIN))
+        for k in range(0, redo.shape[0], 256):
+            si, qi = redo[k:k + 256, 0], redo[k:k + 256, 1]
+            df = _lane_distance(q[si, qi][:, None], batch.lane_start[si], batch.lane_vec[si])
+            df = torch.where(regular[si], df, torch.full((), BIG))
+            val[si, qi], seg[si, qi] = df.min(dim=-1)
+        dp = torch.where(pad_ok[:, None], _lane_distance(q[:, :, None], pad_start[:, None], pad_vec[:, None]),
+                         torch.full((), BIG))
+        pbest = dp.min(dim=-1)
+        pseg = torch.gather(pad_idx, 1, pbest.indices)
+        use_pad = (pbest.values < val) | ((pbest.values == val) & (pseg < seg))
+        ids.append(torch.gather(batch.lane_seg_lane_id, 1, torch.where(use_pad, pseg, seg)))
     return torch.cat(ids, dim=1)
 
 

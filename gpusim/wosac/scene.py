@@ -51,6 +51,8 @@ class WosacScene:
             the segment.
         lane_start, lane_vec: [H, 2] float32 lane segments (nearest-lane search);
             lane_seg_lane_id: [H] int64 the lane id of each segment.
+            lane_seg_to_padding: [H] bool the segment runs from a lane's last point to the padding
+            origin (the official layout's extra segment); lane_padding_index: [P] int64 their indices.
         has_signals: the scenario has surface-street lanes and signal steps (else no violation).
         sig_lane: [K] int64 controlled lane ids. sig_lane_valid: [K] bool lane found.
         sig_stop: [T, K] bool the signal is in a stop state at the step.
@@ -85,6 +87,8 @@ class WosacScene:
     lane_start: np.ndarray
     lane_vec: np.ndarray
     lane_seg_lane_id: np.ndarray
+    lane_seg_to_padding: np.ndarray
+    lane_padding_index: np.ndarray
     has_signals: bool
     sig_lane: np.ndarray
     sig_lane_valid: np.ndarray
@@ -232,8 +236,10 @@ def _lanes_and_signals(msg) -> dict:
     # from its last point to the zero padding, as in the official layout)
     seg_ok = ok[:, :-1]
     start, vec = pts[:, :-1, :2], pts[:, 1:, :2] - pts[:, :-1, :2]
+    to_padding = (seg_ok & ~ok[:, 1:])[seg_ok]
     out = dict(lane_start=start[seg_ok], lane_vec=vec[seg_ok],
-               lane_seg_lane_id=np.broadcast_to(np.array(lane_ids, np.int64)[:, None], seg_ok.shape)[seg_ok])
+               lane_seg_lane_id=np.broadcast_to(np.array(lane_ids, np.int64)[:, None], seg_ok.shape)[seg_ok],
+               lane_seg_to_padding=to_padding, lane_padding_index=np.flatnonzero(to_padding).astype(np.int64))
     has = bool(lane_ids) and bool(dms)
     if has and len(dms) != C.TOTAL_STEPS:
         raise SceneSkipped(f"{len(dms)} dynamic map states, expected {C.TOTAL_STEPS}")
@@ -322,7 +328,7 @@ class WosacBatch:
         return self.present.device
 
 
-_PAD = {"length": 1.0, "width": 1.0, "height": 1.0, "lane_seg_lane_id": -2, "sig_lane": -3,
+_PAD = {"length": 1.0, "width": 1.0, "height": 1.0, "lane_seg_lane_id": -2, "sig_lane": -3, "lane_padding_index": -1,
         "edge_prior": -1, "edge_next": -1}
 
 
