@@ -1,0 +1,185 @@
+"""The memory task: K candidate goals per controlled agent, one of them true (``EnvConfig.goal_candidates``).
+
+With ``goal_candidates = K >= 2`` every controlled agent sees K candidate goals, alike in its
+observation (the candidate block, :func:`candidate_block`); one of them, drawn uniformly per agent
+per episode from the env's generator, is the true goal (written into ``EnvState.goal``, so the
+goal test of stage ``rewards`` counts only it). Reaching a *decoy* (another candidate, within
+``goal_radius``) stops the agent for the rest of the trial (stage :func:`decoys`: ``stopped`` set,
+``contact_stopped`` not, no reward; it stays in the scene and its later steps have
+``loss_mask = 0``) and sets ``EnvState.at_decoy``, the ego feature "at a wrong candidate". The
+candidates and the true goal are drawn at the episode start (:func:`draw_candidates`, called by
+``gpusim.sim.episode.begin_episode``) and kept across the trials of the episode (the trial restore
+takes them from the episode's start state); the next scenario redraws them.
+
+**Where candidates come from** (:func:`candidate_pool`, once per pack, on the host): midpoints of
+the lane segments of the agent's scenario at a similar straight-line distance from the agent's
+start (log index ``init_steps``) as its logged goal, ``r = clamp(|goal - start|, 15 m, 60 m)``.
+The first of :data:`POOL_LEVELS` that yields at least K places is used: distance within
+``band * r`` of ``r``, bearing within ``half`` degrees of the start heading; the places are then
+kept greedily in bearing order when they differ by at least ``min_angle`` degrees of bearing and
+:data:`MIN_SEPARATION` m from every place kept (so no candidate lies on the way to another; the
+greedy pass keeps at most :data:`POOL_MAX` places). On the shared WOMD train split (52 scenes, 270
+controlled agents at ``max_controlled = 8``) 180 agents take the first level and all have >= 2
+places. The log's endpoint itself is never a candidate: a memoryless policy could pick it out
+from its own heading and speed. The episode's draw (device, no host read): a random subset of K
+of the agent's places in random order (one ``[W, C, M]`` uniform draw) and the true index (one
+``[W, C]`` uniform draw). Nothing is drawn when the task is off (K = 0 or 1), so the env's random
+stream is unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from gpusim.config import RoadType
+from gpusim.kernels.obs_layout import GOAL_SCALE
+from gpusim.sim.context import SimContext, StepVars
+from gpusim.state import EnvState
+
+#: Bounds of the candidates' distance from the start (m): the logged goal distance clamped.
+MIN_RADIUS, MAX_RADIUS = 15.0, 60.0
+#: ``(band, half, min_angle)`` levels of the pool, loosest last (module docstring).
+POOL_LEVELS = ((0.3, 90.0, 20.0), (0.6, 90.0, 20.0), (0.6, 135.0, 20.0), (1.0, 180.0, 20.0), (1.0, 180.0, 8.0))
+#: Minimum distance between two candidates of an agent (m; > 2 * the default goal radius).
+MIN_SEPARATION = 6.0
+#: At most this many places per agent in the pool.
+POOL_MAX = 16
+#: Features per candidate in the observation block (ego frame x, y and distance, / GOAL_SCALE).
+CANDIDATE_FEATURES = ("cand_x/100", "cand_y/100", "cand_dist/100")
+
+
+def _agent_places(mid: np.ndarray, start: np.ndarray, heading: float, goal: np.ndarray, need: int) -> np.ndarray:
+    """[n, 2] candidate places of one agent (module docstring) from the lane midpoints ``mid`` [P, 2]."""
+    r = float(np.clip(np.linalg.norm(goal - start), MIN_RADIUS, MAX_RADIUS))
+    d = mid - start
+    dist = np.linalg.norm(d, axis=1)
+    bear = (np.arctan2(d[:, 1], d[:, 0]) - heading + np.pi) % (2 * np.pi) - np.pi
+    kept: list[int] = []
+    for band, half, min_angle in POOL_LEVELS:
+        idx = np.nonzero((np.abs(dist - r) <= band * r) & (np.abs(bear) <= math.radians(half)))[0]
+        kept = []
+        for i in idx[np.argsort(bear[idx], kind="stable")]:
+            if all(abs(bear[i] - bear[j]) >= math.radians(min_angle)
+                   and np.linalg.norm(mid[i] - mid[j]) >= MIN_SEPARATION for j in kept):
+                kept.append(int(i))
+                if len(kept) == POOL_MAX:
+                    break
+        if len(kept) >= need:
+            break
+    return mid[kept]
+
+
+def candidate_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The candidate places of every controlled agent of ``pack`` (module docstring).
+
+    Args:
+        pack: :class:`~gpusim.data.ScenarioPack`. config: :class:`~gpusim.config.EnvConfig`
+            (``goal_candidates``, ``max_controlled``, ``init_steps``).
+
+    Returns:
+        ``(places [S, C, M, 2] float32 (m, scenario frame), count [S, C] int64)`` on the pack's
+        device; slots without a controlled agent have count 0.
+
+    Raises:
+        ValueError: an agent has fewer than ``goal_candidates`` places (names the scenario, the
+            slot and how many were found).
+    """
+    need, C, t0 = int(config.goal_candidates), int(config.max_controlled), int(config.init_steps)
+    seg, rt = pack.road_seg.cpu().numpy(), pack.road_type.cpu().numpy()
+    tp, th = pack.traj_pos.cpu().numpy(), pack.traj_heading.cpu().numpy()
+    goal, nc = pack.agent_goal.cpu().numpy(), pack.num_controlled.cpu().numpy()
+    S = len(pack.scenario_ids)
+    found = [[None] * C for _ in range(S)]
+    for s in range(S):
+        lane = rt[s] == int(RoadType.LANE)
+        mid = 0.5 * (seg[s, lane, :2] + seg[s, lane, 2:])
+        for c in range(min(int(nc[s]), C)):
+            places = _agent_places(mid, tp[s, c, t0], float(th[s, c, t0]), goal[s, c], need)
+            if len(places) < need:
+                raise ValueError(
+                    f"goal_candidates={need}: scenario {pack.scenario_ids[s]} has only {len(places)} candidate "
+                    f"place(s) for its controlled agent in slot {c} (lane points at a similar distance from its "
+                    f"start); lower --env.goal-candidates or leave the scenario out")
+            found[s][c] = places
+    M = max([len(p) for row in found for p in row if p is not None] + [need])
+    places = np.zeros((S, C, M, 2), np.float32)
+    count = np.zeros((S, C), np.int64)
+    for s in range(S):
+        for c, p in enumerate(found[s]):
+            if p is not None:
+                places[s, c, : len(p)] = p
+                count[s, c] = len(p)
+    dev = pack.road_seg.device
+    return torch.from_numpy(places).to(dev), torch.from_numpy(count).to(dev)
+
+
+def draw_candidates(ctx: SimContext, state: EnvState) -> EnvState:
+    """``state`` (a new episode's start) with ``goal_cand``, ``cand_true`` and the true goal in
+    ``goal`` for the controlled slots; unchanged (and nothing drawn) when the task is off.
+
+    Draws one ``[W, C, M]`` and one ``[W, C]`` uniform from ``ctx.generator`` (module docstring).
+    """
+    cfg = ctx.config
+    G = int(cfg.goal_candidates)
+    if G < 2:
+        return state
+    places, count = ctx.pack_fact(("candidate_pool", G), lambda pk: candidate_pool(pk, cfg))
+    W, C = state.num_worlds, state.num_slots
+    M = places.shape[2]
+    s = state.scenario
+    key = torch.rand((W, C, M), generator=ctx.generator, device=ctx.device)
+    n = count[s]  # [W, C]
+    key = torch.where(torch.arange(M, device=ctx.device) < n[..., None], key, torch.full_like(key, 2.0))
+    order = key.argsort(dim=-1)[..., :G]  # a random subset of the places, in random order
+    cand = places[s].gather(2, order[..., None].expand(W, C, G, 2))
+    active = state.slot_active
+    cand = torch.where(active[..., None, None], cand, torch.zeros_like(cand))
+    u = torch.rand((W, C), generator=ctx.generator, device=ctx.device)
+    true = (u * G).to(torch.int64).clamp(max=G - 1)
+    true = torch.where(active, true, torch.zeros_like(true))
+    true_goal = cand.gather(2, true[..., None, None].expand(W, C, 1, 2))[:, :, 0]
+    goal = state.goal.clone()
+    goal[:, :C] = torch.where(active[..., None], true_goal, state.goal[:, :C])
+    return state.replace(goal_cand=cand, cand_true=true, goal=goal)
+
+
+def decoy_hit(ctx: SimContext, state: EnvState, in_play: torch.Tensor) -> torch.Tensor:
+    """[W, C] bool: the slot was in play (``in_play`` [W, A]) and its centre is within
+    ``goal_radius`` of a candidate that is not its true goal."""
+    C, G = state.num_slots, state.goal_cand.shape[2]
+    d = (state.pos[:, :C, None, :] - state.goal_cand).norm(dim=-1)  # [W, C, G]
+    decoy = torch.arange(G, device=d.device) != state.cand_true[..., None]
+    return in_play[:, :C] & ((d <= ctx.config.goal_radius) & decoy).any(dim=-1)
+
+
+def decoys(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
+    """Stage ``decoys`` (after ``rewards``): agents that reached a decoy in this step are stopped
+    (speed 0, ``stopped``; not ``contact_stopped``, so no early truncation; no reward) and marked
+    ``at_decoy`` until the trial ends. A slot that reached its true goal in the same step is left
+    to the goal rules. Nothing when the task is off."""
+    if ctx.config.goal_candidates < 2:
+        return {}
+    C = ctx.num_slots
+    hit = decoy_hit(ctx, state, step.in_play) & ~step.goal_now[:, :C] & ~state.removed[:, :C]
+    pad = torch.zeros_like(state.stopped[:, C:])
+    hit_a = torch.cat([hit, pad], dim=1)
+    return {"stopped": state.stopped | hit_a, "speed": torch.where(hit_a, torch.zeros_like(state.speed), state.speed),
+            "at_decoy": state.at_decoy | hit}
+
+
+def candidate_block(state: EnvState) -> torch.Tensor:
+    """[W, C, 3 G + 1] float32 observation block of the memory task: per candidate (in the
+    episode's random order) its position in the ego frame and its distance, each / GOAL_SCALE,
+    then ``at_decoy`` (1: stopped at a wrong candidate in this trial)."""
+    C = state.num_slots
+    rel = state.goal_cand - state.pos[:, :C, None, :]  # [W, C, G, 2]
+    h = state.heading[:, :C, None]
+    cos_h, sin_h = torch.cos(h), torch.sin(h)
+    x = cos_h * rel[..., 0] + sin_h * rel[..., 1]
+    y = -sin_h * rel[..., 0] + cos_h * rel[..., 1]
+    dist = rel.norm(dim=-1)
+    feats = torch.stack([x, y, dist], dim=-1).reshape(*rel.shape[:2], -1) / GOAL_SCALE
+    return torch.cat([feats, state.at_decoy.to(torch.float32)[..., None]], dim=-1)
