@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import pathlib
 
-import crc32c as _crc32c
 import torch
 
 from gpusim.config import ObjectType, RoadType
@@ -43,9 +42,22 @@ _TMP_GLOBS = ("pack.pt*.tmp", "meta.json.tmp", "index.json.tmp", "shard-*.pt*.tm
 _CHUNK = 1 << 22
 
 
+def _crc(data, value: int = 0) -> int:
+    """``crc32c.crc32c(data, value)`` (the package is imported here, on first use).
+
+    Raises:
+        ImportError: the ``crc32c`` package (a declared dependency) is missing, with the fix.
+    """
+    try:
+        import crc32c
+    except ImportError:  # pragma: no cover - a declared dependency
+        raise ImportError("scenario-pack checksums need the 'crc32c' package: pip install crc32c") from None
+    return int(crc32c.crc32c(data, value))
+
+
 def bytes_crc32c(data) -> int:
     """CRC-32C of a bytes-like object (bytes, memoryview, contiguous NumPy array)."""
-    return int(_crc32c.crc32c(data))
+    return _crc(data)
 
 
 def file_crc32c(path) -> tuple[int, int]:
@@ -57,7 +69,7 @@ def file_crc32c(path) -> tuple[int, int]:
     crc, size = 0, 0
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
-            crc = int(_crc32c.crc32c(chunk, crc))
+            crc = _crc(chunk, crc)
             size += len(chunk)
     return crc, size
 
