@@ -26,8 +26,9 @@ T = C.TOTAL_STEPS
 FUT = np.arange(C.CURRENT_TIME_INDEX + 1, T)  # the 80 scored steps
 
 
-def two_vehicle_proto(*, ttp=True, steps=T, valid_b_at_10=True):
-    """The scene of the module doc as a ``Scenario`` message."""
+def two_vehicle_proto(*, ttp=True, steps=T, valid_b_at_10=True, signal=False):
+    """The scene of the module doc as a ``Scenario`` message; with ``signal``, a surface-street
+    lane along y = 0 (id 100) whose signal shows STOP at every step, stop point x = 50.5 m."""
     msg = messages()["Scenario"](scenario_id="two-vehicles", current_time_index=10)
     for tid, x0, v in ((7, 0.0, 10.0), (9, 60.0, 5.0)):
         tr = msg.tracks.add(id=tid, object_type=1)
@@ -42,6 +43,14 @@ def two_vehicle_proto(*, ttp=True, steps=T, valid_b_at_10=True):
         edge = msg.map_features.add(id=fid).road_edge
         for x in (-100.0, 300.0)[::int(direction)]:
             edge.polyline.add(x=x, y=y, z=0.0)
+    if signal:
+        lane = msg.map_features.add(id=100).lane
+        lane.type = C.SURFACE_STREET_LANE_TYPE
+        for x in (-100.0, 300.0):
+            lane.polyline.add(x=x, y=0.0, z=0.0)
+        for _ in range(steps):
+            ls = msg.dynamic_map_states.add().lane_states.add(lane=100, state=4)
+            ls.stop_point.x, ls.stop_point.y = 50.5, 0.0
     return msg
 
 
@@ -209,3 +218,22 @@ def test_pruned_nearest_segment_searches_equal_the_full_ones():
     dl = F._lane_distance(xy[:, :, None], b.lane_start[:, None], b.lane_vec[:, None])
     brute = torch.gather(b.lane_seg_lane_id, 1, dl.argmin(dim=-1))
     assert torch.equal(lane, brute)
+
+
+def test_red_light_violation_hand_built():
+    """A crosses the stop point (x = 50.5 m) between steps 50 and 51 of the log; B starts past it.
+    In rollouts 0-7, A stops at x = 30 m instead."""
+    b = stack_scenes([scene_from_proto(two_vehicle_proto(signal=True))])
+    log = _log_features(b)["traffic_light_violation"][0, 0]
+    assert log[0].nonzero().flatten().tolist() == [51 - 11]
+    assert not log[1].any()
+    sim = B.log_replay(b).clone()
+    sim[0, :8, 0, :, 0] = sim[0, :8, 0, :, 0].clamp(max=30.0)
+    out = M.score(b, sim)
+    assert out["traffic_light_violation"].item() == pytest.approx(math.sqrt(24.001 * 32.001) / 32.002, rel=1e-5)
+    # a green signal is no violation
+    msg = two_vehicle_proto(signal=True)
+    for d in msg.dynamic_map_states:
+        d.lane_states[0].state = 6
+    b = stack_scenes([scene_from_proto(msg)])
+    assert not _log_features(b)["traffic_light_violation"].any()
