@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from gpusim import styles
 from gpusim.enums import (  # noqa: F401  (re-exported: existing imports keep working)
     NUM_ROAD_OBS_TYPES,
     ActionSpace,
@@ -24,6 +25,24 @@ from gpusim.enums import (  # noqa: F401  (re-exported: existing imports keep wo
     ObjectType,
     RoadType,
 )
+
+def _check_styles(cfg) -> None:
+    """Validate and normalise (to tuples of floats) the driving-style fields of ``cfg``."""
+    if not isinstance(cfg.reward_conditioning, bool):
+        raise ValueError(f"EnvConfig.reward_conditioning must be True or False, got {cfg.reward_conditioning!r}")
+    if cfg.reward_ranges is not None:
+        object.__setattr__(cfg, "reward_ranges", styles.check_ranges(cfg.reward_ranges))
+    set_ = [n for n in ("reward_ranges", "style", "partner_styles") if getattr(cfg, n) is not None]
+    if set_ and not cfg.reward_conditioning:
+        raise ValueError(f"EnvConfig.{set_[0]} needs reward_conditioning=True (--env.reward-conditioning)")
+    if cfg.style is not None:
+        object.__setattr__(cfg, "style", styles.check_style(cfg.style, cfg.style_ranges, "EnvConfig.style"))
+    if cfg.partner_styles is not None:
+        rows = tuple(styles.check_style(r, cfg.style_ranges, "EnvConfig.partner_styles") for r in cfg.partner_styles)
+        if not rows:
+            raise ValueError("EnvConfig.partner_styles must have at least one row (or be None)")
+        object.__setattr__(cfg, "partner_styles", rows)
+
 
 #: Simulation time step in seconds (WOMD logs are sampled at 10 Hz).
 DT = 0.1
@@ -130,6 +149,21 @@ class EnvConfig:
             episode with the env's seeded generator) or ``"first"`` (the lowest slots).
         replay_experts: log-replayed (non-controlled) agents stay in the scene (default); False
             takes them out of the scene at every reset (no contacts, not observed).
+        reward_conditioning: driving styles (docs/styles.md, :mod:`gpusim.styles`): every agent
+            draws its own reward weights and target speed per episode (``EnvState.style``), is paid
+            their weighted terms, and observes them (a block at the end of the observation). Off
+            (default): today's reward and observation bit for bit.
+        reward_ranges: R ``(low, high)`` pairs of the per-agent draw (uniform; low == high fixes
+            the entry); ``None``: ``gpusim.styles.DEFAULT_RANGES``.
+        style: R fixed values for the ego slots instead of the draw (evaluation by style);
+            ``None``: drawn. Must lie inside the ranges.
+        partner_styles: a [P][R] table of co-player styles: one row drawn per world per episode
+            for its co-player slots; ``None``: co-players draw like egos.
+        goal_candidates: the memory task (docs/trial.md, ``gpusim/sim/candidates.py``): K >= 2
+            candidate goals per controlled agent, shown alike in the observation (a block at its
+            end), one of them the true goal (drawn per agent per episode); reaching another one
+            stops the agent for the rest of the trial. 0 or 1 (default 0): off, bit for bit.
+            Not with ``new_goal`` (its new goals would replace the true one).
     """
 
     max_agents: int = 64
@@ -163,6 +197,10 @@ class EnvConfig:
     ego_fraction: float = 0.0
     ego_choice: str = "sdc"
     replay_experts: bool = True
+    reward_conditioning: bool = False
+    reward_ranges: tuple | None = None
+    style: tuple | None = None
+    partner_styles: tuple | None = None
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -221,6 +259,12 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.ego_choice must be one of {', '.join(EGO_CHOICES)}, got {self.ego_choice!r}")
         if not isinstance(self.replay_experts, bool):
             raise ValueError(f"EnvConfig.replay_experts must be True or False, got {self.replay_experts!r}")
+        _check_styles(self)
+
+    @property
+    def style_ranges(self) -> tuple:
+        """The R (low, high) ranges of the style draw (``reward_ranges`` or the defaults)."""
+        return self.reward_ranges if self.reward_ranges is not None else styles.DEFAULT_RANGES
 
     @property
     def has_coplayers(self) -> bool:

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 
 import torch
 
+from gpusim.styles import NUM_STYLE_TERMS
 #: Shape kinds of the declarations: "W" = [W], "WA" = [W, A], "WA2" = [W, A, 2], "WC" = [W, C],
-#: "WCK" = [W, C, K], "WC2" = [W, C, 2].
-SHAPE_KINDS = ("W", "WA", "WA2", "WC", "WCK", "WC2")
+#: "WCK" = [W, C, K], "WC2" = [W, C, 2], "WAR" = [W, A, R] (R = ``gpusim.styles.NUM_STYLE_TERMS``).
+SHAPE_KINDS = ("W", "WA", "WA2", "WC", "WCK", "WC2", "WAR")
 
 
 def _field(kind: str, dtype: torch.dtype, doc: str, trial: str = "restore"):
@@ -80,6 +81,10 @@ class EnvState:
     ever_offroad: torch.Tensor = _field("WA", torch.bool, "went offroad at a valid step this episode", "keep")
     collided_now: torch.Tensor = _field("WA", torch.bool, "in collision after the last step")
     offroad_now: torch.Tensor = _field("WA", torch.bool, "offroad after the last step")
+    style: torch.Tensor = _field(
+        "WAR", torch.float32, "[w, a, r]: the agent's reward weights and target speed (m/s), entries "
+        "gpusim.styles.STYLE_TERMS; drawn per episode with reward conditioning (gpusim/sim/styles.py), "
+        "kept across trials; all 0 when conditioning is off", "keep")
     # ---- policy-slot tensors [W, C]
     slot_done: torch.Tensor = _field("WC", torch.bool, "terminal already emitted for the slot this episode", "keep")
     ep_return: torch.Tensor = _field("WC", torch.float32, "sum of rewards this episode", "keep")
@@ -269,7 +274,8 @@ def _dim(t, ndim: int, axis: int) -> int:
 
 
 def _shapes(W: int, A: int, C: int, K: int) -> dict[str, tuple[int, ...]]:
-    return {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C), "WCK": (W, C, K), "WC2": (W, C, 2)}
+    return {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C), "WCK": (W, C, K), "WC2": (W, C, 2),
+            "WAR": (W, A, NUM_STYLE_TERMS)}
 
 
 #: Field name -> (shape kind, dtype), derived from the declarations of :class:`EnvState`.

@@ -43,7 +43,9 @@ class ObsDims:
         ego_dim: ego features. num_partners, partner_dim: partner slots and features per slot.
         num_roads, road_dim: road-segment slots and features per slot. num_signals, signal_dim:
         traffic-signal slots (0: no signal block) and features per slot. The last feature of every
-        partner, road and signal slot is its valid flag.
+        partner, road and signal slot is its valid flag. style_dim: the driving-style block (the
+        agent's own normalised reward weights, the last columns; 0 without reward conditioning),
+        read by the ego MLP together with the ego block (docs/styles.md).
     """
 
     ego_dim: int
@@ -53,12 +55,14 @@ class ObsDims:
     road_dim: int
     num_signals: int = 0
     signal_dim: int = 0
+    style_dim: int = 0
 
     @property
     def obs_dim(self) -> int:
-        """D = ego_dim + num_partners * partner_dim + num_roads * road_dim + num_signals * signal_dim."""
+        """D = ego_dim + num_partners * partner_dim + num_roads * road_dim + num_signals * signal_dim
+        + style_dim."""
         return (self.ego_dim + self.num_partners * self.partner_dim + self.num_roads * self.road_dim
-                + self.num_signals * self.signal_dim)
+                + self.num_signals * self.signal_dim + self.style_dim)
 
     @classmethod
     def from_layout(cls, layout) -> "ObsDims":
@@ -68,6 +72,7 @@ class ObsDims:
         return cls(
             int(layout.ego_dim), int(layout.num_partners), int(layout.partner_dim),
             int(layout.num_roads), int(layout.road_dim), n_sig, int(layout.signal_dim) if n_sig else 0,
+            int(getattr(layout, "style_dim", 0)),
         )
 
 
@@ -267,7 +272,7 @@ class ObsEncoder(nn.Module):
             raise ValueError(f"ObsEncoder: max_roads must be in [1, {dims.num_roads}], got {max_roads}")
         self.dims = dims
         self.num_roads_used = dims.num_roads if max_roads is None else int(max_roads)
-        self.ego = _mlp(dims.ego_dim, hidden, hidden)
+        self.ego = _mlp(dims.ego_dim + dims.style_dim, hidden, hidden)
         self.partner_set = SlotEncoder(dims.partner_dim, hidden)
         self.road_set = SlotEncoder(dims.road_dim, hidden)
         # traffic signals (docs/signals.md): the same set encoder over the signal slots, only when
@@ -298,7 +303,7 @@ class ObsEncoder(nn.Module):
         if self.compact_dim == d.obs_dim:
             return obs
         r1 = d.ego_dim + d.num_partners * d.partner_dim + self.num_roads_used * d.road_dim
-        s0 = d.obs_dim - d.num_signals * d.signal_dim
+        s0 = d.obs_dim - d.num_signals * d.signal_dim - d.style_dim
         return torch.cat([obs[..., :r1], obs[..., s0:]], dim=-1)
 
     def forward(self, obs: torch.Tensor, compact: bool = False) -> torch.Tensor:
@@ -324,6 +329,8 @@ class ObsEncoder(nn.Module):
         p0 = d.ego_dim
         r0 = p0 + d.num_partners * d.partner_dim
         ego = obs[..., :p0]
+        if d.style_dim:  # the style block (last columns) joins the ego features
+            ego = torch.cat([ego, obs[..., width - d.style_dim:]], dim=-1)
         partners = obs[..., p0:r0].reshape(*lead, d.num_partners, d.partner_dim)
         # slice the used road slots before the reshape (which copies the non-contiguous slice)
         roads = obs[..., r0: r0 + self.num_roads_used * d.road_dim].reshape(*lead, self.num_roads_used, d.road_dim)
@@ -332,6 +339,6 @@ class ObsEncoder(nn.Module):
         h_r = self.road_set(roads)
         parts = [h_ego, h_p, h_r]
         if self.signal_set is not None:
-            s0 = width - d.num_signals * d.signal_dim
-            parts.append(self.signal_set(obs[..., s0:].reshape(*lead, d.num_signals, d.signal_dim)))
+            s0 = width - d.num_signals * d.signal_dim - d.style_dim
+            parts.append(self.signal_set(obs[..., s0:width - d.style_dim].reshape(*lead, d.num_signals, d.signal_dim)))
         return self.out(torch.cat(parts, dim=-1))

@@ -78,6 +78,27 @@ LIBRARY = CLibrary(name="accounting", source=Path(__file__).with_suffix(".c"), p
                    declare=_declare, label=STEP_LABEL)
 
 
+def bind_accumulate(backend: str | None, check: bool):
+    """:func:`accumulate` with ``backend`` and ``check`` bound: returns ``fn(<its 14 tensors>)``; on
+    the C backend without checks it calls the kernel directly."""
+    lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
+    if lib is None:
+        return lambda *tensors: accumulate(*tensors, backend=backend, check=check)
+    kernel, e, b = lib.gpusim_accounting, torch.empty, torch.bool
+
+    def run(*tensors):
+        W, A = tensors[6].shape
+        C = tensors[0].shape[1]
+        outs = (e(W, C), e(W, C, dtype=torch.int32), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
+                e(W, A, dtype=b), e(W, A, dtype=b), e(W, C, dtype=b))
+        terminals = kernel(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in outs], W, A, C,
+                           torch.get_num_threads())
+        ret, length, reached, col_ip, off_ip, ever_c, ever_o, ever_r = outs
+        return ({"ep_return": ret, "ep_length": length, "goal_reached": reached, "ever_collided": ever_c,
+                 "ever_offroad": ever_o, "ever_red_light": ever_r}, col_ip, off_ip, terminals)
+    return run
+
+
 def accumulate_cpu(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
                    ever_collided, ever_offroad, ever_red_light, red_light_now, terminal, check: bool = True):
     """The C kernel of :func:`accumulate` (same arguments and result, new tensors; the terminal

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import interpreting, op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, checker, heading_trig_of
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, heading_trig_of
 
 def collisions_reference(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
                          query: torch.Tensor | None = None):
@@ -423,6 +423,48 @@ def _box_inputs(cc, fn: str, pos, heading, length, width, present):
             cc(present, fn, "present", torch.bool, (W, A)))
 
 
+def bind_collisions(backend: str | None, check: bool, box_scale: float):
+    """:func:`collisions` with ``box_scale`` (and ``backend``, ``check``) bound: returns
+    ``fn(pos, heading, length, width, present, query, cos_h, sin_h) -> [W, A] bool``; on the C
+    backend without checks it calls the kernel directly (``cos_h``, ``sin_h`` required there)."""
+    lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
+    if lib is None:
+        return lambda pos, heading, length, width, present, query, cos_h, sin_h: collisions(
+            pos, heading, length, width, present, box_scale, query=query, backend=backend, check=check, cos_h=cos_h,
+            sin_h=sin_h)
+    kernel, half, margin = lib.gpusim_collisions, 0.5 * box_scale, 0.5 * CIRCLE_MARGIN
+
+    def run(pos, heading, length, width, present, query, cos_h, sin_h):
+        W, A = heading.shape
+        out = torch.empty(W, A, dtype=torch.bool)
+        kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
+               present.data_ptr(), query.data_ptr(), out.data_ptr(), W, A, half, margin, torch.get_num_threads())
+        return out
+    return run
+
+
+def bind_hit_by(backend: str | None, check: bool, box_scale: float):
+    """:func:`hit_by` with ``box_scale`` (and ``backend``, ``check``) bound: returns
+    ``fn(pos, heading, length, width, present, source, cos_h, sin_h) -> [W, A] bool``; on the C
+    backend without checks it calls the kernel directly (``cos_h``, ``sin_h`` required there)."""
+    lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
+    if lib is None:
+        return lambda pos, heading, length, width, present, source, cos_h, sin_h: hit_by(
+            pos, heading, length, width, present, source, box_scale, backend=backend, check=check, cos_h=cos_h,
+            sin_h=sin_h)
+    kernel, half = lib.gpusim_hit_by, 0.5 * box_scale
+
+    def run(pos, heading, length, width, present, source, cos_h, sin_h):
+        W, A = heading.shape
+        source = source.contiguous()
+        out = torch.empty(W, A, dtype=torch.bool)
+        kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
+               present.data_ptr(), source.data_ptr(), out.data_ptr(), W, A, source.shape[1], half,
+               torch.get_num_threads())
+        return out
+    return run
+
+
 def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
                    query: torch.Tensor | None = None, cos_h=None, sin_h=None, out=None, check: bool = True):
     """The C kernel of :func:`collisions` (same arguments and result). Extra keywords: ``cos_h``,
@@ -434,18 +476,22 @@ def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_q
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
-    cc = checker(check)
-    W, A, pos, heading, length, width, present = _box_inputs(cc, "collisions", pos, heading, length, width, present)
+    if check:
+        W, A, pos, heading, length, width, present = _box_inputs(c_tensor, "collisions", pos, heading, length, width,
+                                                                 present)
+    else:  # the caller guarantees the layout: no per-argument calls (fixed cost per step)
+        W, A = heading.shape
     if query is None:
         Q = A if num_query is None else max(0, min(int(num_query), A))
         query = torch.zeros(W, A, dtype=torch.bool)
         query[:, :Q] = True
-    query = cc(query, "collisions", "query", torch.bool, (W, A))
+    elif check:
+        query = c_tensor(query, "collisions", "query", torch.bool, (W, A))
     lib = LIBRARY.load(stacklevel=4)
     if lib is None:
         ref = collisions_reference(pos, heading, length, width, present, box_scale, query=query)
         return ref if out is None else out.copy_(ref)
-    out = bool_out(out, W, A, "collisions")
+    out = bool_out(out, W, A, "collisions") if check or out is not None else torch.empty(W, A, dtype=torch.bool)
     c, s = heading_trig_of(heading, cos_h, sin_h)
     lib.gpusim_collisions(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
                           present.data_ptr(), query.data_ptr(), out.data_ptr(), W, A, 0.5 * box_scale,
@@ -462,17 +508,19 @@ def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, c
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
-    cc = checker(check)
-    W, A, pos, heading, length, width, present = _box_inputs(cc, "hit_by", pos, heading, length, width, present)
-    if source.dim() != 2 or source.shape[0] != W or source.shape[1] > A:
-        raise ValueError(f"hit_by: source must be [W, S] bool with S <= {A}, got {tuple(source.shape)}")
+    if check:
+        W, A, pos, heading, length, width, present = _box_inputs(c_tensor, "hit_by", pos, heading, length, width,
+                                                                 present)
+        if source.dim() != 2 or source.shape[0] != W or source.shape[1] > A:
+            raise ValueError(f"hit_by: source must be [W, S] bool with S <= {A}, got {tuple(source.shape)}")
+        source = c_tensor(source, "hit_by", "source", torch.bool, tuple(source.shape))
+    W, A = heading.shape
     S = source.shape[1]
-    source = cc(source, "hit_by", "source", torch.bool, (W, S))
     lib = LIBRARY.load(stacklevel=4)
     if lib is None:
         ref = hit_by_reference(pos, heading, length, width, present, source, box_scale)
         return ref if out is None else out.copy_(ref)
-    out = bool_out(out, W, A, "hit_by")
+    out = bool_out(out, W, A, "hit_by") if check or out is not None else torch.empty(W, A, dtype=torch.bool)
     c, s = heading_trig_of(heading, cos_h, sin_h)
     lib.gpusim_hit_by(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
                       present.data_ptr(), source.data_ptr(), out.data_ptr(), W, A, S, 0.5 * box_scale,

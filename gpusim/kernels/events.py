@@ -33,6 +33,7 @@ enter as float32, as in torch's tensor-scalar ops, so every output is the refere
 from __future__ import annotations
 
 import ctypes
+import functools
 from pathlib import Path
 from typing import NamedTuple
 
@@ -294,6 +295,7 @@ LIBRARY = CLibrary(name="events", source=Path(__file__).with_suffix(".c"), prefi
                    declare=_declare, label=STEP_LABEL)
 
 
+@functools.lru_cache(maxsize=64)
 def events_scalar_args(goal_radius: float, reward_goal: float, reward_collision: float, reward_offroad: float,
                        goal_behavior: int, collision_behavior: int, offroad_behavior: int,
                        stop_truncate_fraction: float) -> tuple:
@@ -304,6 +306,32 @@ def events_scalar_args(goal_radius: float, reward_goal: float, reward_collision:
     rm, st = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP)
     return (goal_radius * goal_radius, reward_goal, reward_collision, reward_offroad, col == rm, off == rm,
             col == st, off == st, int(goal_behavior) == int(GoalBehavior.STOP), stop_truncate_fraction)
+
+
+def bind_events(backend: str | None, check: bool, goal_radius: float, reward_goal: float, reward_collision: float,
+                reward_offroad: float, goal_behavior: int, collision_behavior: int, offroad_behavior: int,
+                stop_truncate_fraction: float):
+    """:func:`events` with its scalars (and ``backend``, ``check``) bound: returns
+    ``fn(pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped,
+    contact_stopped, removed, world_done, episode_end, slot_active, slot_done) -> EventsOut``. On the
+    C backend without checks (the env's checked layout) ``fn`` calls the kernel directly
+    (``slot_active`` may be the row-strided view ``controlled[:, :C]``); else it calls :func:`events`."""
+    scalars = (goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior, collision_behavior,
+               offroad_behavior, stop_truncate_fraction)
+    lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
+    if lib is None:
+        return lambda *tensors: events(*tensors, *scalars, backend=backend, check=check)
+    kernel, c_scalars, e, b = lib.gpusim_events, events_scalar_args(*scalars), torch.empty, torch.bool
+
+    def run(*tensors):
+        W, A = tensors[5].shape
+        C = tensors[14].shape[1]
+        out = EventsOut(e(W, C), e(W, A, dtype=b), e(W, A), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
+                        e(W, A, dtype=b), e(W, dtype=b), e(W, dtype=b), e(W, C, dtype=b), e(W, C, dtype=b))
+        kernel(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in out], W, A, C, *c_scalars,
+               tensors[14].stride(0), torch.get_num_threads())
+        return out
+    return run
 
 
 def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped,

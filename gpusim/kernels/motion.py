@@ -90,6 +90,40 @@ def move_slots(controlled, present, stopped, removed, world_done, pos, heading, 
             torch.cat([v, speed[:, C:]], dim=1))
 
 
+def bind_move_slots(backend: str | None, check: bool, action_space: int, dt: float, forward: Callable | None = None):
+    """:func:`move_slots` with ``action_space``, ``dt``, the model's ``forward`` (and ``backend``,
+    ``check``) bound: returns ``fn(controlled, present, stopped, removed, world_done, pos, heading,
+    speed, length, actions)``. On the C backend without checks, for the kinematic bicycle with
+    discrete actions and exact tables, it runs the two C passes directly."""
+    tables = discrete_motion_tables() if int(action_space) == 0 else None
+    classic = forward is None or forward is dynamics.bicycle_step
+    lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check and classic and tables is not None else None
+    if lib is None:
+        return lambda *tensors: move_slots(*tensors, action_space, dt, forward, backend=backend, check=check)
+    prepare, discrete, e, b = lib.gpusim_motion_prepare, lib.gpusim_motion_discrete, torch.empty, torch.bool
+    beta_of = tables["beta_of"].data_ptr()
+    per_action = (tables["accel_of"].data_ptr(), tables["tan_of"].data_ptr(), tables["cos_b_of"].data_ptr())
+    n_act = dynamics.NUM_ACTIONS
+    constants = (dt, dynamics.MAX_ACCEL, dynamics.MIN_SPEED, dynamics.MAX_SPEED, dynamics.MIN_LENGTH, PI, TWO_PI)
+
+    def run(controlled, present, stopped, removed, world_done, pos, heading, speed, length, actions):
+        W, A = present.shape
+        C = actions.shape[1]
+        threads = torch.get_num_threads()
+        play, mask, theta = e(W, A, dtype=b), e(W, C, dtype=b), e(W, C)
+        prepare(controlled.data_ptr(), present.data_ptr(), stopped.data_ptr(), removed.data_ptr(),
+                world_done.data_ptr(), heading.data_ptr(), actions.data_ptr(), beta_of, play.data_ptr(),
+                mask.data_ptr(), theta.data_ptr(), W, A, C, n_act, threads)
+        cos_t, sin_t = torch.cos(theta), torch.sin(theta)  # the reference's ops on the same [W, C] values
+        out = (e(W, A, 2), e(W, A), e(W, A))
+        discrete(pos.data_ptr(), heading.data_ptr(), speed.data_ptr(), length.data_ptr(), actions.data_ptr(),
+                 *per_action, cos_t.data_ptr(), sin_t.data_ptr(), mask.data_ptr(), out[0].data_ptr(),
+                 out[1].data_ptr(), out[2].data_ptr(), W, A, C, n_act, *constants, threads)
+        return play, mask, out[0], out[1], out[2]
+    run.keep = tables  # the bound pointers point into these
+    return run
+
+
 # ---------------------------------------------------------------------------- C kernels (motion.c)
 def _declare(lib) -> None:
     """ctypes signatures of motion.c."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpusim.enums import NUM_OBJECT_TYPES, NUM_ROAD_OBS_TYPES  # noqa: F401  (re-exported for the kernels)
+from gpusim.styles import STYLE_TERMS
 
 #: Speeds (ego and partners) are divided by this (m/s): 20 m/s = 72 km/h, a fast urban speed.
 SPEED_SCALE = 20.0
@@ -78,11 +79,16 @@ SIGNAL_FEATURES = (
     "valid",
 )
 
+#: Style block (reward conditioning): the agent's own style entries (``gpusim.styles.STYLE_TERMS``),
+#: each normalised by its configured range, ``(v - low) / (high - low)``.
+STYLE_FEATURES = tuple(f"{t}_norm" for t in STYLE_TERMS)
+
 
 @dataclass(frozen=True)
 class ObsLayout:
-    """Layout of the flat observation vector ``[ego | partners | roads | signals]`` (the signal
-    block is absent, ``num_signals = 0``, unless asked for).
+    """Layout of the flat observation vector ``[ego | partners | roads | signals | style]`` (the
+    signal block is absent, ``num_signals = 0``, unless asked for; the style block, the agent's
+    own normalised reward weights, is there only with ``EnvConfig.reward_conditioning``).
 
     Attributes:
         ego_dim: features of the ego block (``len(ego_features)``).
@@ -90,11 +96,14 @@ class ObsLayout:
         partner_dim: features per partner slot (last = valid flag).
         num_roads: K road slots.
         road_dim: features per road slot (last = valid flag).
-        obs_dim: D = ego_dim + P * partner_dim + K * road_dim + N * signal_dim.
+        obs_dim: D = ego_dim + P * partner_dim + K * road_dim + N * signal_dim + style_dim.
         ego, partners, roads, signals: slices of the flat vector; ``obs[..., layout.partners]``
             reshaped to ``[..., P, partner_dim]`` gives the partner slots (likewise roads, signals).
         num_signals: N traffic-signal slots (0: no signal block). signal_dim: features per signal
             slot (last = valid flag).
+        style_dim: entries of the style block (0 or ``gpusim.styles.NUM_STYLE_TERMS``), the last
+            columns; ``style``: its slice. Each entry is ``(v - low) / (high - low)`` of the
+            agent's own style (:data:`STYLE_FEATURES`; docs/styles.md).
         ego_features, partner_features, road_features, signal_features: feature names, with their
             divisor after a ``/`` (see the module docstring).
     """
@@ -115,12 +124,16 @@ class ObsLayout:
     signal_dim: int = len(SIGNAL_FEATURES)
     signals: slice = field(default_factory=lambda: slice(0, 0))
     signal_features: tuple = SIGNAL_FEATURES
+    style_dim: int = 0
+    style: slice = field(default_factory=lambda: slice(0, 0))
+    style_features: tuple = ()
 
 
-def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0) -> ObsLayout:
+def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: bool = False) -> ObsLayout:
     """The :class:`ObsLayout` for ``num_partners`` partner slots, ``num_roads`` road slots and
     ``num_signals`` traffic-signal slots (0, the default: no signal block; the env passes
-    ``EnvConfig.num_signals``). The blocks before the signal block do not depend on it.
+    ``EnvConfig.num_signals``). The blocks before the signal block do not depend on it. ``styles``
+    (``EnvConfig.reward_conditioning``) appends the style block of :data:`STYLE_FEATURES`.
 
     Raises:
         ValueError: if ``num_partners`` or ``num_roads`` is < 1 or ``num_signals`` < 0.
@@ -132,16 +145,20 @@ def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0) -> ObsLa
     P, K, N = int(num_partners), int(num_roads), int(num_signals)
     e, p, r, g = len(EGO_FEATURES), len(PARTNER_FEATURES), len(ROAD_FEATURES), len(SIGNAL_FEATURES)
     end = e + P * p + K * r
+    S = len(STYLE_FEATURES) if styles else 0
     return ObsLayout(
         ego_dim=e,
         num_partners=P,
         partner_dim=p,
         num_roads=K,
         road_dim=r,
-        obs_dim=end + N * g,
+        obs_dim=end + N * g + S,
         ego=slice(0, e),
         partners=slice(e, e + P * p),
         roads=slice(e + P * p, end),
         num_signals=N,
         signals=slice(end, end + N * g),
+        style_dim=S,
+        style=slice(end + N * g, end + N * g + S),
+        style_features=STYLE_FEATURES if styles else (),
     )

@@ -25,6 +25,7 @@ kernel of ``offroad.c`` (same float32 operations, same pre-check margin: identic
 from __future__ import annotations
 
 import ctypes
+import weakref
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, check_index_range, checker, heading_trig_of
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, check_index_range, heading_trig_of
 from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
 
 
@@ -284,6 +285,54 @@ LIBRARY = CLibrary(name="offroad", source=Path(__file__).with_suffix(".c"), pref
                    declare=_declare, label=STEP_LABEL)
 
 
+#: ``(weak reference to the grid table, its version, grid_start, (rows, start))`` of the last call
+_GRID_ROWS: list = [None, -1, None, None]
+
+
+def _grid_rows(grid_edge, grid_start) -> tuple:
+    """:func:`gpusim.kernels.grid.grid_table_rows` of the pack's table, contiguous; kept for the
+    same table object (unchanged, same ``grid_start``) so a step pays no tensor op for it."""
+    ref, version, start_in, rows = _GRID_ROWS
+    if ref is not None and ref() is grid_edge and version == grid_edge._version and start_in is grid_start:
+        return rows
+    edge2, start = grid_table_rows(grid_edge, grid_start, "offroad: grid_edge")
+    rows = (edge2.contiguous(), start.contiguous())
+    _GRID_ROWS[:] = [weakref.ref(grid_edge), grid_edge._version, grid_start, rows]
+    return rows
+
+
+def bind_offroad(backend: str | None, check: bool, road_seg, grid_edge, grid_origin, grid_dims, cell_size: float,
+                 box_scale: float, grid_start=None, num_slots: int | None = None):
+    """:func:`offroad` with the pack's road tables, ``box_scale`` and ``num_slots`` (and ``backend``,
+    ``check``) bound: returns ``fn(pos, heading, length, width, present, scenario, cos_h, sin_h) ->
+    [W, A] bool``; on the C backend without checks it calls the kernel directly (``cos_h``,
+    ``sin_h`` required there).
+
+    Raises:
+        ValueError: a grid table of the wrong layout (C backend, at binding).
+    """
+    lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
+    if lib is None:
+        return lambda pos, heading, length, width, present, scenario, cos_h, sin_h: offroad(
+            pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims, cell_size,
+            box_scale, grid_start, num_slots, backend=backend, check=check, cos_h=cos_h, sin_h=sin_h)
+    edge2, start = _grid_rows(grid_edge, grid_start)
+    pack_args = (road_seg.data_ptr(), edge2.data_ptr(), edge2.dtype == torch.int16, start.data_ptr(),
+                 grid_origin.data_ptr(), grid_dims.data_ptr())
+    sizes = (road_seg.shape[1], edge2.shape[1], float(cell_size), 0.5 * box_scale, PRECHECK_MARGIN)
+    kernel, keep = lib.gpusim_offroad, (road_seg, edge2, start, grid_origin, grid_dims)
+
+    def run(pos, heading, length, width, present, scenario, cos_h, sin_h):
+        W, A = heading.shape
+        out = torch.empty(W, A, dtype=torch.bool)
+        kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
+               present.data_ptr(), scenario.data_ptr(), *pack_args[:6], out.data_ptr(), W, A,
+               A if num_slots is None else num_slots, *sizes, torch.get_num_threads())
+        return out
+    run.keep = keep  # the tensors the bound pointers point into live as long as the call
+    return run
+
+
 def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims,
                 cell_size: float, box_scale: float, grid_start=None, num_slots: int | None = None,
                 cos_h=None, sin_h=None, out=None, check: bool = True):
@@ -296,20 +345,21 @@ def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_e
         ValueError: a tensor of the wrong shape, dtype or device; a grid table of the wrong layout;
             ``num_slots`` outside [0, A]; scenario indices out of range.
     """
-    cc = checker(check)
     W, A = heading.shape
-    pos, heading, length, width = (cc(t, "offroad", n, torch.float32, sh) for t, n, sh in (
-        (pos, "pos", (W, A, 2)), (heading, "heading", (W, A)), (length, "length", (W, A)), (width, "width", (W, A))))
-    present = cc(present, "offroad", "present", torch.bool, (W, A))
     C = A if num_slots is None else int(num_slots)
     if not 0 <= C <= A:
         raise ValueError(f"offroad: num_slots must lie in [0, {A}], got {num_slots}")
     S, R = road_seg.shape[:2]
-    road_seg = cc(road_seg, "offroad", "road_seg", torch.float32, (S, R, 4))
-    edge2, start = grid_table_rows(grid_edge, grid_start, "offroad: grid_edge")
-    scenario = cc(scenario, "offroad", "scenario", torch.int64, (W,))
-    grid_origin = cc(grid_origin, "offroad", "grid_origin", torch.float32, (S, 2))
-    grid_dims = cc(grid_dims, "offroad", "grid_dims", torch.int32, (S, 2))
+    if check:
+        pos, heading, length, width = (c_tensor(t, "offroad", n, torch.float32, sh) for t, n, sh in (
+            (pos, "pos", (W, A, 2)), (heading, "heading", (W, A)), (length, "length", (W, A)),
+            (width, "width", (W, A))))
+        present = c_tensor(present, "offroad", "present", torch.bool, (W, A))
+        road_seg = c_tensor(road_seg, "offroad", "road_seg", torch.float32, (S, R, 4))
+        scenario = c_tensor(scenario, "offroad", "scenario", torch.int64, (W,))
+        grid_origin = c_tensor(grid_origin, "offroad", "grid_origin", torch.float32, (S, 2))
+        grid_dims = c_tensor(grid_dims, "offroad", "grid_dims", torch.int32, (S, 2))
+    edge2, start = _grid_rows(grid_edge, grid_start)
     lib = LIBRARY.load(stacklevel=4)
     if lib is None:
         sl = (slice(None), slice(0, C))
@@ -317,14 +367,13 @@ def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_e
         ref[sl] = offroad_reference(pos[sl], heading[sl], length[sl], width[sl], present[sl], scenario, road_seg,
                                     grid_edge, grid_origin, grid_dims, cell_size, box_scale, grid_start)
         return ref if out is None else out.copy_(ref)
-    out = bool_out(out, W, A, "offroad")
+    out = bool_out(out, W, A, "offroad") if check or out is not None else torch.empty(W, A, dtype=torch.bool)
     if check:
         check_index_range(scenario, S, f"offroad: scenario indices must lie in [0, S = {S})")
-    edge2, start = edge2.contiguous(), start.contiguous()
     c, s = heading_trig_of(heading, cos_h, sin_h)
     lib.gpusim_offroad(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
                        present.data_ptr(), scenario.data_ptr(), road_seg.data_ptr(), edge2.data_ptr(),
-                       int(edge2.dtype == torch.int16), start.data_ptr(), grid_origin.data_ptr(),
+                       edge2.dtype == torch.int16, start.data_ptr(), grid_origin.data_ptr(),
                        grid_dims.data_ptr(), out.data_ptr(), W, A, C, R, edge2.shape[1], float(cell_size),
                        0.5 * box_scale, PRECHECK_MARGIN, torch.get_num_threads())
     return out

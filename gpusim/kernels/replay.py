@@ -225,6 +225,30 @@ def _traj(S: int, A: int, T: int, traj_pos, traj_heading, traj_vel, traj_valid) 
         (traj_vel, "traj_vel", f32, (S, A, T, 2)), (traj_valid, "traj_valid", torch.bool, (S, A, T)))]
 
 
+def bind_replay_state(backend: str | None, check: bool, init_steps: int, traj_pos, traj_heading, traj_vel,
+                      traj_valid):
+    """:func:`replay_state` with the log (and ``backend``, ``check``, ``init_steps``) bound: returns
+    ``fn(pos, heading, speed, present, controlled, removed, scenario, step, trial_start) -> (pos,
+    heading, speed, present)``; on the C backend without checks it calls the kernel directly."""
+    T = traj_valid.shape[-1]
+    lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check and T > 0 else None
+    if lib is None:
+        return lambda pos, heading, speed, present, controlled, removed, scenario, step, trial_start: replay_state(
+            pos, heading, speed, present, controlled, removed, scenario, step, trial_start, init_steps, traj_pos,
+            traj_heading, traj_vel, traj_valid, backend=backend, check=check)
+    kernel, init, e = lib.gpusim_replay_state, int(init_steps), torch.empty
+    log = (traj_pos.data_ptr(), traj_heading.data_ptr(), traj_vel.data_ptr(), traj_valid.data_ptr())
+
+    def run(*state_tensors):
+        W, A = state_tensors[3].shape
+        out = (e(W, A, 2), e(W, A), e(W, A), e(W, A, dtype=torch.bool))
+        kernel(*[t.data_ptr() for t in state_tensors], init, *log, *[t.data_ptr() for t in out], W, A, T,
+               torch.get_num_threads())
+        return out
+    run.keep = (traj_pos, traj_heading, traj_vel, traj_valid)  # the bound pointers point into these
+    return run
+
+
 def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj_pos, traj_heading, traj_vel,
                traj_valid, out=None):
     """The C kernel of :func:`replay` (same arguments and result). ``out``: optional ``(pos,

@@ -492,6 +492,40 @@ def red_light_violation(pos_before, pos, heading, moving, scenario, log_index, s
     return (_red_light_triton if name == "triton" else red_light_violation_reference)(**kw)
 
 
+def red_light_state(pos_before, pos, heading, moving, scenario, step, trial_start, init_steps: int, signal_pos,
+                    signal_dir, signal_state, signal_valid, num_signals, *, backend: str | None = None,
+                    check: bool = True):
+    """Stage ``signals``' call: :func:`red_light_violation` of the first ``C`` agent slots of the
+    state's ``pos`` [W, A, 2] and ``heading`` [W, A] (C = ``pos_before.shape[1]``) at the log index
+    ``init_steps + (step - trial_start)`` ([W] int32 ``step``, ``trial_start``). On the C backend
+    without checks and with no signal in any scenario it returns all False before building any
+    of those inputs (what every kernel returns then).
+
+    Returns:
+        [W, C] bool. Raises: as :func:`red_light_violation`.
+    """
+    name = op_backend(backend, pos)
+    W, C = pos_before.shape[:2]
+    if name == "c" and not check and _no_signals(num_signals):
+        return torch.zeros(W, C, dtype=torch.bool)
+    return red_light_violation(pos_before, pos[:, :C].contiguous(), heading[:, :C].contiguous(), moving.contiguous(),
+                               scenario, init_steps + (step - trial_start), signal_pos, signal_dir, signal_state,
+                               signal_valid, num_signals, backend=name, check=check)
+
+
+def bind_red_light_state(backend: str | None, check: bool, init_steps: int, signal_pos, signal_dir, signal_state,
+                         signal_valid, num_signals):
+    """:func:`red_light_state` with the pack's signals (and ``backend``, ``check``, ``init_steps``)
+    bound: returns ``fn(pos_before, pos, heading, moving, scenario, step, trial_start) -> [W, C]
+    bool``. On the C backend without checks, where no scenario has a signal, ``fn`` returns all
+    False at once (a host read of ``num_signals`` at binding: CPU tensors only)."""
+    if backend == "c" and not check and _no_signals(num_signals):
+        return lambda pos_before, *rest: torch.zeros(pos_before.shape[:2], dtype=torch.bool)
+    return lambda pos_before, pos, heading, moving, scenario, step, trial_start: red_light_state(
+        pos_before, pos, heading, moving, scenario, step, trial_start, init_steps, signal_pos, signal_dir,
+        signal_state, signal_valid, num_signals, backend=backend, check=check)
+
+
 # ---------------------------------------------------------------------------- C kernel (signals.c)
 def _declare(lib) -> None:
     """ctypes signature of signals.c."""
@@ -525,9 +559,7 @@ def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_
     """The C kernel of :func:`red_light_violation` (same arguments and [W, C] bool result).
     ``cos_h``, ``sin_h`` [W, C] float32 ``torch.cos/sin(heading)`` when the caller has them;
     ``out`` [W, C] bool contiguous, every element overwritten; ``check=False`` skips the argument
-    checks (``StepVars.checked``). Where no scenario has a signal the result is all False without
-    a kernel call (what the kernel returns then). Runs the reference where the library cannot be
-    built.
+    checks (``StepVars.checked``). Runs the reference where the library cannot be built.
 
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
@@ -535,8 +567,6 @@ def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_
     cc = checker(check)
     W, C = heading.shape
     S, T, L = signal_state.shape
-    if not check and out is None and _no_signals(num_signals):
-        return torch.zeros(W, C, dtype=torch.bool)
     ins = [cc(t, "red_light", n, d, sh) for t, n, d, sh in (
         (pos_before, "pos_before", torch.float32, (W, C, 2)), (pos, "pos", torch.float32, (W, C, 2)),
         (heading, "heading", torch.float32, (W, C)), (moving, "moving", torch.bool, (W, C)),

@@ -87,6 +87,7 @@ def decode_ego_observation(obs: torch.Tensor, layout, partner_radius: float = 50
                          f"{tuple(obs.shape) if isinstance(obs, torch.Tensor) else type(obs).__name__}")
     D = layout.ego_dim + layout.num_partners * layout.partner_dim + layout.num_roads * layout.road_dim
     D += getattr(layout, "num_signals", 0) * getattr(layout, "signal_dim", 0)  # signal block (not drawn here)
+    D += getattr(layout, "style_dim", 0)  # style block (not drawn here)
     if obs.shape[0] != D:
         raise ValueError(f"render_ego_view: obs has {obs.shape[0]} features, the layout says D = {D}")
     scales = {"partner_radius": float(partner_radius), "road_radius": float(road_radius)}

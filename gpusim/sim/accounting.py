@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.kernels.accounting import accumulate
+from gpusim.kernels.accounting import bind_accumulate
 from gpusim.metrics import episode_values
-from gpusim.sim.context import SimContext, StepVars
+from gpusim.sim.context import SimContext, StepVars, bound_op
 from gpusim.state import EnvState
 
 
@@ -27,12 +27,10 @@ def accounting(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ``ever_red_light``;
     records the finished agent-episodes (``step.terminal``) in ``ctx.metrics`` (ego slots) and
     ``ctx.coplayer_metrics`` (co-player slots, when the env has co-players)."""
-    changes, col_ip, off_ip, terminals = accumulate(
-        ep_return=state.ep_return, reward=step.reward, ep_length=state.ep_length, loss_mask=step.loss_mask,
-        goal_reached=state.goal_reached, goal_now=step.goal_now, in_play=step.in_play, collided=step.collided,
-        offroad=step.offroad, ever_collided=state.ever_collided, ever_offroad=state.ever_offroad,
-        ever_red_light=state.ever_red_light, red_light_now=state.red_light_now, terminal=step.terminal,
-        backend=step.backend, check=not step.checked)
+    changes, col_ip, off_ip, terminals = bound_op(ctx, step, "accumulate", bind_accumulate)(
+        state.ep_return, step.reward, state.ep_length, step.loss_mask, state.goal_reached, step.goal_now,
+        step.in_play, step.collided, step.offroad, state.ever_collided, state.ever_offroad, state.ever_red_light,
+        state.red_light_now, step.terminal)
     step.set_contacts_in_play(collided=col_ip, offroad=off_ip)
     if terminals != 0:  # None (no host read on this backend) records too
         record_finished(ctx, state, step, changes)

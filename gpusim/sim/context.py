@@ -28,6 +28,20 @@ def with_slots(t: torch.Tensor, slot_values: torch.Tensor) -> torch.Tensor:
     return torch.cat([slot_values, t[:, slot_values.shape[1]:]], dim=1)
 
 
+def bound_op(ctx: "SimContext", step: "StepVars", name: str, make: Callable) -> Callable:
+    """The op call ``make(backend, check)`` of a stage, bound once per pack, step backend
+    (``step.backend``) and check flag (``not step.checked``) and kept in the context's pack facts
+    (:meth:`SimContext.pack_fact`). ``make`` is an op module's ``bind_*`` factory with the stage's
+    static arguments (pack tensors, config scalars): the call it returns takes the per-step tensors
+    positionally, and on the C backend without checks goes straight to the kernel."""
+    key = (name, step.backend, step.checked)
+    pack, facts = ctx.pack_facts
+    fn = facts.get(key) if pack is ctx.pack else None
+    if fn is None:
+        fn = ctx.pack_fact(key, lambda pk: make(step.backend, not step.checked))
+    return fn
+
+
 def heading_trig(step: "StepVars", heading: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(torch.cos(heading), torch.sin(heading))`` of a [W, A] float32 heading tensor, computed
     once per step for the same tensor (object and in-place version): stage ``contacts`` and the
@@ -122,9 +136,10 @@ class SimContext:
 
     @property
     def sizes(self) -> dict[str, int]:
-        """``{"W", "A", "C", "K"}`` sizes of the state tensors."""
+        """``{"W", "A", "C", "K", "G"}`` sizes of the state tensors (G: candidate goals, at least 1)."""
         cfg = self.config
-        return {"W": self.num_worlds, "A": cfg.max_agents, "C": self.num_slots, "K": cfg.k_trials}
+        return {"W": self.num_worlds, "A": cfg.max_agents, "C": self.num_slots, "K": cfg.k_trials,
+                "G": max(1, cfg.goal_candidates)}
 
 
 @dataclass

@@ -13,7 +13,8 @@ The dynamics model is looked up in :data:`DYNAMICS` by ``EnvConfig.dynamics``. A
 Adding a model = one kernel module (gpusim/kernels/) and one entry here (docs/architecture.md).
 
 The stage runs :func:`gpusim.kernels.motion.move_slots` (in-play flags, action decoding, the
-model's ``forward`` on the in-play slots) on the step's backend; on the CPU its C kernels run the
+model's ``forward`` on the in-play slots) on the step's backend, bound once per pack
+(:func:`~gpusim.sim.context.bound_op`); on the CPU its C kernels run the
 kinematic bicycle (``kernels/motion.c``), any other model runs through its own dispatcher.
 """
 
@@ -25,8 +26,8 @@ import torch
 
 from gpusim.config import Dynamics
 from gpusim.kernels import dynamics
-from gpusim.kernels.motion import move_slots
-from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.kernels.motion import bind_move_slots
+from gpusim.sim.context import SimContext, StepVars, bound_op, slots
 from gpusim.state import EnvState
 
 
@@ -62,11 +63,10 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ``speed`` (experts' columns unchanged here; the ``replay`` stage moves them).
     """
     cfg = ctx.config
-    step.in_play, step.loss_mask, pos, heading, speed = move_slots(
-        controlled=state.controlled, present=state.present, stopped=state.stopped, removed=state.removed,
-        world_done=state.world_done, pos=state.pos, heading=state.heading, speed=state.speed, length=state.length,
-        actions=step.actions, action_space=int(cfg.action_space), dt=cfg.dt, forward=model_for(ctx).forward,
-        backend=step.backend, check=not step.checked)
+    step.in_play, step.loss_mask, pos, heading, speed = bound_op(ctx, step, "move_slots", lambda backend, check: (
+        bind_move_slots(backend, check, int(cfg.action_space), cfg.dt, model_for(ctx).forward)))(
+        state.controlled, state.present, state.stopped, state.removed, state.world_done, state.pos, state.heading,
+        state.speed, state.length, step.actions)
     return {"pos": pos, "heading": heading, "speed": speed}
 
 

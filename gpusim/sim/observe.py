@@ -12,6 +12,10 @@ observation. The C and Triton kernels write the first D0 columns of the full buf
 same pass instead of running the signal kernel, whose result would be all zero). The torch
 reference writes ``ctx.obs_core`` [W, C, D0] and copies it into the first D0 columns.
 
+Driving styles (``EnvConfig.reward_conditioning``): the last ``NUM_STYLE_TERMS`` columns hold the
+slot's own normalised style (:func:`gpusim.sim.styles.style_observation`), written after the
+other blocks for every backend (one torch ``where`` + copy; zero for slots not observed).
+
 The result is written into the env's reused buffer ``ctx.obs_buf`` (valid until the next step).
 On the torch (CPU) backend only the in-play slots are recomputed; slots that left play are zeroed
 once. The C path does it in one call on the state's own fields
@@ -39,7 +43,9 @@ from gpusim.kernels.observations.cpu import observations_cpu_state, observations
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.context import SimContext, StepVars, heading_trig, slots
 from gpusim.sim.signals import no_signal_pack, signal_log_index
+from gpusim.sim.styles import style_observation
 from gpusim.state import EnvState
+from gpusim.styles import NUM_STYLE_TERMS
 
 
 def ego_extra(ctx: SimContext, state: EnvState) -> torch.Tensor:
@@ -93,7 +99,8 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     running step, whose cos/sin of the headings the C kernel reuses (:func:`heading_trig`)."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     full = ctx.obs_buf
-    d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM
+    n_style = NUM_STYLE_TERMS if cfg.reward_conditioning else 0  # style block (reward conditioning): the last columns, written last
+    d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM - n_style
     name = step.backend if step is not None and step.backend is not None else step_backend(state.pos, cfg.cpu_kernels)
     if name == "c" and cpu_kernel_available():
         # C kernel, one call on the state's own fields: picks the slots in play or written before,
@@ -123,7 +130,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     else:
         active = (state.slot_active & state.present[:, :C]).contiguous()
         no_signals = False
-        if cfg.num_signals > 0:  # the torch kernels write their own [W, C, D0] buffer (docstring)
+        if cfg.num_signals > 0 or n_style:  # the torch kernels write their own [W, C, D0] buffer (docstring)
             if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:
                 ctx.obs_core = torch.zeros(*full.shape[:2], d0, device=full.device)
             buf = ctx.obs_core
@@ -134,7 +141,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
         buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
         observations(**_observe_inputs(ctx, state, active), out=buf, rows=rows)
-        if cfg.num_signals > 0:
+        if buf is not full:
             full[..., :d0].copy_(buf)
     ctx.obs_written = active.view(-1)  # inactive slots are all zero now (``active`` is this call's own)
     if cfg.num_signals > 0 and not no_signals:
@@ -154,6 +161,9 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
             out=full,
             offset=d0,
         )
+    if n_style:
+        style = style_observation(ctx, state)
+        full[..., full.shape[-1] - n_style:].copy_(torch.where(active[..., None], style, torch.zeros_like(style)))
     return full
 
 

@@ -13,13 +13,14 @@ truncation (``stop_truncate_fraction`` of a world's agents contact-stopped) and 
 In trial mode the trial clock owns ``world_done``, ``slot_done`` and ``terminal`` (stage
 ``trial``), so this stage leaves them alone there.
 
-The op is :func:`gpusim.kernels.events.events` on the step's backend.
+The op is :func:`gpusim.kernels.events.events` on the step's backend, bound once per pack
+(:func:`~gpusim.sim.context.bound_op`, :func:`~gpusim.kernels.events.bind_events`).
 """
 
 from __future__ import annotations
 
-from gpusim.kernels.events import events
-from gpusim.sim.context import SimContext, StepVars
+from gpusim.kernels.events import bind_events
+from gpusim.sim.context import SimContext, StepVars, bound_op
 from gpusim.state import EnvState
 
 
@@ -27,21 +28,28 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Sets ``step.reward`` [W, C], ``step.goal_now`` [W, A], ``step.truncated`` [W],
     ``step.terminal`` [W, C]; changes ``speed``, ``present``, ``stopped``, ``contact_stopped``,
     ``removed``, ``last_reward`` (and ``world_done``, ``slot_done`` outside trial mode)."""
-    ev = events(
-        pos=state.pos, goal=state.goal, speed=state.speed, controlled=state.controlled, in_play=step.in_play,
-        present=state.present, collided=step.collided, offroad=step.offroad, hit=step.hit, stopped=state.stopped,
-        contact_stopped=state.contact_stopped, removed=state.removed, world_done=state.world_done,
-        episode_end=ctx.end_flags[int(step.episode_end)], slot_active=state.slot_active, slot_done=state.slot_done,
-        backend=step.backend, check=not step.checked, **event_scalars(ctx.config))
+    cfg = ctx.config
+    ev = bound_op(ctx, step, "events", lambda backend, check: bind_events(backend, check, **event_scalars(cfg)))(
+        state.pos, state.goal, state.speed, state.controlled, step.in_play, state.present, step.collided,
+        step.offroad, step.hit, state.stopped, state.contact_stopped, state.removed, state.world_done,
+        ctx.end_flags[int(step.episode_end)], state.slot_active, state.slot_done)
     return _apply(ctx, state, step, ev)
 
 
+_LAST: list = [None, None]  # (config, event_scalars(config)) of the last call
+
+
 def event_scalars(cfg) -> dict:
-    """The scalar keyword arguments of ``events`` from ``cfg`` (``EnvConfig``)."""
-    return dict(goal_radius=cfg.goal_radius, reward_goal=cfg.reward_goal, reward_collision=cfg.reward_collision,
-                reward_offroad=cfg.reward_offroad, goal_behavior=int(cfg.goal_behavior),
-                collision_behavior=int(cfg.collision_behavior), offroad_behavior=int(cfg.offroad_behavior),
-                stop_truncate_fraction=cfg.stop_truncate_fraction)
+    """The scalar keyword arguments of ``events`` from ``cfg`` (``EnvConfig``, frozen: the dict of the
+    last config is kept and returned again for the same object; do not modify it)."""
+    if _LAST[0] is cfg:
+        return _LAST[1]
+    scalars = dict(goal_radius=cfg.goal_radius, reward_goal=cfg.reward_goal, reward_collision=cfg.reward_collision,
+                   reward_offroad=cfg.reward_offroad, goal_behavior=int(cfg.goal_behavior),
+                   collision_behavior=int(cfg.collision_behavior), offroad_behavior=int(cfg.offroad_behavior),
+                   stop_truncate_fraction=cfg.stop_truncate_fraction)
+    _LAST[:] = [cfg, scalars]
+    return _LAST[1]
 
 
 def _apply(ctx: SimContext, state: EnvState, step: StepVars, ev) -> dict:

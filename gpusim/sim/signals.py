@@ -14,16 +14,16 @@ does not invent states. :func:`signal_log_index` is that clock.
   ``gpusim/kernels/signals.py``). The ``rewards`` stage adds ``reward_red_light`` for it and
   ``accounting`` ORs it into ``ever_red_light`` (metric ``red_light_violation``).
 
-The red-light test runs on the step's backend (``kernels.signals.red_light_violation``; its C
-kernel returns all False without a pass when no scenario of the pack has a signal).
+The red-light test runs on the step's backend (``kernels.signals.red_light_state``, bound once per
+pack: on the C backend it returns all False at once when no scenario of the pack has a signal).
 """
 
 from __future__ import annotations
 
 import torch
 
-from gpusim.kernels.signals import red_light_violation
-from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.kernels.signals import bind_red_light_state
+from gpusim.sim.context import SimContext, StepVars, bound_op, slots
 from gpusim.state import EnvState
 
 
@@ -45,20 +45,9 @@ def signals_before(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
 
 def signals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Changes ``red_light_now`` [W, C] (in-play slots that crossed a red stop line this step)."""
-    p, C = ctx.pack, ctx.num_slots
-    now = red_light_violation(
-        pos_before=state.pos_before,
-        pos=slots(state.pos, C),
-        heading=slots(state.heading, C),
-        moving=step.loss_mask.contiguous(),
-        scenario=state.scenario,
-        log_index=signal_log_index(ctx, state),
-        signal_pos=p.signal_pos,
-        signal_dir=p.signal_dir,
-        signal_state=p.signal_state,
-        signal_valid=p.signal_valid,
-        num_signals=p.num_signals,
-        backend=step.backend,
-        check=not step.checked,
-    )
+    p = ctx.pack
+    now = bound_op(ctx, step, "red_light", lambda backend, check: bind_red_light_state(
+        backend, check, ctx.config.init_steps, p.signal_pos, p.signal_dir, p.signal_state, p.signal_valid,
+        p.num_signals))(state.pos_before, state.pos, state.heading, step.loss_mask, state.scenario, state.step,
+                        state.trial_start)
     return {"red_light_now": now}
