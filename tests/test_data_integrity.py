@@ -123,6 +123,27 @@ def test_pack_written_before_checksums_loads_with_one_note(whole, tmp_path):
     assert "\n" not in notes[0] and p.scenario_ids == whole.scenario_ids
 
 
+def test_sharded_pack_written_before_checksums_is_noted_once(saved, tmp_path, whole):
+    d = _copy_dataset(saved, tmp_path) / "sh"
+    idx = json.loads((d / "index.json").read_text())
+    idx["version"] = 1
+    for entry in idx["shards"]:
+        payload = torch.load(d / entry["file"], weights_only=True)
+        del payload["meta"]["checksums"]
+        payload["meta"]["format_version"] = 3
+        torch.save(payload, d / entry["file"])
+        entry.pop("crc32c")
+        entry["bytes"] = (d / entry["file"]).stat().st_size
+    (d / "index.json").write_text(json.dumps(idx))
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        p = load_any(d)
+    notes = [str(x.message) for x in w if "checksums" in str(x.message)]
+    assert notes == [f"{d}: sharded pack written before checksums (index version 1; corruption cannot be "
+                     f"detected); convert the data again to add them"]
+    assert p.scenario_ids == whole.scenario_ids
+
+
 # ------------------------------------------------------------------------------------ invariants
 @pytest.mark.parametrize("field,value,message", [
     ("grid_road", 30000, r"grid_road: row \d+ \(scenario 0, .*\) holds 30000 with \d+ segment"),

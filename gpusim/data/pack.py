@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -44,14 +43,12 @@ from gpusim.data.convert import convert_sources
 from gpusim.data.errors import PackFileError, ScenarioError
 from gpusim.data.integrity import (INDEX_NAME, SHARD_GLOB, check_invariants, check_one_dataset, checksum_mismatch,
                                    clear_dataset, dataset_in, pack_checksums)
-from gpusim.data.pack_file import FORMAT_VERSION, atomic_torch_save, read_payload
+from gpusim.data.pack_file import FORMAT_VERSION, atomic_torch_save, note_once, read_payload
 
 from gpusim.data.layout import cell_counts, flatten_grid, grid_dtype, grid_rows, padded_grid, starts_of
 
 PACK_FILE = "pack.pt"
 META_FILE = "meta.json"
-#: Files already noted as written before checksums (the note is given once per file).
-_NOTED_UNVERIFIED: set[str] = set()
 #: Allowed dtypes of the grid tables (int16 unless a scenario has more than 32768 segments).
 GRID_DTYPES = (torch.int16, torch.int32)
 
@@ -448,10 +445,10 @@ class ScenarioPack:
             bad = checksum_mismatch(meta, tensors)
             if bad is not None:
                 raise PackFileError(file, bad, f"checksum mismatch: the file is corrupt; {again}")
-        elif version < 4 and str(file) not in _NOTED_UNVERIFIED:
-            _NOTED_UNVERIFIED.add(str(file))
-            warnings.warn(f"{file}: pack format {version} has no checksums (corruption cannot be detected); "
-                          f"convert the data again to add them", stacklevel=2)
+        elif version < 4:  # noted once per file, once per directory for the shards of a dataset
+            note_once(str(file.parent if file.name.startswith("shard-") else file),
+                      f"{file}: pack format {version} has no checksums (corruption cannot be detected); "
+                      f"convert the data again to add them")
         try:
             pack = cls(
                 scenario_ids=list(meta["scenario_ids"]),

@@ -12,6 +12,7 @@ import io
 import os
 import pathlib
 import tempfile
+import warnings
 
 import torch
 
@@ -25,6 +26,17 @@ from gpusim.data.integrity import bytes_crc32c
 #: :mod:`gpusim.data.integrity`), verified on load; versions 1 to 3 load with a note to reconvert.
 FORMAT_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
+#: Keys already noted by :func:`note_once`.
+_NOTED: set[str] = set()
+
+
+def note_once(key: str, text: str, stacklevel: int = 2) -> None:
+    """``warnings.warn(text)`` (a ``UserWarning``) the first time ``key`` is noted in this process:
+    a file or a dataset directory written before checksums is noted once, not at every load."""
+    if key in _NOTED:
+        return
+    _NOTED.add(key)
+    warnings.warn(text, stacklevel=stacklevel + 1)
 
 
 def atomic_torch_save(obj, path: pathlib.Path) -> None:

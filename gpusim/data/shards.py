@@ -44,14 +44,13 @@ from gpusim.data.errors import PackFileError, ScenarioError
 from gpusim.data.integrity import check_one_dataset, clear_dataset, dataset_in, file_crc32c
 from gpusim.data.layout import grid_dtype, starts_of
 from gpusim.data.pack import TENSOR_FIELDS, ScenarioPack, pack_scenarios
+from gpusim.data.pack_file import note_once
 
 INDEX_FILE = "index.json"
 SHARD_FORMAT = "gpusim-shards"
 SHARD_VERSION = 2
 #: Index versions read (1: no shard checksums).
 _READABLE_INDEX = (1, 2)
-#: Datasets already noted as written before checksums (once per directory).
-_NOTED_UNVERIFIED: set[str] = set()
 
 #: Padding values of the per-scenario tensors with an R or L axis (concat_packs).
 _SEG_PAD = {"road_seg": 0.0, "road_type": -1}
@@ -147,10 +146,9 @@ class ShardedPack:
             idx = json.loads(file.read_text())
             if idx.get("format") != SHARD_FORMAT or idx.get("version") not in _READABLE_INDEX:
                 raise ValueError(f"not a {SHARD_FORMAT} index of version {_READABLE_INDEX}")
-            if idx["version"] < 2 and str(path) not in _NOTED_UNVERIFIED:
-                _NOTED_UNVERIFIED.add(str(path))
-                warnings.warn(f"{path}: sharded pack written before checksums (index version 1; corruption "
-                              f"cannot be detected); convert the data again to add them", stacklevel=2)
+            if idx["version"] < 2:  # once per directory (its format-3 shards are not noted again)
+                note_once(str(path), f"{path}: sharded pack written before checksums (index version 1; "
+                                     f"corruption cannot be detected); convert the data again to add them")
             return cls(path=path, config=DataConfig(**idx["config"]), shards=list(idx["shards"]),
                        scenarios=list(idx["scenarios"]), max_segments=int(idx["max_segments"]),
                        max_signals=int(idx["max_signals"]), max_cells=int(idx["max_cells"]),
