@@ -8,6 +8,11 @@ flags (``kernels.events``).
            + reward_offroad   * offroad now            (0 on invalid steps)
            + reward_red_light * crossed a red stop line now   (stage ``signals``; default 0)
 
+With ``EnvConfig.reward_conditioning`` the reward is instead each agent's own weighted sum of
+the style terms (goal, collision, offroad, red light, overspeed above its target speed, |accel|,
+|yaw rate|, time; :func:`gpusim.sim.styles.conditioned_reward`, units in :mod:`gpusim.styles`),
+computed in torch ops on the device after the events op, for every backend.
+
 The same kernel applies STOP / REMOVE for collisions and offroad, STOP for the goal, early
 truncation (``stop_truncate_fraction`` of a world's agents contact-stopped) and ``terminal``.
 In trial mode the trial clock owns ``world_done``, ``slot_done`` and ``terminal`` (stage
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 from gpusim.kernels.events import bind_events
 from gpusim.sim.context import SimContext, StepVars, bound_op
+from gpusim.sim.styles import conditioned_reward
 from gpusim.state import EnvState
 
 
@@ -56,7 +62,9 @@ def _apply(ctx: SimContext, state: EnvState, step: StepVars, ev) -> dict:
     """Record ``ev``'s per-step values in ``step``; the state changes of the stage."""
     cfg = ctx.config
     reward = ev.reward
-    if cfg.reward_red_light != 0.0:  # red_light_now is only set for in-play slots (gpusim/sim/signals.py)
+    if cfg.reward_conditioning:  # per-agent weights (gpusim/sim/styles.py) replace the config's
+        reward = conditioned_reward(ctx, state, step, ev.goal_now)
+    elif cfg.reward_red_light != 0.0:  # red_light_now is only set for in-play slots (gpusim/sim/signals.py)
         reward = reward + cfg.reward_red_light * state.red_light_now.to(reward.dtype)
     step.reward, step.goal_now, step.truncated, step.terminal = reward, ev.goal_now, ev.truncated, ev.terminal
     changes = {"speed": ev.speed, "present": ev.present, "stopped": ev.stopped,
