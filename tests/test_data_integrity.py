@@ -229,7 +229,7 @@ def test_info_reads_real_sizes_and_verifies(saved, tmp_path, capsys):
     assert "3 bad shard(s), 5 of 5 scenarios lost (0 left)" in out
     assert cli(["info", str(d), "--no-verify"]) == 1  # sizes are still checked
     out = capsys.readouterr().out
-    assert "checksums not verified; 2 bad shard(s)" in out and "shard-00001.pt" not in out.split("error:", 1)[1]
+    assert "checksums not verified (--no-verify); 2 bad shard(s)" in out and "shard-00001.pt" not in out.split("error:", 1)[1]
 
 
 def test_info_on_a_corrupt_pack_file_exits_1_naming_it(saved, tmp_path, capsys):
@@ -264,3 +264,16 @@ def test_pool_counts_only_usable_scenarios(saved, tmp_path):
     assert pool.num_scenarios == 3
     seen = {i for _ in range(6) for i in (pool.swap() and pool.history[-1])}
     assert seen <= {0, 1, 4}
+
+
+def test_info_past_the_verify_limit_checks_sizes_unless_verify(saved, tmp_path, capsys, monkeypatch):
+    import gpusim.data.__main__ as data_cli
+
+    d = _copy_dataset(saved, tmp_path) / "sh"
+    _corrupt(d / "shard-00001.pt", "middle")
+    monkeypatch.setattr(data_cli, "VERIFY_LIMIT", 1000)
+    assert cli(["info", str(d)]) == 0
+    out = capsys.readouterr().out
+    assert "sizes checked, checksums not verified (" in out and " bytes > 1000: pass --verify); 0 bad" in out
+    assert cli(["info", str(d), "--verify"]) == 1
+    assert "shard-00001.pt: checksum mismatch with the index" in capsys.readouterr().out

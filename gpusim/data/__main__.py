@@ -253,10 +253,14 @@ def describe_sharded(sp: ShardedPack, out=None, *, verify: bool | None = True) -
     errors, skipped = sp.stats.get("errors", []), sp.stats.get("skipped", [])
     print(f"conversion: {len(errors)} bad, {len(skipped)} skipped", file=out)
     print("config: " + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(sp.config).items()), file=out)
-    has_crc = all(s.get("crc32c") is not None for s in sp.shards)
-    state = ("checksums verified" if check and has_crc else "sizes checked, checksums not verified"
-             + ("" if has_crc else " (index written before checksums: convert the data again)")
-             + ("" if check or verify is False else f" ({total} bytes > {VERIFY_LIMIT}: pass --verify)"))
+    if not all(s.get("crc32c") is not None for s in sp.shards):
+        state = "sizes checked, checksums not verified (index written before checksums: convert the data again)"
+    elif check:
+        state = "checksums verified"
+    elif verify is None:
+        state = f"sizes checked, checksums not verified ({total} bytes > {VERIFY_LIMIT}: pass --verify)"
+    else:
+        state = "sizes checked, checksums not verified (--no-verify)"
     print(f"files: {state}; {len(bad)} bad shard(s)"
           + (f", {sp.lost_message(list(bad))}" if bad else ""), file=out)
     print("", file=out)
