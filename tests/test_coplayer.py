@@ -236,7 +236,7 @@ def test_trial_restart_with_coplayers_and_stationary_partners(tmp_path):
     for t in range(env.horizon):
         merged = pool.act(obs.reshape(8, -1), torch.full((8,), COAST, dtype=torch.int64))
         acted.append((merged.view(2, 4) & (env.state.slot_active & ~env.state.ego)).clone())
-        before = env.state.world_done
+        before = env.state
         res = env.step(merged.view(2, 4))
         pool.observe(res)
         log.step(before, res.info["trial_end"])

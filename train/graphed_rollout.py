@@ -167,7 +167,7 @@ class GraphedRollout:
     # ------------------------------------------------------------------ the rollout
     def _collect(self, obs, trial_log):
         env, buf = self.env, self.buffer
-        ego = begin_rollout(env, self.actor, buf, None, trial_log)
+        ego = begin_rollout(env, self.actor, buf)
         self._col.zero_()
         if ego is not None:
             self._ego.copy_(ego)
@@ -208,8 +208,8 @@ class GraphedRollout:
             _put(buf.goal_reached, col, res.info["goal_reached"].reshape(R))
         actor.observe(res.terminal.reshape(R), res.removed.reshape(R))
         if self._trial_log is not None and "trial_end" in res.info:
-            # world_done of the static state is still the value before this step (copied back below)
-            self._trial_log.step(engine.state.world_done, res.info["trial_end"])
+            # the static state still holds the values before this step (engine.finish copies below)
+            self._trial_log.step(engine.state, res.info["trial_end"])
         dst, src = [], []
         if res.obs is not self._obs:
             dst.append(self._obs)

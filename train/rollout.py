@@ -125,13 +125,21 @@ class RolloutBatch:
         return cls.empty(rows, env.horizon, env.obs_dim, continuous, action_dim, env.device if device is None else device)
 
 
+def trial_clock(state) -> torch.Tensor:
+    """[W] int64: each world's step count in its current trial once the step about to be taken from
+    ``state`` (an :class:`~gpusim.state.EnvState` before the step) is counted, ``step + 1 -
+    trial_start``: the env's own trial clock (gpusim/kernels/trial.py times a trial out when it
+    reaches ``scenario_length``), read, not kept a second time. Only meaningful for a world whose
+    episode is still running (``world_done`` False in ``state``)."""
+    return (state.step - state.trial_start).to(torch.int64) + 1
+
+
 class TrialLog:
     """Device counters of the trials that ended during rollouts (trial mode), read at report time.
 
-    Per world: a trial clock (steps of the current trial). At each world trial end
-    (``StepResult.info["trial_end"]``) the trial counts as *ended early* when it ended before the
-    per-trial timeout (every active controlled agent removed, by goal or REMOVE, or a STOP
-    truncation) and else as *timeout*; its length is added.
+    At each world trial end (``StepResult.info["trial_end"]``) the trial counts as *ended early*
+    when it ended before the per-trial timeout (every active controlled agent removed, by goal or
+    REMOVE, or a STOP truncation) and else as *timeout*; its length (:func:`trial_clock`) is added.
 
     Args:
         num_worlds: W. timeout: the per-trial timeout (``EnvConfig.scenario_length``). device.
@@ -139,19 +147,14 @@ class TrialLog:
 
     def __init__(self, num_worlds: int, timeout: int, device):
         self.timeout = int(timeout)
-        self.clock = torch.zeros(num_worlds, dtype=torch.int64, device=device)
         self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # trials, ended early, steps
 
-    def begin(self) -> None:
-        """A new episode: every world's trial clock restarts."""
-        self.clock.zero_()
-
-    def step(self, world_done_before: torch.Tensor, trial_end: torch.Tensor) -> None:
-        """After one env step: ``world_done_before`` [W] bool (the world idled), ``trial_end`` [W] bool."""
-        self.clock += (~world_done_before).to(torch.int64)
-        early = trial_end & (self.clock < self.timeout)
-        self.counts += torch.stack([trial_end.sum(), early.sum(), torch.where(trial_end, self.clock, 0).sum()])
-        self.clock = torch.where(trial_end, torch.zeros_like(self.clock), self.clock)
+    def step(self, state_before, trial_end: torch.Tensor) -> None:
+        """After one env step: ``state_before``, the :class:`~gpusim.state.EnvState` the step started
+        from (the env's clock is read from it); ``trial_end`` [W] bool."""
+        length = trial_clock(state_before)
+        early = trial_end & (length < self.timeout)
+        self.counts += torch.stack([trial_end.sum(), early.sum(), torch.where(trial_end, length, 0).sum()])
 
     def report(self) -> dict[str, float]:
         """``trial_log/completed``, ``/ended_early``, ``/ended_by_timeout`` (trials since the last
@@ -191,16 +194,16 @@ def collect_rollout(env, policy, obs: torch.Tensor, buffer: RolloutBatch, cache,
     from policy.actor import Actor
 
     actor = Actor(policy, device=obs.device, deterministic=deterministic, cache=cache)
-    ego = begin_rollout(env, actor, buffer, coplayers, trial_log)
+    ego = begin_rollout(env, actor, buffer, coplayers)
     for t in range(buffer.horizon):
         obs = rollout_step(env, actor, t, obs, buffer, ego, coplayers, trial_log)
     return obs, buffer
 
 
-def begin_rollout(env, actor, buffer: RolloutBatch, coplayers=None, trial_log: TrialLog | None = None):
+def begin_rollout(env, actor, buffer: RolloutBatch, coplayers=None):
     """The start of :func:`collect_rollout`: a new episode for the ``actor``
     (:class:`policy.actor.Actor`: memory cleared, nothing removed), the per-row fields of
-    ``buffer`` (scenario, agent type, active slots), the co-players and the trial log started.
+    ``buffer`` (scenario, agent type, active slots), the co-players started.
 
     Returns:
         ``ego`` [R] bool, the roles of this episode's slots (a copy), or None (every slot an ego).
@@ -222,8 +225,6 @@ def begin_rollout(env, actor, buffer: RolloutBatch, coplayers=None, trial_log: T
         buffer.slot_active.copy_(active if ego is None else active & ego)
     if coplayers is not None:
         coplayers.begin(env)
-    if trial_log is not None:
-        trial_log.begin()
     return ego
 
 
@@ -245,7 +246,7 @@ def rollout_step(env, actor, t: int, obs: torch.Tensor, buffer: RolloutBatch, eg
     buffer.values[:, t] = act.value
     buffer.actions[:, t] = action
     buffer.logprobs[:, t] = actor.policy.log_prob(act.logits, action)
-    done_before = env.state.world_done if trial_log is not None else None
+    before = env.state  # (stages return new tensors: this state stays as it was)
     res = env.step(actor.env_action(action.reshape(W, C, *action.shape[1:])))
     buffer.rewards[:, t] = res.reward.reshape(R)
     buffer.terminal[:, t] = res.terminal.reshape(R)
@@ -259,5 +260,5 @@ def rollout_step(env, actor, t: int, obs: torch.Tensor, buffer: RolloutBatch, eg
     if coplayers is not None:
         coplayers.observe(res)
     if trial_log is not None and "trial_end" in res.info:
-        trial_log.step(done_before, res.info["trial_end"])
+        trial_log.step(before, res.info["trial_end"])
     return res.obs

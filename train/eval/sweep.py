@@ -202,6 +202,8 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
         ``trials``, ``trials_ended_early``, ``trial_steps`` [W] int64, ``trial_goal_step`` [W, C, K]
         int64 (step within trial k, 1-based, at which the goal was reached; -1 = not reached).
     """
+    from train.rollout import trial_clock
+
     cfg = env.config
     obs = env.reset(scenarios=scenarios.to(env.device))
     ego = egos(env).to(torch.bool)
@@ -215,11 +217,11 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     K = int(cfg.k_trials) if trial else 1
     tg, tc, to = (torch.zeros(W, C, K, dtype=torch.bool, device=dev) for _ in range(3))
     tcount = torch.zeros(W, dtype=torch.int64, device=dev)
-    clock = torch.zeros(W, dtype=torch.int64, device=dev)
     t_steps = torch.zeros(W, dtype=torch.int64, device=dev)
     early = torch.zeros(W, dtype=torch.int64, device=dev)
     gstep = torch.full((W, C, K), -1, dtype=torch.int64, device=dev)
     for _ in range(env.horizon):
+        before = env.state  # the env's trial clock is read from the state a step starts from
         res = env.step(driver.act(env, obs))
         g, c, o = res.info["goal_reached"], res.info["collided"], res.info["offroad"]
         ret += res.reward
@@ -233,11 +235,10 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
             tc |= c[..., None] & cur
             to |= o[..., None] & cur
             ended = res.trial_ended.any(dim=1)
-            clock += (tcount < K).to(torch.int64)
+            clock = trial_clock(before)  # steps of the current trial, this one included
             gstep = torch.where(g[..., None] & cur & (gstep < 0), clock[:, None, None], gstep)
             t_steps += torch.where(ended, clock, 0)
             early += (ended & (clock < cfg.scenario_length)).to(torch.int64)
-            clock = torch.where(ended, 0, clock)
             tcount += ended.to(torch.int64)
         driver.observe(env, res)
         obs = res.obs
