@@ -201,6 +201,7 @@ class EnvConfig:
     reward_ranges: tuple | None = None
     style: tuple | None = None
     partner_styles: tuple | None = None
+    goal_candidates: int = 0
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -260,6 +261,12 @@ class EnvConfig:
         if not isinstance(self.replay_experts, bool):
             raise ValueError(f"EnvConfig.replay_experts must be True or False, got {self.replay_experts!r}")
         _check_styles(self)
+        if not isinstance(self.goal_candidates, int) or self.goal_candidates < 0:
+            raise ValueError(f"EnvConfig.goal_candidates must be an integer >= 0 (0 or 1: off), got "
+                             f"{self.goal_candidates!r}")
+        if self.goal_candidates >= 2 and self.goal_behavior == GoalBehavior.NEW_GOAL:
+            raise ValueError("EnvConfig.goal_candidates >= 2 does not work with goal_behavior new_goal "
+                             "(a new goal would replace the true candidate); use trial or stop")
 
     @property
     def style_ranges(self) -> tuple:

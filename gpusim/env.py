@@ -78,7 +78,8 @@ class DriveEnv:
         self.horizon = config.horizon
         self.num_actions = dynamics.NUM_ACTIONS if config.action_space == ActionSpace.DISCRETE else 2
         self.obs_layout = obs_layout(num_partners=config.num_partners, num_roads=config.num_roads,
-                                     num_signals=config.num_signals, styles=config.reward_conditioning)
+                                     num_signals=config.num_signals, styles=config.reward_conditioning,
+                                     candidates=config.goal_candidates)
         self.obs_dim = self.obs_layout.obs_dim
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(seed))

@@ -32,9 +32,11 @@ from dataclasses import dataclass
 import torch
 
 from gpusim.styles import NUM_STYLE_TERMS
+
 #: Shape kinds of the declarations: "W" = [W], "WA" = [W, A], "WA2" = [W, A, 2], "WC" = [W, C],
-#: "WCK" = [W, C, K], "WC2" = [W, C, 2], "WAR" = [W, A, R] (R = ``gpusim.styles.NUM_STYLE_TERMS``).
-SHAPE_KINDS = ("W", "WA", "WA2", "WC", "WCK", "WC2", "WAR")
+#: "WCK" = [W, C, K], "WC2" = [W, C, 2], "WAR" = [W, A, R] (R = ``gpusim.styles.NUM_STYLE_TERMS``),
+#: "WCG2" = [W, C, G, 2] (G = max(1, ``goal_candidates``), sizes key "G", default 1).
+SHAPE_KINDS = ("W", "WA", "WA2", "WC", "WCK", "WC2", "WAR", "WCG2")
 
 
 def _field(kind: str, dtype: torch.dtype, doc: str, trial: str = "restore"):
@@ -106,6 +108,11 @@ class EnvState:
     trial_score: torch.Tensor = _field(
         "WCK", torch.bool, "[w, c, k]: trial k finished with goal, no collision/offroad (clean score)", "keep")
     trial_reached: torch.Tensor = _field("WCK", torch.bool, "[w, c, k]: goal reached in trial k", "keep")
+    # ---- memory task (gpusim/sim/candidates.py; all 0 when goal_candidates < 2)
+    goal_cand: torch.Tensor = _field(
+        "WCG2", torch.float32, "[w, c, g]: candidate goal g of the slot (m), drawn per episode", "keep")
+    cand_true: torch.Tensor = _field("WC", torch.int64, "index of the true goal among the candidates", "keep")
+    at_decoy: torch.Tensor = _field("WC", torch.bool, "stopped at a wrong candidate in the current trial")
 
     # ------------------------------------------------------------------ sizes and derived flags
     @property
@@ -148,7 +155,7 @@ class EnvState:
         unknown = set(given) - set(STATE_FIELDS)
         if unknown:
             raise TypeError(f"EnvState.build: unknown fields {sorted(unknown)}")
-        shapes = _shapes(sizes["W"], sizes["A"], sizes["C"], sizes["K"])
+        shapes = _shapes(sizes["W"], sizes["A"], sizes["C"], sizes["K"], sizes.get("G", 1))
         out = {}
         for name, (kind, dtype) in STATE_FIELDS.items():
             out[name] = given[name] if name in given else torch.zeros(shapes[kind], dtype=dtype, device=device)
@@ -240,7 +247,7 @@ class EnvState:
             raise ValueError(f"EnvState: {C} policy slots exceed {A} agent slots")
         if K < 1:
             raise ValueError("EnvState.trial_score must be a [W, C, K] tensor with K >= 1")
-        shapes = _shapes(W, A, C, K)
+        shapes = _shapes(W, A, C, K, max(_dim(self.goal_cand, 4, 2), 1))
         device = self.pos.device if isinstance(self.pos, torch.Tensor) else None
         for name, (kind, dtype) in STATE_FIELDS.items():
             t = getattr(self, name)
@@ -273,9 +280,9 @@ def _dim(t, ndim: int, axis: int) -> int:
     return t.shape[axis] if isinstance(t, torch.Tensor) and t.dim() == ndim else -1
 
 
-def _shapes(W: int, A: int, C: int, K: int) -> dict[str, tuple[int, ...]]:
+def _shapes(W: int, A: int, C: int, K: int, G: int = 1) -> dict[str, tuple[int, ...]]:
     return {"W": (W,), "WA": (W, A), "WA2": (W, A, 2), "WC": (W, C), "WCK": (W, C, K), "WC2": (W, C, 2),
-            "WAR": (W, A, NUM_STYLE_TERMS)}
+            "WAR": (W, A, NUM_STYLE_TERMS), "WCG2": (W, C, G, 2)}
 
 
 #: Field name -> (shape kind, dtype), derived from the declarations of :class:`EnvState`.

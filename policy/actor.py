@@ -44,7 +44,9 @@ class Actor:
         device: where the cache and the removed flags live (default: the policy's parameters').
         deterministic: argmax (discrete) / mean (continuous) actions instead of sampling (sampling
             draws from torch's global generator, as ``ActorCritic.sample``).
-        reset_at_trial: clear a slot's memory at a trial end too (co-players).
+        reset_at_trial: clear a slot's memory at a trial end too (co-players; the memoryless
+            control). ``None`` (default): the policy's ``config.memory == "trial"``
+            (:class:`policy.PolicyConfig`), else False.
         cache: an existing :class:`policy.KVCache` of N slots to use (e.g. the trainer's).
 
     Attributes:
@@ -56,7 +58,7 @@ class Actor:
     """
 
     def __init__(self, policy, num_slots: int = 0, horizon: int = 1, device=None, deterministic: bool = False,
-                 reset_at_trial: bool = False, cache=None):
+                 reset_at_trial: bool | None = None, cache=None):
         if device is None:
             device = next(iter(policy.parameters())).device
         if cache is None:
@@ -66,6 +68,8 @@ class Actor:
         self.policy = policy
         self.cache = cache
         self.deterministic = bool(deterministic)
+        if reset_at_trial is None:
+            reset_at_trial = getattr(getattr(policy, "config", None), "memory", "episode") == "trial"
         self.reset_at_trial = bool(reset_at_trial)
         self.removed = torch.zeros(cache.position.shape[0], dtype=torch.bool, device=device)
 

@@ -27,6 +27,10 @@ from policy.encoders import ObsDims, ObsEncoder
 from policy.transformer import CausalTransformer, KVCache
 
 
+#: Values of ``PolicyConfig.memory``.
+MEMORY_SPANS = ("episode", "trial")
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """Sizes of the policy.
@@ -45,6 +49,13 @@ class PolicyConfig:
             values of the other (e.g. "steer straight" whatever the acceleration), which speeds up
             early learning a lot. Ignored when the product differs from the number of actions;
             ``()`` = a plain joint head.
+        memory: how long the KV-cache memory lasts: ``"episode"`` (default: kept across the trials
+            of a trial-mode episode, cleared at the episode end) or ``"trial"`` (the memoryless
+            control of the memory task, docs/trial.md: cleared at every trial start too, when
+            acting (:class:`policy.actor.Actor`) and in the PPO update's forward).
+
+    Raises:
+        ValueError: an unknown ``memory``.
     """
 
     d_model: int = 128
@@ -54,6 +65,12 @@ class PolicyConfig:
     max_roads: int | None = None
     init_log_std: float = -0.5
     action_factors: tuple[int, ...] = (7, 13)
+    memory: str = "episode"
+
+    def __post_init__(self):
+        if self.memory not in MEMORY_SPANS:
+            raise ValueError(f"PolicyConfig.memory must be one of {', '.join(MEMORY_SPANS)} "
+                             f"(--policy.memory), got {self.memory!r}")
 
 
 class ActorCritic(nn.Module):

@@ -45,7 +45,9 @@ class ObsDims:
         traffic-signal slots (0: no signal block) and features per slot. The last feature of every
         partner, road and signal slot is its valid flag. style_dim: the driving-style block (the
         agent's own normalised reward weights, the last columns; 0 without reward conditioning),
-        read by the ego MLP together with the ego block (docs/styles.md).
+        read by the ego MLP together with the ego block (docs/styles.md). candidate_dim: the
+        memory task's candidate block (after the style block, the very last columns; 0 when off;
+        docs/trial.md), also read by the ego MLP.
     """
 
     ego_dim: int
@@ -56,13 +58,19 @@ class ObsDims:
     num_signals: int = 0
     signal_dim: int = 0
     style_dim: int = 0
+    candidate_dim: int = 0
+
+    @property
+    def tail_dim(self) -> int:
+        """Columns after the signal block that the ego MLP reads: ``style_dim + candidate_dim``."""
+        return self.style_dim + self.candidate_dim
 
     @property
     def obs_dim(self) -> int:
         """D = ego_dim + num_partners * partner_dim + num_roads * road_dim + num_signals * signal_dim
-        + style_dim."""
+        + style_dim + candidate_dim."""
         return (self.ego_dim + self.num_partners * self.partner_dim + self.num_roads * self.road_dim
-                + self.num_signals * self.signal_dim + self.style_dim)
+                + self.num_signals * self.signal_dim + self.style_dim + self.candidate_dim)
 
     @classmethod
     def from_layout(cls, layout) -> "ObsDims":
@@ -72,7 +80,7 @@ class ObsDims:
         return cls(
             int(layout.ego_dim), int(layout.num_partners), int(layout.partner_dim),
             int(layout.num_roads), int(layout.road_dim), n_sig, int(layout.signal_dim) if n_sig else 0,
-            int(getattr(layout, "style_dim", 0)),
+            int(getattr(layout, "style_dim", 0)), int(getattr(layout, "candidate_dim", 0)),
         )
 
 
@@ -272,7 +280,7 @@ class ObsEncoder(nn.Module):
             raise ValueError(f"ObsEncoder: max_roads must be in [1, {dims.num_roads}], got {max_roads}")
         self.dims = dims
         self.num_roads_used = dims.num_roads if max_roads is None else int(max_roads)
-        self.ego = _mlp(dims.ego_dim + dims.style_dim, hidden, hidden)
+        self.ego = _mlp(dims.ego_dim + dims.tail_dim, hidden, hidden)
         self.partner_set = SlotEncoder(dims.partner_dim, hidden)
         self.road_set = SlotEncoder(dims.road_dim, hidden)
         # traffic signals (docs/signals.md): the same set encoder over the signal slots, only when
@@ -303,7 +311,7 @@ class ObsEncoder(nn.Module):
         if self.compact_dim == d.obs_dim:
             return obs
         r1 = d.ego_dim + d.num_partners * d.partner_dim + self.num_roads_used * d.road_dim
-        s0 = d.obs_dim - d.num_signals * d.signal_dim - d.style_dim
+        s0 = d.obs_dim - d.num_signals * d.signal_dim - d.tail_dim
         return torch.cat([obs[..., :r1], obs[..., s0:]], dim=-1)
 
     def forward(self, obs: torch.Tensor, compact: bool = False) -> torch.Tensor:
@@ -329,8 +337,8 @@ class ObsEncoder(nn.Module):
         p0 = d.ego_dim
         r0 = p0 + d.num_partners * d.partner_dim
         ego = obs[..., :p0]
-        if d.style_dim:  # the style block (last columns) joins the ego features
-            ego = torch.cat([ego, obs[..., width - d.style_dim:]], dim=-1)
+        if d.tail_dim:  # the style and candidate blocks (last columns) join the ego features
+            ego = torch.cat([ego, obs[..., width - d.tail_dim:]], dim=-1)
         partners = obs[..., p0:r0].reshape(*lead, d.num_partners, d.partner_dim)
         # slice the used road slots before the reshape (which copies the non-contiguous slice)
         roads = obs[..., r0: r0 + self.num_roads_used * d.road_dim].reshape(*lead, self.num_roads_used, d.road_dim)
@@ -339,6 +347,6 @@ class ObsEncoder(nn.Module):
         h_r = self.road_set(roads)
         parts = [h_ego, h_p, h_r]
         if self.signal_set is not None:
-            s0 = width - d.num_signals * d.signal_dim - d.style_dim
-            parts.append(self.signal_set(obs[..., s0:width - d.style_dim].reshape(*lead, d.num_signals, d.signal_dim)))
+            s0 = width - d.num_signals * d.signal_dim - d.tail_dim
+            parts.append(self.signal_set(obs[..., s0:width - d.tail_dim].reshape(*lead, d.num_signals, d.signal_dim)))
         return self.out(torch.cat(parts, dim=-1))

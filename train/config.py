@@ -358,5 +358,21 @@ def parse_args(argv=None, description: str | None = None) -> TrainConfig:
     cfg = tyro.cli(TrainConfig, args=argv, registry=cli_registry(), description=description, default=default)
     from train.recipes import with_recipe  # device-aware defaults (the GPU recipe on CUDA); flags win
 
-    return with_recipe(cfg, lambda base: tyro.cli(TrainConfig, args=argv, registry=cli_registry(),
-                                                  description=description, default=base), from_file=path is not None)
+    cfg = with_recipe(cfg, lambda base: tyro.cli(TrainConfig, args=argv, registry=cli_registry(),
+                                                 description=description, default=base), from_file=path is not None)
+    return memory_task_experience(cfg, any(a == "--experience" or a.startswith("--experience=") for a in argv))
+
+
+def memory_task_experience(cfg: TrainConfig, explicit: bool) -> TrainConfig:
+    """With the memory task (``--env.goal-candidates`` >= 2) the default goal-progress shaping is
+    replaced by ``identity``: it would point at the true goal before it is reached (docs/trial.md).
+
+    Raises:
+        UserError: ``--experience progress`` given explicitly with the memory task.
+    """
+    if cfg.env.goal_candidates < 2 or cfg.experience != "progress":
+        return cfg
+    if explicit:
+        raise UserError(f"--experience progress: the goal-progress shaping points at the true goal, which the memory "
+                        f"task (--env.goal-candidates {cfg.env.goal_candidates}) hides; use --experience identity")
+    return dataclasses.replace(cfg, experience="identity")

@@ -89,6 +89,9 @@ class EvalConfig:
         interval: ``normal`` (mean +- 1.96 s / sqrt(n), default) or ``bootstrap`` (percentile).
         level: confidence level of the intervals.
         resamples: bootstrap resamples (``--interval bootstrap``).
+        memory: ``trial``: the memoryless control, every checkpoint's KV cache cleared at every
+            trial start (docs/trial.md); ``episode``: kept across the trials of an episode;
+            default: as each checkpoint was trained (``--policy.memory``). Checkpoints only.
         json: also write the results as JSON to this file.
         records: also write one JSON line per agent-episode (policy, mode, role, scenario, slot,
             metrics, per-trial scores and goal steps) to this file, for offline analysis.
@@ -116,6 +119,7 @@ class EvalConfig:
     level: float = 0.95
     resamples: int = 2000
     json: str | None = None
+    memory: Literal["episode", "trial"] | None = None
     records: str | None = None
     per_scenario: bool = True
     quiet: bool = False
@@ -214,7 +218,7 @@ def _make_driver(entry: dict, env, cfg: EvalConfig):
     except PolicyMismatch as e:
         raise UserError(f"--policy {entry['spec']}: {e.detail} (the env settings are the first checkpoint's); "
                         "evaluate it on its own or first") from None
-    return PolicyDriver(policy.to(env.device), deterministic=not cfg.stochastic)
+    return PolicyDriver(policy.to(env.device), deterministic=not cfg.stochastic, memory=cfg.memory)
 
 
 def _check(cfg: EvalConfig) -> list[str]:
@@ -235,6 +239,9 @@ def _check(cfg: EvalConfig) -> list[str]:
 def evaluate(cfg: EvalConfig, progress=None) -> dict:
     """Run the evaluation (module docstring) and return the results as plain data.
 
+    if cfg.memory is not None and any(s in BASELINES for s in specs):
+        raise UserError(f"--memory {cfg.memory}: {next(s for s in specs if s in BASELINES)} is a baseline without a "
+                        "KV-cache memory; pass --memory with checkpoints only")
     Args:
         cfg: :class:`EvalConfig`.
         progress: optional ``rich.progress.Progress`` to advance (one task per policy and mode).
@@ -262,7 +269,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     policies = _load_policies(specs, device)
     base, base_notes = base_env_config(policies, cfg)
     out = {"data": cfg.data, "device": str(device), "num_threads": threads, "seed": cfg.seed,
-           "deterministic": not cfg.stochastic, "interval": cfg.interval, "level": cfg.level,
+           "deterministic": not cfg.stochastic, "memory": cfg.memory or "as trained", "interval": cfg.interval,
+           "level": cfg.level,
            "episodes_per_scenario": cfg.episodes_per_scenario, "k_trials": base.k_trials if base.trial_mode else 0,
            "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}
     for mode in modes:

@@ -206,7 +206,7 @@ class GraphedRollout:
         _put(buf.loss_mask, col, loss_mask & self._ego if self._has_ego else loss_mask)
         if "goal_reached" in res.info:
             _put(buf.goal_reached, col, res.info["goal_reached"].reshape(R))
-        actor.observe(res.terminal.reshape(R), res.removed.reshape(R))
+        actor.observe(res.terminal.reshape(R), res.removed.reshape(R), res.truncation.reshape(R))
         if self._trial_log is not None and "trial_end" in res.info:
             # the static state still holds the values before this step (engine.finish copies below)
             self._trial_log.step(engine.state, res.info["trial_end"])

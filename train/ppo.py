@@ -249,6 +249,10 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
     if n_steps <= 0 or active_rows.numel() == 0:
         return totals
     stop = batch.bootstrap_stop()
+    # the forward's memory resets: episode ends, and trial ends for the memoryless control
+    # (PolicyConfig.memory "trial", as the rollout's actor acted; docs/trial.md)
+    memory = getattr(getattr(getattr(policy, "module", policy), "config", None), "memory", "episode")
+    reset = batch.terminal | batch.truncation if memory == "trial" else batch.terminal
     n_rows = active_rows.numel()
     # once per update, not per minibatch: the active rows' observations as the encoder reads them
     # (unused road slots dropped, removed steps cleared; policy.prepare_obs), indexed by position
@@ -265,7 +269,7 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
         idx = perm[cursor: cursor + rows_per_minibatch]
         mb = {
             "actions": batch.actions[idx], "logprobs": batch.logprobs[idx],
-            "values": batch.values[idx], "rewards": batch.rewards[idx], "terminal": batch.terminal[idx],
+            "values": batch.values[idx], "rewards": batch.rewards[idx], "terminal": reset[idx],
             "removed": batch.removed[idx], "loss_mask": batch.loss_mask[idx], "bootstrap_stop": stop[idx],
         }
         if obs is not None:

@@ -256,7 +256,7 @@ def rollout_step(env, actor, t: int, obs: torch.Tensor, buffer: RolloutBatch, eg
     goal = res.info.get("goal_reached") if isinstance(getattr(res, "info", None), dict) else None
     if goal is not None:
         buffer.goal_reached[:, t] = goal.reshape(R)
-    actor.observe(res.terminal.reshape(R), res.removed.reshape(R))
+    actor.observe(res.terminal.reshape(R), res.removed.reshape(R), res.truncation.reshape(R))
     if coplayers is not None:
         coplayers.observe(res)
     if trial_log is not None and "trial_end" in res.info:

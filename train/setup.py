@@ -191,6 +191,10 @@ def build_run(cfg: TrainConfig, ranks, ckpt: dict | None, ckpt_file, run_dir: pa
                                                         main=ranks.is_main)
     train_policy = ranks.wrap(policy)  # DDP under torchrun (the update trains it); rollouts use `policy`
     if hook is None:
+        if getattr(env_config, "goal_candidates", 0) >= 2 and cfg.experience == "progress":
+            raise UserError(f"--experience progress: the goal-progress shaping points at the true goal, which the "
+                            f"memory task (--env.goal-candidates {env_config.goal_candidates}) hides; use "
+                            "--experience identity")
         hook = make_hook(cfg.experience, cfg.experience_arg, hook_context(env, cfg.ppo.gamma))
 
     buffer = RolloutBatch.for_env(env, continuous, device)

@@ -104,6 +104,10 @@ class ObsLayout:
         style_dim: entries of the style block (0 or ``gpusim.styles.NUM_STYLE_TERMS``), the last
             columns; ``style``: its slice. Each entry is ``(v - low) / (high - low)`` of the
             agent's own style (:data:`STYLE_FEATURES`; docs/styles.md).
+        num_candidates: G candidate goals of the memory task (0: no candidate block);
+            candidate_dim: width of the candidate block, ``3 G + 1`` (per candidate x, y in the ego
+            frame and distance, / 100 m, then ``at_decoy``), the very last columns; ``candidates``:
+            its slice; ``candidate_features``: its names (``gpusim/sim/candidates.py``).
         ego_features, partner_features, road_features, signal_features: feature names, with their
             divisor after a ``/`` (see the module docstring).
     """
@@ -127,13 +131,19 @@ class ObsLayout:
     style_dim: int = 0
     style: slice = field(default_factory=lambda: slice(0, 0))
     style_features: tuple = ()
+    num_candidates: int = 0
+    candidate_dim: int = 0
+    candidates: slice = field(default_factory=lambda: slice(0, 0))
+    candidate_features: tuple = ()
 
 
-def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: bool = False) -> ObsLayout:
+def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: bool = False,
+               candidates: int = 0) -> ObsLayout:
     """The :class:`ObsLayout` for ``num_partners`` partner slots, ``num_roads`` road slots and
     ``num_signals`` traffic-signal slots (0, the default: no signal block; the env passes
     ``EnvConfig.num_signals``). The blocks before the signal block do not depend on it. ``styles``
-    (``EnvConfig.reward_conditioning``) appends the style block of :data:`STYLE_FEATURES`.
+    (``EnvConfig.reward_conditioning``) appends the style block of :data:`STYLE_FEATURES`;
+    ``candidates`` = G >= 2 (``EnvConfig.goal_candidates``) appends the candidate block after it.
 
     Raises:
         ValueError: if ``num_partners`` or ``num_roads`` is < 1 or ``num_signals`` < 0.
@@ -146,13 +156,17 @@ def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: 
     e, p, r, g = len(EGO_FEATURES), len(PARTNER_FEATURES), len(ROAD_FEATURES), len(SIGNAL_FEATURES)
     end = e + P * p + K * r
     S = len(STYLE_FEATURES) if styles else 0
+    G = int(candidates) if int(candidates) >= 2 else 0
+    cand_names = tuple(f"cand{k}_{n}" for k in range(G) for n in ("x/100", "y/100", "dist/100"))
+    cand_names += ("at_decoy",) if G else ()
+    s1 = end + N * g + S
     return ObsLayout(
         ego_dim=e,
         num_partners=P,
         partner_dim=p,
         num_roads=K,
         road_dim=r,
-        obs_dim=end + N * g + S,
+        obs_dim=s1 + len(cand_names),
         ego=slice(0, e),
         partners=slice(e, e + P * p),
         roads=slice(e + P * p, end),
@@ -161,4 +175,8 @@ def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: 
         style_dim=S,
         style=slice(end + N * g, end + N * g + S),
         style_features=STYLE_FEATURES if styles else (),
+        num_candidates=G,
+        candidate_dim=len(cand_names),
+        candidates=slice(s1, s1 + len(cand_names)),
+        candidate_features=cand_names,
     )

@@ -136,6 +136,12 @@ def _draw_agents(ax, f: FrameData) -> None:
         if f.visible[a]:
             ax.plot([f.pos[a, 0], f.goal[a, 0]], [f.pos[a, 1], f.goal[a, 1]], color=col, linewidth=0.5,
                     alpha=0.35, zorder=4)
+    # Candidate goals of the memory task (the true one is also drawn as the goal above).
+    if f.candidates is not None:
+        for c in np.nonzero(f.controlled[: f.candidates.shape[0]])[0]:
+            for g in f.candidates[c]:
+                ax.add_patch(Circle(tuple(g), f.goal_radius, fill=False, edgecolor=COLORS["candidate"],
+                                    linewidth=0.8, linestyle=(0, (1, 1)), zorder=5))
     # Visible agents: filled boxes, stopped ones hatched.
     if vis.any():
         idx = np.nonzero(vis)[0]

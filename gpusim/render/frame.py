@@ -33,6 +33,7 @@ COLORS = {
     "collided": "#d62728",
     "offroad": "#ff7f0e",
     "goal": "#1f77b4",
+    "candidate": "#7f7f7f",
     "goal_reached": "#2ca02c",
     "trail": "#555555",
     "highlight": "#e377c2",
@@ -85,6 +86,8 @@ class FrameData:
         signal_pos, signal_dir: [L, 2] float32 stop points (m) and lane directions of the
             scenario's traffic signals; signal_state: [L] int ``SignalState`` codes at the frame's
             log step (unknown past the log); all None when not drawn (docs/signals.md).
+        candidates: [C, G, 2] float32 candidate goals of the memory task (m; zeros for empty
+            slots), drawn as grey dashed circles; None when the task is off (docs/trial.md).
     """
 
     pos: np.ndarray
@@ -116,6 +119,7 @@ class FrameData:
     signal_pos: np.ndarray | None = None
     signal_dir: np.ndarray | None = None
     signal_state: np.ndarray | None = None
+    candidates: np.ndarray | None = None
 
 
 class TrailRecorder:
@@ -348,4 +352,5 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
         ghost_heading=trail.last_heading if trail is not None else None,
         ever_collided=ever_c, ever_offroad=ever_o, coplayer=coplayer,
         **_signal_arrays(pack, s, cfg.init_steps + t - int(row["trial_start"])),  # the replay's log clock
+        candidates=_np(st.goal_cand[world]).astype(np.float32) if getattr(cfg, "goal_candidates", 0) >= 2 else None,
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from gpusim.kernels.reset import reset_agents
+from gpusim.sim.candidates import draw_candidates
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.roles import assign_roles
 from gpusim.sim.styles import draw_styles
@@ -64,10 +65,11 @@ def initial_state(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
 def begin_episode(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
     """Start a new episode of ``scenario`` [W]: resets the host clock, draws the slots' roles
     (``gpusim.sim.roles.assign_roles``) and, with reward conditioning, the agents' styles
-    (``gpusim.sim.styles.draw_styles``), remembers the start state (``ctx.start``, for trial
+    (``gpusim.sim.styles.draw_styles``) and, in the memory task, the candidate goals
+    (``gpusim.sim.candidates.draw_candidates``), remembers the start state (``ctx.start``, for trial
     restarts) and returns a copy of it to run."""
     ctx.t = 0
-    ctx.start = draw_styles(ctx, assign_roles(ctx, initial_state(ctx, scenario)))
+    ctx.start = draw_candidates(ctx, draw_styles(ctx, assign_roles(ctx, initial_state(ctx, scenario))))
     return ctx.start.clone()
 
 

@@ -12,6 +12,11 @@ observation. The C and Triton kernels write the first D0 columns of the full buf
 same pass instead of running the signal kernel, whose result would be all zero). The torch
 reference writes ``ctx.obs_core`` [W, C, D0] and copies it into the first D0 columns.
 
+Memory task (``EnvConfig.goal_candidates`` >= 2): the candidate block
+(:func:`gpusim.sim.candidates.candidate_block`, 3 G + 1 columns) is the very last block, written
+after every other one (zero for slots not observed), and the ego block's goal columns
+(``goal_x``, ``goal_y``, ``goal_dist``) are zeroed: the true goal must not show.
+
 Driving styles (``EnvConfig.reward_conditioning``): the last ``NUM_STYLE_TERMS`` columns hold the
 slot's own normalised style (:func:`gpusim.sim.styles.style_observation`), written after the
 other blocks for every backend (one torch ``where`` + copy; zero for slots not observed).
@@ -38,13 +43,18 @@ from __future__ import annotations
 import torch
 
 from gpusim.backend import step_backend
+from gpusim.kernels.obs_layout import EGO_FEATURES
 from gpusim.kernels.observations import cpu_kernel_available, observations
 from gpusim.kernels.observations.cpu import observations_cpu_state, observations_cpu_static
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
+from gpusim.sim.candidates import candidate_block
 from gpusim.sim.context import SimContext, StepVars, heading_trig, slots
 from gpusim.sim.signals import no_signal_pack, signal_log_index
 from gpusim.sim.styles import style_observation
 from gpusim.state import EnvState
+
+#: The ego block's goal columns (hidden in the memory task).
+GOAL_COLUMNS = slice(EGO_FEATURES.index("goal_x/100"), EGO_FEATURES.index("goal_dist/100") + 1)
 from gpusim.styles import NUM_STYLE_TERMS
 
 
@@ -100,7 +110,8 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     full = ctx.obs_buf
     n_style = NUM_STYLE_TERMS if cfg.reward_conditioning else 0  # style block (reward conditioning): the last columns, written last
-    d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM - n_style
+    n_cand = 3 * cfg.goal_candidates + 1 if cfg.goal_candidates >= 2 else 0  # memory task block: the very last
+    d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM - n_style - n_cand
     name = step.backend if step is not None and step.backend is not None else step_backend(state.pos, cfg.cpu_kernels)
     if name == "c" and cpu_kernel_available():
         # C kernel, one call on the state's own fields: picks the slots in play or written before,
@@ -130,7 +141,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     else:
         active = (state.slot_active & state.present[:, :C]).contiguous()
         no_signals = False
-        if cfg.num_signals > 0 or n_style:  # the torch kernels write their own [W, C, D0] buffer (docstring)
+        if cfg.num_signals > 0 or n_style or n_cand:  # the torch kernels write their own [W, C, D0] buffer
             if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:
                 ctx.obs_core = torch.zeros(*full.shape[:2], d0, device=full.device)
             buf = ctx.obs_core
@@ -163,7 +174,12 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         )
     if n_style:
         style = style_observation(ctx, state)
-        full[..., full.shape[-1] - n_style:].copy_(torch.where(active[..., None], style, torch.zeros_like(style)))
+        full[..., d0 + cfg.num_signals * SIGNAL_DIM: full.shape[-1] - n_cand].copy_(
+            torch.where(active[..., None], style, torch.zeros_like(style)))
+    if n_cand:
+        block = candidate_block(state)
+        full[..., full.shape[-1] - n_cand:].copy_(torch.where(active[..., None], block, torch.zeros_like(block)))
+        full[..., GOAL_COLUMNS].fill_(0.0)
     return full
 
 

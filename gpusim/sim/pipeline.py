@@ -2,7 +2,7 @@
 
 ::
 
-    actions ─▶ signals_before ─▶ motion ─▶ replay ─▶ signals ─▶ contacts ─▶ rewards ─▶ goals
+    actions ─▶ signals_before ─▶ motion ─▶ replay ─▶ signals ─▶ contacts ─▶ rewards ─▶ decoys ─▶ goals
             ─▶ trial ─▶ accounting ─▶ restart ─▶ observe ─▶ StepResult
 
 Each stage is ``fn(ctx, state, step) -> changes`` (see :mod:`gpusim.sim.context`); the pipeline
@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 
 from gpusim.backend import step_backend
 from gpusim.sim.accounting import accounting
+from gpusim.sim.candidates import decoys
 from gpusim.sim.contacts import contacts
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.episode import restart
@@ -45,6 +46,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("signals", signals),        # red-light crossings of this step (signals on the log clock)
     Stage("contacts", contacts),      # collisions, offroad, hit-by (collision REMOVE)
     Stage("rewards", rewards),        # reward, goals reached, contact behaviours, terminal
+    Stage("decoys", decoys),          # memory task: a wrong candidate goal stops the agent
     Stage("goals", goals),            # RESPAWN / NEW_GOAL after a goal
     Stage("trial", trial),            # trial clock (trial mode)
     Stage("accounting", accounting),  # episode accumulators, metrics of finished agent-episodes

@@ -149,24 +149,28 @@ class PolicyDriver:
     memory), as in ``train/rollout.py``.
 
     Memory is cleared for every slot at :meth:`begin` and per slot after a terminal; a trial
-    boundary (truncation) keeps it. Steps where the agent was removed are passed as removed.
+    boundary (truncation) keeps it, unless ``memory="trial"`` (the memoryless control: cleared at
+    every trial start too). Steps where the agent was removed are passed as removed.
 
     Args:
         policy: the model (put in eval mode). deterministic: argmax (discrete) / mean (continuous)
-            actions; else sampled with torch's global generator.
+            actions; else sampled with torch's global generator. memory: ``"episode"`` or
+            ``"trial"``; ``None`` (default): the policy's own ``config.memory``.
     """
 
-    def __init__(self, policy, deterministic: bool = True):
+    def __init__(self, policy, deterministic: bool = True, memory: str | None = None):
         self.policy = policy.eval()
         self.deterministic = deterministic
         self.actor = None  # built at the first begin (W * C slots of the env, env.horizon steps)
 
+        self.memory = memory
     def begin(self, env, obs):
         from policy.actor import Actor
 
         R = env.num_worlds * env.num_slots
         if self.actor is None or self.actor.num_slots != R:
-            self.actor = Actor(self.policy, R, env.horizon, obs.device, self.deterministic)
+            self.actor = Actor(self.policy, R, env.horizon, obs.device, self.deterministic,
+                               reset_at_trial=None if self.memory is None else self.memory == "trial")
         self.actor.begin()
 
     def act(self, env, obs):
@@ -176,7 +180,7 @@ class PolicyDriver:
 
     def observe(self, env, result):
         R = env.num_worlds * env.num_slots
-        self.actor.observe(result.terminal.reshape(R), result.removed.reshape(R))
+        self.actor.observe(result.terminal.reshape(R), result.removed.reshape(R), result.truncation.reshape(R))
 
 
 # ----------------------------------------------------------------------------- the sweep

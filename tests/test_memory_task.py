@@ -1,0 +1,194 @@
+"""The memory task (EnvConfig.goal_candidates) and the memoryless control (PolicyConfig.memory) on
+the bundled sample scenarios: candidates constant across the trials of an episode and redrawn with
+the next one, only the true goal rewards, a decoy stops the agent (not a contact stop) and shows in
+its observation, the control's cache is empty at each trial start, the task off is bit for bit
+the env without it, and bad input gets one clear message."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpusim import DriveEnv
+from gpusim.config import EnvConfig
+from gpusim.sim.candidates import candidate_pool
+from train.packs import load_pack
+
+CFG = dict(max_controlled=8, goal_behavior="trial", k_trials=2, reward_collision=0.0, reward_offroad=0.0)
+
+
+@pytest.fixture(scope="module")
+def pack(sample_dir):
+    return load_pack(str(sample_dir), EnvConfig(**CFG))
+
+
+def _env(pack, W=4, seed=3, **kw):
+    return DriveEnv(pack, num_worlds=W, config=EnvConfig(**{**CFG, **kw}), seed=seed)
+
+
+def _random_actions(env, gen):
+    return torch.randint(0, env.num_actions, (env.num_worlds, env.num_slots), generator=gen)
+
+
+def test_candidates_constant_across_trials_and_redrawn_next_episode(pack):
+    env = _env(pack, goal_candidates=2)
+    env.reset(seed=3)
+    active = env.state.slot_active
+    first = (env.state.goal_cand.clone(), env.state.cand_true.clone(), env.state.goal[:, :8].clone())
+    assert bool((first[0][active].norm(dim=-1) > 0).all())
+    # the true goal is one of the candidates, and the two candidates of a slot are apart
+    picked = first[0].gather(2, first[1][..., None, None].expand(-1, -1, 1, 2))[:, :, 0]
+    assert torch.equal(picked[active], first[2][active])
+    assert bool(((first[0][:, :, 0] - first[0][:, :, 1]).norm(dim=-1)[active] >= 6.0).all())
+    gen = torch.Generator().manual_seed(0)
+    saw_trial_1 = False
+    for _ in range(env.horizon - 1):
+        env.step(_random_actions(env, gen))
+        saw_trial_1 |= bool((env.state.trial_count == 1).any())
+        assert torch.equal(env.state.goal_cand, first[0]) and torch.equal(env.state.cand_true, first[1])
+        assert torch.equal(env.state.goal[:, :8], first[2])
+    assert saw_trial_1
+    env.step(_random_actions(env, gen))  # step H: the next episode draws again
+    assert not torch.equal(env.state.goal_cand, first[0])
+
+
+def test_only_the_true_goal_rewards_and_a_decoy_stops(pack):
+    env = _env(pack, W=2, goal_candidates=2)
+    env.reset(seed=5)
+    st = env.state
+    true = st.cand_true[0, 0]
+    decoy_pos = st.goal_cand[0, 0, 1 - true]
+    pos = st.pos.clone()
+    pos[0, 0] = decoy_pos
+    speed = st.speed.clone()
+    speed[0, 0] = 0.0
+    env.state = st.replace(pos=pos, speed=speed)
+    res = env.step(torch.zeros(2, env.num_slots, dtype=torch.int64))
+    assert float(res.reward[0, 0]) == 0.0 and bool(res.loss_mask[0, 0])
+    assert bool(env.state.stopped[0, 0]) and not bool(env.state.contact_stopped[0, 0])
+    assert bool(env.state.at_decoy[0, 0]) and bool(env.state.present[0, 0])
+    lay = env.obs_layout
+    assert float(res.obs[0, 0, lay.candidates][-1]) == 1.0  # "at a wrong candidate"
+    res = env.step(torch.zeros(2, env.num_slots, dtype=torch.int64))
+    assert not bool(res.loss_mask[0, 0])  # stopped for the rest of the trial: not trained on
+    # the true goal rewards (and ends the slot's trial: removed)
+    env.reset(seed=5)
+    st = env.state
+    pos = st.pos.clone()
+    pos[0, 0] = st.goal_cand[0, 0, st.cand_true[0, 0]]
+    speed = st.speed.clone()
+    speed[0, 0] = 0.0
+    env.state = st.replace(pos=pos, speed=speed)
+    res = env.step(torch.zeros(2, env.num_slots, dtype=torch.int64))
+    assert float(res.reward[0, 0]) == 1.0 and not bool(env.state.at_decoy[0, 0])
+
+
+def test_observation_shows_candidates_alike_and_hides_the_goal(pack):
+    env = _env(pack, W=2, goal_candidates=3)
+    obs = env.reset(seed=1)
+    lay = env.obs_layout
+    assert lay.num_candidates == 3 and lay.candidate_dim == 10 and lay.obs_dim == obs.shape[-1]
+    st = env.state
+    block = obs[0, 0, lay.candidates]
+    rel = st.goal_cand[0, 0] - st.pos[0, 0]
+    assert torch.allclose(block[2:9:3], rel.norm(dim=-1) / 100.0, atol=1e-5)
+    assert float(obs[0, 0, 3:6].abs().sum()) == 0.0  # goal_x, goal_y, goal_dist hidden
+    assert float(block[-1]) == 0.0
+
+
+def test_off_is_bit_identical(pack):
+    gen_a, gen_b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    a, b = _env(pack, goal_candidates=0), _env(pack, goal_candidates=1)
+    oa, ob = a.reset(seed=2), b.reset(seed=2)
+    assert torch.equal(oa, ob) and a.obs_dim == b.obs_dim == _env(pack).obs_dim
+    for _ in range(30):
+        ra, rb = a.step(_random_actions(a, gen_a)), b.step(_random_actions(b, gen_b))
+        assert torch.equal(ra.obs, rb.obs) and torch.equal(ra.reward, rb.reward)
+    assert a.state.equal(b.state)
+    assert float(a.state.goal_cand.abs().sum()) == 0.0
+
+
+def test_memoryless_control_cache_empty_at_each_trial_start(pack):
+    from policy.actor import Actor
+    from policy.actor_critic import ActorCritic, PolicyConfig
+    from train.eval.sweep import PolicyDriver
+
+    env = _env(pack, W=2, goal_candidates=2, scenario_length=6)
+    small = dict(d_model=16, n_layers=1, n_heads=2, hidden=16, max_roads=8)
+    torch.manual_seed(0)
+    control = ActorCritic(env.obs_layout, env.num_actions, config=PolicyConfig(memory="trial", **small))
+    with_memory = ActorCritic(env.obs_layout, env.num_actions, config=PolicyConfig(**small))
+    assert Actor(control, 4, 8).reset_at_trial and not Actor(with_memory, 4, 8).reset_at_trial
+    for policy, memory, cleared in ((control, None, True), (with_memory, None, False), (with_memory, "trial", True)):
+        driver = PolicyDriver(policy, memory=memory)
+        obs = env.reset(seed=4)
+        driver.begin(env, obs)
+        for t in range(env.horizon - 1):
+            res = env.step(driver.act(env, obs))
+            obs = res.obs
+            driver.observe(env, res)
+            trunc = res.truncation.reshape(-1)
+            if bool(trunc.any()):
+                pos = driver.actor.cache.position[trunc]
+                assert bool((pos == 0).all()) == cleared, (memory, pos)
+
+
+def test_ppo_forward_resets_memory_at_trials_for_the_control(monkeypatch):
+    """The update's forward gets ``terminal | truncation`` as its memory reset for the control
+    (as its actor acted), ``terminal`` alone otherwise."""
+    import policy.actor_critic as ac
+    from policy.encoders import ObsDims
+    from train.ppo import PPOConfig, ppo_update
+    from train.rollout import RolloutBatch
+
+    seen = []
+    orig = ac.ActorCritic.forward
+
+    def spy(self, obs, terminal, removed, **kw):
+        seen.append(terminal.clone())
+        return orig(self, obs, terminal, removed, **kw)
+
+    monkeypatch.setattr(ac.ActorCritic, "forward", spy)
+    dims = ObsDims(ego_dim=4, num_partners=1, partner_dim=2, num_roads=1, road_dim=2)
+    R, H = 2, 6
+    for memory in ("episode", "trial"):
+        seen.clear()
+        pol = ac.ActorCritic(dims, 3, config=ac.PolicyConfig(d_model=8, n_layers=1, n_heads=1, hidden=8,
+                                                                memory=memory, action_factors=()))
+        b = RolloutBatch.empty(R, H, dims.obs_dim, False, 0, "cpu")
+        trunc = torch.zeros(R, H, dtype=torch.bool)
+        trunc[:, 2] = True
+        b = b.replace(truncation=trunc, terminal=torch.zeros(R, H, dtype=torch.bool),
+                      loss_mask=torch.ones(R, H, dtype=torch.bool), removed=torch.zeros(R, H, dtype=torch.bool),
+                      obs=torch.zeros(R, H, dims.obs_dim), actions=torch.zeros(R, H, dtype=torch.int64),
+                      logprobs=torch.zeros(R, H), values=torch.zeros(R, H), rewards=torch.zeros(R, H))
+        ppo_update(pol, torch.optim.Adam(pol.parameters()), b, PPOConfig(), 1, R, torch.arange(R),
+                   torch.Generator())
+        assert bool(seen[0][:, 2].all()) == (memory == "trial")
+
+
+def test_bad_input_one_line(pack):
+    with pytest.raises(ValueError, match="goal_candidates must be an integer >= 0"):
+        EnvConfig(**CFG, goal_candidates=-1)
+    with pytest.raises(ValueError, match="new_goal"):
+        EnvConfig(max_controlled=8, goal_behavior="new_goal", goal_candidates=2)
+    with pytest.raises(ValueError, match=r"scenario \S+ has only \d+ candidate place\(s\) for its controlled agent "
+                                         r"in slot \d+"):
+        candidate_pool(pack, EnvConfig(**CFG, goal_candidates=40))
+    from policy.actor_critic import PolicyConfig
+    with pytest.raises(ValueError, match="PolicyConfig.memory must be one of episode, trial"):
+        PolicyConfig(memory="forever")
+
+
+def test_cli_refusals(capsys):
+    from train.config import UserError, parse_args
+    cfg = parse_args(["--env.goal-candidates", "2", "--env.goal-behavior", "trial", "--device", "cpu"])
+    assert cfg.experience == "identity"  # the default shaping is replaced, not refused
+    with pytest.raises(UserError, match="--experience progress: the goal-progress shaping points at the true goal"):
+        parse_args(["--env.goal-candidates", "2", "--experience", "progress", "--device", "cpu"])
+    assert parse_args(["--device", "cpu"]).experience == "progress"
+    from train.evaluate import main
+    rc = main(["--policy", "steer_to_goal", "--memory", "trial", "--k-trials", "2"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--memory trial: steer_to_goal is a baseline without a KV-cache memory" in err
