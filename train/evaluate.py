@@ -55,6 +55,7 @@ from train.eval.report import scenario_table, summary_table
 from train.eval.sweep import (CallableDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
                               sweep_plan)
 from train.eval.streaming import first_pack, local_records, streaming_sweep
+from train.eval.styles import eval_styles, partner_styles, style_env_config
 
 
 @dataclass
@@ -74,7 +75,12 @@ class EvalConfig:
         mode: evaluation modes, side by side: ``self_play`` (the policy drives every controlled
             agent), ``coplayer`` (one ego per world, the other controlled agents driven by the
             ``--coplayer`` partners) and/or ``human_replay`` (one ego per world, others log-replayed).
-        coplayer: partner checkpoints of ``--mode coplayer`` (one drawn per world per episode).
+        coplayer: partner checkpoints of ``--mode coplayer`` (one drawn per world per episode);
+            ``PATH@STYLE`` gives a conditioned partner its driving style (the distinct styles
+            form the partners' style table, one drawn per world per episode; docs/styles.md).
+        style: driving styles (names of ``gpusim.styles.STYLES`` or R comma-separated weights) to
+            evaluate a reward-conditioned checkpoint under, one run per style labelled by it
+            (default: ``default``); refused for a checkpoint trained without conditioning.
         coplayer_sample: partners sample their actions (default argmax).
         human_replay: same as ``--mode human_replay`` (kept for old scripts).
         episodes_per_scenario: how many times every scenario runs (a deterministic policy in a
@@ -83,15 +89,15 @@ class EvalConfig:
         num_worlds: worlds per batch (0 = up to 32, spread evenly over the batches).
         k_trials: > 0: trial mode with this many trials per episode (0 = as trained).
         stochastic: sample the policies' actions instead of argmax / mean.
+        memory: ``trial``: the memoryless control, every checkpoint's KV cache cleared at every
+            trial start (docs/trial.md); ``episode``: kept across the trials of an episode;
+            default: as each checkpoint was trained (``--policy.memory``). Checkpoints only.
         seed: env generator, ``random`` baseline and sampling seed (the same for every policy).
         device: ``cuda`` if available else ``cpu``.
         num_threads: torch CPU threads (0 = torch's default, capped at the CPU cores available).
         interval: ``normal`` (mean +- 1.96 s / sqrt(n), default) or ``bootstrap`` (percentile).
         level: confidence level of the intervals.
         resamples: bootstrap resamples (``--interval bootstrap``).
-        memory: ``trial``: the memoryless control, every checkpoint's KV cache cleared at every
-            trial start (docs/trial.md); ``episode``: kept across the trials of an episode;
-            default: as each checkpoint was trained (``--policy.memory``). Checkpoints only.
         json: also write the results as JSON to this file.
         records: also write one JSON line per agent-episode (policy, mode, role, scenario, slot,
             metrics, per-trial scores and goal steps) to this file, for offline analysis.
@@ -107,11 +113,13 @@ class EvalConfig:
     mode: tuple[str, ...] = ("self_play",)
     coplayer: tuple[str, ...] = ()
     coplayer_sample: bool = False
+    style: tuple[str, ...] = ()
     human_replay: bool = False
     episodes_per_scenario: int = 1
     num_worlds: int = 0
     k_trials: int = 0
     stochastic: bool = False
+    memory: Literal["episode", "trial"] | None = None
     seed: int = 12345
     device: str = field(default_factory=default_device)
     num_threads: int = 0
@@ -119,7 +127,6 @@ class EvalConfig:
     level: float = 0.95
     resamples: int = 2000
     json: str | None = None
-    memory: Literal["episode", "trial"] | None = None
     records: str | None = None
     per_scenario: bool = True
     quiet: bool = False
@@ -232,6 +239,9 @@ def _check(cfg: EvalConfig) -> list[str]:
             raise UserError(f"{name} must be >= {low}, got {value}")
     if not 0.0 < cfg.level < 1.0:
         raise UserError(f"--level must be in (0, 1), got {cfg.level}")
+    if cfg.memory is not None and any(s in BASELINES for s in specs):
+        raise UserError(f"--memory {cfg.memory}: {next(s for s in specs if s in BASELINES)} is a baseline without a "
+                        "KV-cache memory; pass --memory with checkpoints only")
     return specs
 
 
@@ -239,9 +249,6 @@ def _check(cfg: EvalConfig) -> list[str]:
 def evaluate(cfg: EvalConfig, progress=None) -> dict:
     """Run the evaluation (module docstring) and return the results as plain data.
 
-    if cfg.memory is not None and any(s in BASELINES for s in specs):
-        raise UserError(f"--memory {cfg.memory}: {next(s for s in specs if s in BASELINES)} is a baseline without a "
-                        "KV-cache memory; pass --memory with checkpoints only")
     Args:
         cfg: :class:`EvalConfig`.
         progress: optional ``rich.progress.Progress`` to advance (one task per policy and mode).
@@ -260,6 +267,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         bad flags, files or data, with a one-line message.
     """
     specs = _check(cfg)
+    coplayers, partner_table = partner_styles(cfg.coplayer)
+    cfg = dataclasses.replace(cfg, coplayer=tuple(coplayers))
     modes = [get_mode(m) for m in (("human_replay",) if cfg.human_replay else cfg.mode)]
     opts = ModeOptions.from_config(cfg)
     for mode in modes:
@@ -268,13 +277,18 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     device = check_device(cfg.device)
     policies = _load_policies(specs, device)
     base, base_notes = base_env_config(policies, cfg)
+    styles = eval_styles(base, cfg.style, policies[0]["label"])
+    if partner_table is not None:
+        if not base.reward_conditioning:
+            raise UserError("--coplayer PATH@STYLE: the evaluated policy was trained without reward conditioning")
+        base = base.replace(partner_styles=partner_table)
     out = {"data": cfg.data, "device": str(device), "num_threads": threads, "seed": cfg.seed,
            "deterministic": not cfg.stochastic, "memory": cfg.memory or "as trained", "interval": cfg.interval,
            "level": cfg.level,
            "episodes_per_scenario": cfg.episodes_per_scenario, "k_trials": base.k_trials if base.trial_mode else 0,
            "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}
-    for mode in modes:
-        env_config, pack, notes = mode_env(mode, base, cfg.data, device, stream=True)
+    for (style, values), mode in [(st, m) for st in styles for m in modes]:
+        env_config, pack, notes = mode_env(mode, style_env_config(base, values), cfg.data, device, stream=True)
         out["notes"] += [n for n in notes if n not in out["notes"]]
         stats = getattr(pack, "stats", {}) or {}
         out["files"] = stats.get("files", pack.num_scenarios)
@@ -301,7 +315,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             else:
                 agents, worlds, ids = _stream(env, driver, sharded, cfg.chunk_size, N, mode, on_batch, out["skipped"])
             label = entry["label"] if len(modes) == 1 else f"{entry['label']} ({mode.name})"
-            run = {"label": label, "policy": entry["spec"], "mode": mode.name, "scenarios": ids,
+            label = label if style is None else f"{label} [{style}]"
+            run = {"label": label, "policy": entry["spec"], "mode": mode.name, "style": style, "scenarios": ids,
                    **mode.summarise(ego_rows(agents), worlds, len(ids), context, opts), "records": agents}
             run.update(mode.describe(context))
             if entry["kind"] == "checkpoint":

@@ -10,7 +10,9 @@ column). Reported metrics (:data:`METRICS`, labels in brackets):
   metrics call ``trial_k_score`` today) and ``ada_delta_trial_k_minus_0`` = the mean over
   agent-episodes of ``trial_k_score - trial_0_score`` (paired, so its interval is that of the
   per-agent differences), plus per world-episode trial logs (trials completed, share ended before
-  the timeout, mean trial length in steps).
+  the timeout, mean trial length in steps);
+* reward conditioning (driving styles): ``mean_speed`` (m/s) and ``min_gap`` (m) when the records
+  have them (:data:`train.eval.styles.STYLE_METRICS`).
 
 Every mean comes with a confidence interval over agent-episodes (:mod:`train.eval.stats`),
 clipped to the metric's range (``[0, 1]`` for rates, ``[-1, 1]`` for ``ada_delta``).
@@ -23,6 +25,7 @@ import math
 import torch
 
 from train.eval.stats import Interval, mean_interval
+from train.eval.styles import STYLE_METRICS
 
 #: (column, label) of the main metrics, in table order.
 METRICS = (("goal_reached", "goal"), ("collided", "collision"), ("offroad", "offroad"), ("score", "score"),
@@ -53,6 +56,9 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
         return mean_interval(x, method=method, level=level, resamples=resamples, seed=seed, bounds=bounds)
 
     out = {name: ci(agents[name], None if name == "episode_return" else (0.0, 1.0)) for name, _ in METRICS}
+    for name, _ in STYLE_METRICS:
+        if name in agents:
+            out[name] = ci(agents[name], None)
     K = _trial_count(agents)
     for k in range(K):
         out[f"trial_{k}_score"] = ci(agents[f"trial_{k}_score"])
@@ -105,7 +111,7 @@ def summary_table(runs: list[dict], title: str):
     table.add_column("metric")
     for run in runs:
         table.add_column(escape(run["label"]), justify="right")
-    labels = dict(METRICS)
+    labels = dict(METRICS + STYLE_METRICS)
     names = []
     for run in runs:
         names += [k for k in run["summary"] if k not in names]

@@ -22,6 +22,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from train.eval.styles import StyleProbe
+
 #: Per agent-episode columns of :func:`run_sweep` (trial columns added in trial mode).
 AGENT_COLUMNS = ("scenario", "world", "slot", "repetition", "episode_return", "episode_length", "goal_reached",
                  "collided", "offroad", "score")
@@ -161,9 +163,9 @@ class PolicyDriver:
     def __init__(self, policy, deterministic: bool = True, memory: str | None = None):
         self.policy = policy.eval()
         self.deterministic = deterministic
+        self.memory = memory
         self.actor = None  # built at the first begin (W * C slots of the env, env.horizon steps)
 
-        self.memory = memory
     def begin(self, env, obs):
         from policy.actor import Actor
 
@@ -204,7 +206,9 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
         [W, C] int64 (valid steps); ``goal_reached``, ``collided``, ``offroad`` [W, C] bool;
         in trial mode also ``trial_goal``, ``trial_collided``, ``trial_offroad`` [W, C, K] bool,
         ``trials``, ``trials_ended_early``, ``trial_steps`` [W] int64, ``trial_goal_step`` [W, C, K]
-        int64 (step within trial k, 1-based, at which the goal was reached; -1 = not reached).
+        int64 (step within trial k, 1-based, at which the goal was reached; -1 = not reached);
+        with reward conditioning also ``mean_speed``, ``min_gap`` [W, C] float32
+        (:class:`train.eval.styles.StyleProbe`).
     """
     from train.rollout import trial_clock
 
@@ -224,6 +228,7 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     t_steps = torch.zeros(W, dtype=torch.int64, device=dev)
     early = torch.zeros(W, dtype=torch.int64, device=dev)
     gstep = torch.full((W, C, K), -1, dtype=torch.int64, device=dev)
+    probe = StyleProbe(env) if cfg.reward_conditioning else None  # mean_speed, min_gap (driving styles)
     for _ in range(env.horizon):
         before = env.state  # the env's trial clock is read from the state a step starts from
         res = env.step(driver.act(env, obs))
@@ -244,10 +249,14 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
             t_steps += torch.where(ended, clock, 0)
             early += (ended & (clock < cfg.scenario_length)).to(torch.int64)
             tcount += ended.to(torch.int64)
+        if probe is not None:
+            probe.step(env, res)
         driver.observe(env, res)
         obs = res.obs
     out = {"ego": ego, "coplayer": coplayer, "episode_return": ret, "episode_length": length, "goal_reached": goal, "collided": col,
            "offroad": off}
+    if probe is not None:
+        out.update(probe.columns())
     if trial:
         out.update(trial_goal=tg, trial_collided=tc, trial_offroad=to, trials=tcount, trials_ended_early=early,
                    trial_steps=t_steps, trial_goal_step=gstep)
@@ -278,6 +287,9 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
         "goal_reached": ep["goal_reached"], "collided": ep["collided"], "offroad": ep["offroad"],
         "score": ep["goal_reached"] & ~ep["collided"] & ~ep["offroad"], "ego": ego,
     }
+    for name in ("mean_speed", "min_gap"):  # driving styles (train/eval/styles.py)
+        if name in ep:
+            cols[name] = ep[name]
     if "trial_goal" in ep:
         clean = ep["trial_goal"] & ~ep["trial_collided"] & ~ep["trial_offroad"]
         for k in range(ep["trial_goal"].shape[-1]):

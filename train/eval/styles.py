@@ -1,0 +1,108 @@
+"""Evaluation by driving style (``train/evaluate.py --style NAME [NAME ...]``, docs/styles.md).
+
+* :func:`eval_styles` turns ``--style`` into ``[(label, values)]`` for a checkpoint's env settings:
+  with reward conditioning, the named styles (default ``default``, the rule for a conditioned
+  checkpoint evaluated without ``--style``); without, no style (and ``--style`` is refused).
+* :func:`style_env_config` is the env of one style run: the ego slots drive with the style fixed
+  (``EnvConfig.style``), the configured ranges kept (they normalise the observation block), the
+  co-players' training draw dropped unless partner styles are given.
+* :class:`StyleProbe` accumulates, per policy slot and episode, the columns the style table adds:
+  ``mean_speed`` (m/s, mean |speed| over the slot's valid steps) and ``min_gap`` (m, the smallest
+  centre-to-centre distance to any other agent in the scene over its valid steps, capped at
+  ``EnvConfig.partner_radius`` when no agent came closer).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpusim.styles import STYLES, style_values
+from train.config import UserError
+
+#: Per agent-episode columns added with reward conditioning (name, table label).
+STYLE_METRICS = (("mean_speed", "mean speed (m/s)"), ("min_gap", "min gap (m)"))
+
+
+def eval_styles(env_config, styles: tuple, policy_label: str) -> list[tuple[str | None, tuple | None]]:
+    """``[(style label, values)]`` to evaluate under ``env_config`` (a checkpoint's settings).
+
+    Raises:
+        UserError: ``--style`` for a policy trained without reward conditioning; an unknown style
+            name or bad explicit weights (one line naming the value and what is allowed).
+    """
+    if not env_config.reward_conditioning:
+        if styles:
+            raise UserError(f"--style {' '.join(styles)}: {policy_label} is not reward-conditioned (only a checkpoint "
+                            "trained with --env.reward-conditioning takes a style); evaluate it without --style")
+        return [(None, None)]
+    out = []
+    for name in styles or ("default",):
+        try:
+            out.append((name, style_values(name, env_config.style_ranges, "--style")))
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    return out
+
+
+def style_env_config(env_config, values):
+    """The env settings of one style run (module docstring); ``values`` None: unchanged."""
+    if values is None:
+        return env_config
+    return env_config.replace(style=values)
+
+
+def partner_styles(specs) -> tuple[list[str], tuple | None]:
+    """Split ``--coplayer PATH@STYLE`` specs: ``(paths, [P][R] style table or None)``. The distinct
+    styles form the table (one drawn per world per episode); a path without ``@`` uses
+    ``default`` when another spec names a style.
+
+    Raises:
+        UserError: an unknown style name.
+    """
+    paths, names = [], []
+    for spec in specs:
+        path, _, name = str(spec).partition("@")
+        paths.append(path)
+        if name and name not in STYLES and "," not in name:
+            raise UserError(f"--coplayer {spec}: unknown style {name!r}; named styles: {', '.join(STYLES)}")
+        names.append(name)
+    if not any(names):
+        return paths, None
+    table = []
+    for name in dict.fromkeys(n or "default" for n in names):
+        try:
+            table.append(style_values(name, what="--coplayer"))
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    return list(dict.fromkeys(paths)), tuple(table)
+
+
+class StyleProbe:
+    """Per-slot ``mean_speed`` and ``min_gap`` of one synchronous episode (module docstring).
+
+    ``step(env, result)`` after every env step; ``columns()`` -> ``{"mean_speed", "min_gap"}``
+    [W, C] float32 device tensors (no host read).
+    """
+
+    def __init__(self, env):
+        W, C, dev = env.num_worlds, env.num_slots, env.device
+        self.cap = float(env.config.partner_radius)
+        self.speed_sum = torch.zeros(W, C, device=dev)
+        self.steps = torch.zeros(W, C, device=dev)
+        self.gap = torch.full((W, C), self.cap, device=dev)
+
+    def step(self, env, result) -> None:
+        """Accumulate the step that produced ``result`` (the env's state after it)."""
+        st, C = env.state, env.num_slots
+        valid = result.loss_mask.to(torch.bool)
+        self.speed_sum += torch.where(valid, st.speed[:, :C].abs(), 0.0)
+        self.steps += valid.to(torch.float32)
+        d = torch.cdist(st.pos[:, :C], st.pos)  # [W, C, A] centre-to-centre (m)
+        other = st.present[:, None, :].expand_as(d).clone()
+        other[:, torch.arange(C), torch.arange(C)] = False  # not itself
+        d = torch.where(other, d, torch.full_like(d, float("inf"))).amin(dim=2)
+        self.gap = torch.where(valid, torch.minimum(self.gap, d), self.gap)
+
+    def columns(self) -> dict:
+        """``{"mean_speed": [W, C], "min_gap": [W, C]}`` float32 (0 speed for slots never valid)."""
+        return {"mean_speed": self.speed_sum / self.steps.clamp_min(1.0), "min_gap": self.gap}
