@@ -7,10 +7,11 @@ Rules (DESIGN.md section 2):
 * ``GPUSIM_BACKEND=torch|triton`` overrides the choice. ``triton`` on CPU tensors is only valid
   with ``TRITON_INTERPRET=1`` (Triton's interpreter), which is how kernels are tested without a GPU.
 * :func:`use_backend` overrides it for a ``with`` block (used by tests and benchmarks).
-* ``"c"``, the hand-written C kernels of the CPU path, is chosen per call, not forced: an op's
-  dispatcher takes ``backend=`` (:data:`OP_BACKENDS`, resolved by :func:`op_backend`) and the env
-  passes ``"c"`` where :func:`step_backend` says so (``EnvConfig.cpu_kernels`` on the torch backend
-  with CPU tensors).
+* ``"c"``, the hand-written C kernels of the CPU path (CPU tensors only): the env runs them where
+  :func:`step_backend` says so (``EnvConfig.cpu_kernels`` on the torch backend with CPU tensors);
+  an op's dispatcher takes ``backend=`` (:data:`OP_BACKENDS`, resolved by :func:`op_backend`), and
+  forcing ``"c"`` (``use_backend("c")``, ``GPUSIM_BACKEND=c``) runs every op that has a C kernel
+  through it (the others run their torch reference).
 
 The kernels package imports only this module from the rest of the project.
 """
@@ -23,9 +24,9 @@ import os
 
 import torch
 
-BACKENDS = ("torch", "triton")
+BACKENDS = ("torch", "triton", "c")
 #: What an op's ``backend=`` argument may name (None: :func:`backend_for` of its tensors).
-OP_BACKENDS = ("torch", "triton", "c")
+OP_BACKENDS = BACKENDS
 _override: list[str] = []
 
 
@@ -89,14 +90,20 @@ def requested_backend() -> str | None:
 
 
 def backend_for(tensor: torch.Tensor) -> str:
-    """The backend that runs a computation on ``tensor``'s device: ``"torch"`` or ``"triton"``.
+    """The backend that runs a computation on ``tensor``'s device: ``"torch"`` or ``"triton"``
+    (``"c"`` only where forced).
 
     Raises:
-        RuntimeError: if ``triton`` is forced on CPU tensors without ``TRITON_INTERPRET=1``.
+        RuntimeError: if ``triton`` is forced on CPU tensors without ``TRITON_INTERPRET=1``, or
+            ``c`` on tensors that are not on the CPU.
     """
     forced = requested_backend()
     if forced == "torch":
         return "torch"
+    if forced == "c":
+        if not tensor.is_cpu:
+            raise RuntimeError(f"GPUSIM_BACKEND=c runs CPU tensors only, got a tensor on {tensor.device}")
+        return "c"
     if forced == "triton":
         if tensor.device.type != "cuda" and not interpreter_active():
             raise RuntimeError(
@@ -108,7 +115,7 @@ def backend_for(tensor: torch.Tensor) -> str:
 
 @contextlib.contextmanager
 def use_backend(name: str):
-    """Force backend ``name`` ("torch" or "triton") inside a ``with`` block.
+    """Force backend ``name`` ("torch", "triton" or "c") inside a ``with`` block.
 
     Raises:
         ValueError: for an unknown name.
@@ -144,7 +151,7 @@ def step_backend(tensor: torch.Tensor, cpu_kernels: bool) -> str:
     else :func:`backend_for`'s answer. Ops whose C kernel cannot be built run their torch
     reference under ``"c"`` (one warning, ``gpusim.kernels.cbuild``)."""
     name = backend_for(tensor)
-    return "c" if name == "torch" and cpu_kernels and tensor.device.type == "cpu" else name
+    return "c" if name == "torch" and cpu_kernels and tensor.is_cpu else name
 
 
 def op_backend(backend: str | None, tensor: torch.Tensor) -> str:

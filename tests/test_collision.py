@@ -9,7 +9,7 @@ from gpusim.backend import use_backend
 from gpusim.kernels.collision import collisions, collisions_reference
 from synthetic import KERNEL_DEVICE, backend_device, to_cpu, to_kernel_device
 
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["torch", "triton", "c"]  # every backend of the op (triton: the interpreter on CPU)
 
 
 def _boxes(*boxes, present=None, device="cpu"):

@@ -92,11 +92,15 @@ def test_events_triton_matches_reference(goal_b, col_b, off_b):
         assert torch.equal(r, o), name
 
 
-def test_events_rules():
+@pytest.mark.parametrize("backend", ["torch", "triton", "c"])  # every backend of the op
+def test_events_rules(backend):
     W, A, C = 64, 9, 6
     inp = _events_inputs(W, A, C, seed=5)
-    out = events_reference(*inp.values(), 2.0, 1.0, -0.5, -0.25, int(GoalBehavior.STOP), int(ContactBehavior.STOP),
-                           int(ContactBehavior.REMOVE), 0.5)
+    args = (2.0, 1.0, -0.5, -0.25, int(GoalBehavior.STOP), int(ContactBehavior.STOP), int(ContactBehavior.REMOVE), 0.5)
+    if backend == "triton":
+        out = to_cpu(events(*to_kernel_device(tuple(inp.values())), *args, backend="triton"))
+    else:
+        out = events(*inp.values(), *args, backend=backend)
     play = inp["in_play"]
     d = (inp["pos"] - inp["goal"]).norm(dim=-1)
     assert torch.equal(out.goal_now, play & (d <= 2.0))

@@ -54,7 +54,7 @@ def test_reference_agrees_with_collision_test():
                            collisions_reference(pos, heading, length, width, present, scale))
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton)])
+@pytest.mark.parametrize("backend", ["torch", pytest.param("triton", marks=needs_triton), "c"])
 def test_geometry_and_masks(backend):
     # agent 0 at the origin heading +x (4 x 2 box); agent 1 rotated 90 deg with its centre 2.4 m
     # ahead (its half-width 1 m reaches x = 1.4 < 2: overlap); agent 2 5 m to the side (no);

@@ -12,7 +12,7 @@ from gpusim.kernels.grid import cell_index_jit, cell_index_reference
 from gpusim.kernels.offroad import offroad, offroad_reference
 from synthetic import KERNEL_DEVICE, backend_device, to_cpu, to_kernel_device
 
-BACKENDS = ["torch", "triton"]
+BACKENDS = ["torch", "triton", "c"]  # every backend of the op (triton: the interpreter on CPU)
 CELL = 5.0
 
 

@@ -134,17 +134,20 @@ def test_red_light_triton_matches_reference(W, C, L):
     assert torch.equal(ref, tri)
 
 
-def test_red_light_geometry():
+@pytest.mark.parametrize("backend", ["torch", "triton", "c"])  # every backend of the op
+def test_red_light_geometry(backend):
     """Behind -> beyond on red flags; green, flashing red, sideways, reversing, outside the
     half-width, a lane not in the map, not moving: no flag."""
     def one(before, after, heading=0.0, code=4, d=(1.0, 0.0), moving=True, li=0):
         sig = dict(signal_pos=torch.zeros(1, 1, 2), signal_dir=torch.tensor([[d]]),
                    signal_state=torch.full((1, 2, 1), code, dtype=torch.int8),
                    signal_valid=torch.ones(1, 2, 1, dtype=torch.bool), num_signals=torch.ones(1, dtype=torch.int32))
-        return bool(red_light_violation_reference(
-            pos_before=torch.tensor([[before]]), pos=torch.tensor([[after]]), heading=torch.tensor([[heading]]),
-            moving=torch.tensor([[moving]]), scenario=torch.zeros(1, dtype=torch.int64),
-            log_index=torch.tensor([li]), **sig)[0, 0])
+        kw = dict(pos_before=torch.tensor([[before]]), pos=torch.tensor([[after]]), heading=torch.tensor([[heading]]),
+                  moving=torch.tensor([[moving]]), scenario=torch.zeros(1, dtype=torch.int64),
+                  log_index=torch.tensor([li]), **sig)
+        if backend == "triton":
+            kw = to_kernel_device(kw)
+        return bool(to_cpu(red_light_violation(**kw, backend=backend))[0, 0])
     assert one((-1.0, 0.5), (0.5, 0.5))                    # red: crossing
     assert one((-1.0, 0.0), (0.0, 0.0))                    # landing on the line counts (once)
     assert not one((0.0, 0.0), (1.0, 0.0))                 # ... and leaving it does not again

@@ -28,7 +28,7 @@ from gpusim.kernels.motion import bicycle_slots_cpu, discrete_motion_tables, in_
 from gpusim.kernels.replay import replay_reference, replay_state_cpu
 from gpusim.kernels.signals import red_light_cpu, red_light_violation_reference
 from gpusim.state import in_play
-from tests.synthetic import driver, lane, small_config, synthetic_pack
+from tests.synthetic import driver, lane, small_config, synthetic_pack, to_cpu, to_kernel_device
 
 TFRECORD = Path(__file__).resolve().parents[1] / "data" / "womd_tfrecord" / "motion_data_one_scenario.tfrecord.gz"
 
@@ -197,6 +197,39 @@ def test_bicycle_slots_match_reference(pack, worlds, C):
         for x, y, full in zip(got, want, args.values()):
             assert torch.equal(bits(x[:, :C]), bits(y)) and torch.equal(bits(x[:, C:]), bits(full[:, C:]))
         assert (got[1][:, :C] != heading[:, :C]).any()
+
+
+@pytest.mark.parametrize("action_space", [0, 1])
+@pytest.mark.parametrize("backend", ["torch", "triton", "c"])  # every backend of the op
+def test_move_slots_every_backend_and_bound_call(pack, backend, action_space):
+    """``move_slots`` (stage motion's op) on each backend, and its bound form (``bind_move_slots``,
+    unchecked on C: the direct kernel calls), equal the torch reference: in-play flags, the loss
+    mask and the moved poses (bit for bit on C; within float32 rounding on Triton, whose
+    transcendental functions are its own), experts' columns copied."""
+    from gpusim.backend import use_backend
+    from gpusim.kernels.motion import bind_move_slots, move_slots
+
+    env = DriveEnv(pack, 5, EnvConfig(max_controlled=8, num_signals=0, action_space=action_space), seed=2)
+    g = torch.Generator().manual_seed(7)
+    st, C = env.state, env.num_slots
+    W, A = st.present.shape
+    acts = (torch.randint(0, dynamics.NUM_ACTIONS, (W, C), generator=g) if action_space == 0
+            else torch.rand(W, C, 2, generator=g) * 2 - 1)
+    stopped = torch.rand(W, A, generator=g) < 0.2
+    args = (st.controlled, st.present, stopped, st.removed, st.world_done, st.pos, st.heading, st.speed, st.length,
+            acts)
+    want = move_slots(*args, action_space, 0.1, backend="torch")
+    assert want[1].any() and not want[1].all()  # some slots in play, some not
+    if backend == "triton":  # forced, so the model's own dispatcher runs its Triton kernel too
+        with use_backend("triton"):
+            got = to_cpu(move_slots(*to_kernel_device(args), action_space, 0.1, backend="triton"))
+        for x, y in zip(got, want):
+            torch.testing.assert_close(x, y, atol=1e-4, rtol=1e-5)
+        return
+    for got in (move_slots(*args, action_space, 0.1, backend=backend),
+                bind_move_slots(backend, False, action_space, 0.1)(*args)):
+        for x, y in zip(got, want):
+            assert torch.equal(bits(x), bits(y))
 
 
 @pytest.mark.parametrize("worlds,C", [(1, 8), (13, 8), (40, 3)])
