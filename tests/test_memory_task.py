@@ -183,7 +183,7 @@ def test_bad_input_one_line(pack):
 def test_cli_refusals(capsys):
     from train.config import UserError, parse_args
     cfg = parse_args(["--env.goal-candidates", "2", "--env.goal-behavior", "trial", "--device", "cpu"])
-    assert cfg.experience == "identity"  # the default shaping is replaced, not refused
+    assert cfg.experience == "candidate_progress"  # the default shaping is replaced, not refused
     with pytest.raises(UserError, match="--experience progress: the goal-progress shaping points at the true goal"):
         parse_args(["--env.goal-candidates", "2", "--experience", "progress", "--device", "cpu"])
     assert parse_args(["--device", "cpu"]).experience == "progress"
@@ -192,3 +192,30 @@ def test_cli_refusals(capsys):
     assert rc == 2
     err = capsys.readouterr().err
     assert "--memory trial: steer_to_goal is a baseline without a KV-cache memory" in err
+
+
+def test_candidate_shaping_reads_the_nearest_candidate(pack):
+    from train.experience import hook_context, make_hook
+    from train.rollout import RolloutBatch
+
+    env = _env(pack, W=2, goal_candidates=2)
+    obs = env.reset(seed=1)
+    ctx = hook_context(env, 0.9)
+    lay = env.obs_layout
+    assert ctx["candidate_dist_columns"] == [lay.candidates.start + 2, lay.candidates.start + 5]
+    hook = make_hook("candidate_progress", (), ctx)
+    b = RolloutBatch.empty(1, 2, lay.obs_dim, False, 0, "cpu")
+    o = torch.zeros(1, 2, lay.obs_dim)
+    o[0, 0, ctx["candidate_dist_columns"]] = torch.tensor([0.5, 0.3])
+    o[0, 1, ctx["candidate_dist_columns"]] = torch.tensor([0.1, 0.4])
+    b = b.replace(obs=o, loss_mask=torch.ones(1, 2, dtype=torch.bool))
+    f = hook.shaping(b)
+    assert torch.allclose(f[0, 0], torch.tensor(3.0 * (0.3 - 0.9 * 0.1)))
+    with pytest.raises(ValueError, match="needs the memory task"):
+        make_hook("candidate_progress", (), hook_context(_env(pack, W=1), 0.9))
+    from gpusim.render import render_frame
+    from gpusim.render.frame import frame_from_env
+    fr = frame_from_env(env, 0)
+    assert fr.candidates.shape == (env.num_slots, 2, 2)
+    assert torch.equal(torch.from_numpy(fr.candidates), env.state.goal_cand[0])
+    render_frame(env, 0)

@@ -109,7 +109,9 @@ class TrainConfig:
             ``F = 3 * (d_t - gamma * d_{t+1})`` with ``d`` the goal distance / 100 m
             (:class:`train.experience.ProgressShaping`); the env's rewards are unchanged. On the
             bundled sample it lifted the 2M-step run from goal 0.415 to 0.902 (docs/training.md);
-            ``--experience identity`` trains on the env's rewards alone.
+            ``--experience identity`` trains on the env's rewards alone. With the memory task
+            (``--env.goal-candidates`` >= 2) the default is ``candidate_progress`` (toward the
+            nearest candidate) and ``progress`` is refused (it would point at the true goal).
         wandb: also log to Weights & Biases (optional package). wandb_mode: offline unless
             ``online``. wandb_project: project name.
         quiet: no console progress.
@@ -365,7 +367,9 @@ def parse_args(argv=None, description: str | None = None) -> TrainConfig:
 
 def memory_task_experience(cfg: TrainConfig, explicit: bool) -> TrainConfig:
     """With the memory task (``--env.goal-candidates`` >= 2) the default goal-progress shaping is
-    replaced by ``identity``: it would point at the true goal before it is reached (docs/trial.md).
+    replaced by ``candidate_progress`` (shaping toward the nearest candidate,
+    :class:`train.experience.CandidateProgressShaping`): the goal-progress shaping would point at
+    the true goal before it is reached (docs/trial.md).
 
     Raises:
         UserError: ``--experience progress`` given explicitly with the memory task.
@@ -374,5 +378,6 @@ def memory_task_experience(cfg: TrainConfig, explicit: bool) -> TrainConfig:
         return cfg
     if explicit:
         raise UserError(f"--experience progress: the goal-progress shaping points at the true goal, which the memory "
-                        f"task (--env.goal-candidates {cfg.env.goal_candidates}) hides; use --experience identity")
-    return dataclasses.replace(cfg, experience="identity")
+                        f"task (--env.goal-candidates {cfg.env.goal_candidates}) hides; use --experience candidate_progress "
+                        "(toward the nearest candidate, the default there) or identity")
+    return dataclasses.replace(cfg, experience="candidate_progress")

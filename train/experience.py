@@ -222,9 +222,13 @@ class ProgressShaping(ExperienceHook):
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"ProgressShaping: gamma must be in [0, 1], got {self.gamma}")
 
+    def distance(self, batch: RolloutBatch) -> torch.Tensor:
+        """[R, H] float32 ``d``: the goal distance feature (/ 100 m) of every observation."""
+        return batch.obs[..., self.column]
+
     def shaping(self, batch: RolloutBatch) -> torch.Tensor:
         """[R, H] float32 shaping term ``F`` (0 where no shaping applies; see the class docstring)."""
-        d = batch.obs[..., self.column]  # [R, H]
+        d = self.distance(batch)  # [R, H]
         f = torch.zeros_like(d)
         nxt_ok = (batch.loss_mask[:, :-1] & batch.loss_mask[:, 1:] & ~batch.terminal[:, :-1]
                   & ~batch.truncation[:, :-1] & ~batch.removed[:, 1:])
@@ -236,16 +240,48 @@ class ProgressShaping(ExperienceHook):
 
 
 #: Hook classes by ``--experience`` name.
+class CandidateProgressShaping(ProgressShaping):
+    """:class:`ProgressShaping` for the memory task (``EnvConfig.goal_candidates`` >= 2,
+    docs/trial.md) with ``d`` = the distance to the *nearest* candidate goal (the candidate
+    block's ``cand*_dist/100`` columns, ``context["candidate_dist_columns"]``). It rewards driving
+    to some candidate, alike for all of them, so it never points at the true goal; which one is
+    true is only learnt from the goal reward and the decoy stop. Same arguments as
+    :class:`ProgressShaping` (``column`` is not used).
+
+    Raises:
+        ValueError: the context has no candidate columns (the env does not run the memory task).
+    """
+
+    name = "candidate_progress"
+
+    def __init__(self, args=(), context=None):
+        super().__init__(args, context)
+        self.columns = list(self.context.get("candidate_dist_columns") or [])
+        if not self.columns:
+            raise ValueError("--experience candidate_progress needs the memory task (--env.goal-candidates 2 or more)")
+
+    def distance(self, batch: RolloutBatch) -> torch.Tensor:
+        """[R, H] float32: the nearest candidate's distance (/ 100 m) of every observation."""
+        return batch.obs[..., self.columns].amin(dim=-1)
+
+
 HOOKS: dict[str, type[ExperienceHook]] = {
-    cls.name: cls for cls in (ExperienceHook, RewardRelabel, GoalEpisodeBonus, DropExperience, ProgressShaping)
+    cls.name: cls for cls in (ExperienceHook, RewardRelabel, GoalEpisodeBonus, DropExperience, ProgressShaping,
+                              CandidateProgressShaping)
 }
 
 
 def hook_context(env, gamma: float) -> dict:
     """The ``context`` the trainer gives a hook: ``scenario_ids`` (the env pack's scenario ids, in
-    pack order; empty without a pack) and ``gamma`` (the PPO discount, read by
-    :class:`ProgressShaping`)."""
-    return {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", [])), "gamma": float(gamma)}
+    pack order; empty without a pack), ``gamma`` (the PPO discount, read by
+    :class:`ProgressShaping`) and ``candidate_dist_columns`` (the observation columns of the
+    candidate distances in the memory task, else empty; :class:`CandidateProgressShaping`)."""
+    layout = getattr(env, "obs_layout", None)
+    cand = getattr(layout, "candidates", slice(0, 0))
+    names = getattr(layout, "candidate_features", ())
+    columns = [cand.start + i for i, n in enumerate(names) if n.endswith("_dist/100")]
+    return {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", [])), "gamma": float(gamma),
+            "candidate_dist_columns": columns}
 
 
 def make_hook(name: str, args=(), context: dict | None = None) -> ExperienceHook:
