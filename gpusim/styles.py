@@ -69,8 +69,9 @@ def check_ranges(ranges) -> tuple:
     Raises:
         ValueError: not R pairs, a non-finite bound, low > high, or a target-speed range not > 0.
     """
-    try:
-        out = tuple((float(lo), float(hi)) for lo, hi in ranges)
+    try:  # pairs, or "low,high" strings (command line)
+        out = tuple((float(lo), float(hi)) for lo, hi in (r.split(",") if isinstance(r, str) else r
+                                                          for r in ranges))
     except (TypeError, ValueError):
         raise ValueError(f"EnvConfig.reward_ranges must be {NUM_STYLE_TERMS} (low, high) pairs for "
                          f"{', '.join(STYLE_TERMS)}; got {ranges!r}") from None
@@ -87,11 +88,15 @@ def check_ranges(ranges) -> tuple:
 
 def check_style(values, ranges, what: str = "style") -> tuple:
     """``values`` (R numbers) as a float tuple, checked against ``ranges`` (R (low, high) pairs).
+    A style name or a comma-separated string (alone or as the only item) goes through
+    :func:`style_values`.
 
     Raises:
         ValueError: one line naming the first bad entry, its value and the allowed range (NaN,
             out of range, wrong length).
     """
+    if isinstance(values, str) or (len(values) == 1 and isinstance(values[0], str)):  # a name or "v1,v2,..."
+        return style_values(values if isinstance(values, str) else values[0], ranges, what)
     try:
         out = tuple(float(v) for v in values)
     except (TypeError, ValueError):
@@ -125,3 +130,14 @@ def style_values(name_or_values, ranges=DEFAULT_RANGES, what: str = "--style") -
 def normalised(values, ranges) -> tuple:
     """Observation values of a style: ``(v - low) / (high - low)`` per entry, 0 for a fixed entry."""
     return tuple((v - lo) / (hi - lo) if hi > lo else 0.0 for v, (lo, hi) in zip(values, ranges))
+
+
+def style_name(values) -> str:
+    """The name of the named style whose values are ``values`` (R numbers), ``"custom"`` for other
+    values, ``"drawn"`` for ``None`` (the training draw)."""
+    if values is None:
+        return "drawn"
+    for name, v in STYLES.items():
+        if all(abs(a - b) < 1e-9 for a, b in zip(v, values)):
+            return name
+    return "custom"

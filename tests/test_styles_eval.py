@@ -92,3 +92,25 @@ def test_coplayer_style_specs():
     paths, table = partner_styles(["a.pt@cautious", "a.pt@aggressive", "b.pt"])
     assert paths == ["a.pt", "b.pt"] and len(table) == 3 and table[2][-1] == 12.5  # b.pt: default
     assert partner_styles(["a.pt"]) == (["a.pt"], None)
+
+
+def test_render_style_title_name_and_refusal():
+    from gpusim.styles import STYLES, style_name
+    from train.render import _with_style
+
+    assert style_name(STYLES["aggressive"]) == "aggressive" and style_name(None) == "drawn"
+    assert style_name((1.0,) * 9) == "custom"
+    cfg = _with_style(_env_config(reward_conditioning=True), None)
+    assert cfg.style == STYLES["default"]
+    with pytest.raises(ValueError, match="not reward-conditioned"):
+        _with_style(_env_config(), "cautious")
+
+
+def test_training_coplayer_styles_set_the_partner_table():
+    from train.config import UserError
+    from train.coplayer import coplayer_env_config
+
+    cfg = coplayer_env_config(_env_config(reward_conditioning=True), ["p.pt@cautious", "p.pt@aggressive"])
+    assert cfg.ego_slots == 1 and len(cfg.partner_styles) == 2
+    with pytest.raises(UserError, match="needs --env.reward-conditioning"):
+        coplayer_env_config(_env_config(), ["p.pt@cautious"])

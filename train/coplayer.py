@@ -37,7 +37,20 @@ from train.config import UserError, resolve_path
 def coplayer_env_config(env_config, coplayer_paths, user_set: set[str] = frozenset()):
     """The env config of a run: with partner checkpoints and no role flag set by the user
     (``ego_slots`` / ``ego_fraction`` in ``user_set`` or already > 0), one ego per world
-    (``ego_slots=1``); unchanged otherwise (no ``--coplayer``: every controlled slot is an ego)."""
+    (``ego_slots=1``); unchanged otherwise (no ``--coplayer``: every controlled slot is an ego).
+    ``PATH@STYLE`` specs set the partners' style table (``EnvConfig.partner_styles``,
+    :func:`train.eval.styles.partner_styles`; docs/styles.md).
+
+    Raises:
+        UserError: an unknown style, or a style without ``--env.reward-conditioning``."""
+    from train.eval.styles import partner_styles
+
+    _, table = partner_styles(coplayer_paths or ())
+    if table is not None:
+        if not env_config.reward_conditioning:
+            raise UserError("--coplayer PATH@STYLE needs --env.reward-conditioning (partner styles are reward "
+                            "weights the partners observe)")
+        env_config = env_config.replace(partner_styles=table)
     if not coplayer_paths or env_config.has_coplayers or {"ego_slots", "ego_fraction"} & set(user_set):
         return env_config
     return env_config.replace(ego_slots=1)
@@ -185,6 +198,9 @@ def make_pool(paths, env, device, seed: int, deterministic: bool = True) -> Copl
     """
     if not paths:
         return None
+    from train.eval.styles import partner_styles
+
+    paths = partner_styles(paths)[0]  # PATH@STYLE: the style is the env's (coplayer_env_config)
     if not env.config.has_coplayers:
         raise UserError("--coplayer needs co-player slots: set --env.ego-slots N (or --env.ego-fraction F) "
                         "below the number of controlled agents")

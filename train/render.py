@@ -80,7 +80,24 @@ def build_train_parser():
                                  "optionally with one agent's ego view.")
     p.add_argument("--checkpoint", required=True, help="training checkpoint (train/checkpoint.py) driving the agents")
     p.add_argument("--sample", action="store_true", help="sample actions instead of argmax / mean")
+    p.add_argument("--style", default=None,
+                   help="driving style of a reward-conditioned checkpoint's agents: cautious, default, aggressive "
+                        "or 9 comma-separated weights (docs/styles.md; default: default)")
     return p
+
+
+def _with_style(cfg: EnvConfig, style: str | None) -> EnvConfig:
+    """``cfg`` with the egos' style fixed to ``style`` (``default`` when None).
+
+    Raises:
+        ValueError: a checkpoint without reward conditioning, an unknown style or bad weights.
+    """
+    from gpusim.styles import style_values
+
+    if not cfg.reward_conditioning:
+        raise ValueError(f"--style {style}: the checkpoint is not reward-conditioned (only a checkpoint trained "
+                         "with --env.reward-conditioning takes a style)")
+    return cfg.replace(style=style_values(style or "default", cfg.style_ranges, "--style"), partner_styles=None)
 
 
 def main(argv=None) -> int:
@@ -95,6 +112,12 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"train.render: error: {e}", file=sys.stderr)
         return 2
+    if cfg.reward_conditioning or args.style:  # a fixed style (the title names it); refused when unconditioned
+        try:
+            cfg = _with_style(cfg, args.style)
+        except ValueError as e:
+            print(f"train.render: error: {e}", file=sys.stderr)
+            return 2
     return render_from_args(
         args,
         config=cfg,

@@ -15,6 +15,7 @@ import torch
 
 from gpusim.config import RoadType
 from gpusim.kernels.signals import signal_state_at
+from gpusim.styles import style_name
 
 
 #: Colours (matplotlib colour strings) by role and status.
@@ -330,6 +331,8 @@ def frame_from_env(env, world: int = 0, trail: TrailRecorder | None = None,
     title = f"{pack.scenario_ids[s]}  world {world}  t={t}"
     if cfg.trial_mode:
         title += f"  trial {int(row['trial_count']) + 1}/{cfg.k_trials}"
+    if getattr(cfg, "reward_conditioning", False):  # driving styles: the egos' style (docs/styles.md)
+        title += f"  style {style_name(cfg.style)}"
     if getattr(cfg, "has_coplayers", False) and getattr(st, "ego", None) is not None:
         ego = _np(st.ego[world]).astype(bool)
         coplayer = np.zeros(A, bool)
