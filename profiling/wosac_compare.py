@@ -13,7 +13,9 @@
 ``compare`` scores the submission with :func:`gpusim.wosac.metrics.score` (``--device``, CPU by
 default) and prints, per component, the mean gpusim value, the mean official value, the largest
 absolute per-scenario difference and whether the tolerances hold (meta-metric within 0.01, each
-component within 0.03), then the per-scenario meta-metrics. Exit code 2 on bad input.
+component within 0.03), then the per-scenario meta-metrics. ``bench SRC... --device cuda`` times
+gpusim's scoring of log baselines per scenario and for all scenarios in one batch. Exit code 2 on
+bad input.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def _compare(args) -> int:
         ok = bool(np.all(d <= tol) or (np.isnan(g) & np.isnan(o)).all())
         rows.append(dict(component=name, gpusim=float(np.nanmean(g)), official=float(np.nanmean(o)),
                          max_abs_diff=float(np.nanmax(d)) if np.isfinite(d).any() else float("nan"), ok=ok))
-        print(f"{name:<28}{rows[-1]['gpusim']:>9.4f}{rows[-1]['official']:>10.4f}{rows[-1]['max_abs_diff']:>12.4f}  "
+        print(f"{name:<28}{rows[-1]['gpusim']:>9.4f}{rows[-1]['official']:>10.4f}{rows[-1]['max_abs_diff']:>12.1e}  "
               f"{'yes' if ok else 'NO'}")
     print("\nper scenario (metametric gpusim / official, seconds gpusim / official):")
     for s in common:
@@ -119,6 +121,45 @@ def _compare(args) -> int:
     if args.json:
         json.dump({"components": rows, "gpusim": mine, "official": {s: official[s] for s in common}},
                   open(args.json, "w"), indent=1)
+    return 0
+
+
+def _bench(args) -> int:
+    """Time gpusim's scoring of log baselines per scenario and for all scenarios in one batch."""
+    from gpusim.wosac.baselines import BASELINES
+    from gpusim.wosac.metrics import score
+    from gpusim.wosac.scene import stack_scenes
+    from gpusim.wosac.sources import load_scenes
+
+    scenes, skipped = load_scenes(args.sources, limit=args.limit)
+    for name, why in skipped:
+        print(f"skipped: {name}: {why}", file=sys.stderr)
+    if not scenes:
+        print("error: no scenario can be scored", file=sys.stderr)
+        return 2
+    dev = torch.device(args.device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    rows = {}
+    for base in args.baseline:
+        for s in [None, *scenes]:  # the first pass (None: scenario 0 again) warms up
+            sc = scenes[0] if s is None else s
+            b = stack_scenes([sc], dev)
+            sync()
+            t0 = time.perf_counter()
+            out = score(b, BASELINES[base](b, args.rollouts))
+            sync()
+            if s is not None:
+                rows.setdefault(sc.scenario_id, {})[base] = (float(out["metametric"][0]), time.perf_counter() - t0)
+        b = stack_scenes(scenes, dev)
+        sync()
+        t0 = time.perf_counter()
+        out = score(b, BASELINES[base](b, args.rollouts))
+        sync()
+        print(f"{base}: {len(scenes)} scenarios in one batch: {time.perf_counter() - t0:.2f} s on {dev}; "
+              f"mean metametric {float(out['metametric'].mean()):.4f}")
+    for sid, r in rows.items():
+        print(f"  {sid} ({next(s.num_objects for s in scenes if s.scenario_id == sid)} agents): "
+              + ", ".join(f"{k} {m:.4f} in {t:.2f} s" for k, (m, t) in r.items()))
     return 0
 
 
@@ -139,9 +180,15 @@ def main(argv=None) -> int:
     b.add_argument("--official", required=True)
     b.add_argument("--device", default="cpu")
     b.add_argument("--json", default=None)
+    c = sub.add_parser("bench", help="time gpusim's scoring of log baselines (per scenario and batched)")
+    c.add_argument("sources", nargs="+")
+    c.add_argument("--baseline", nargs="+", choices=("log_replay", "constant_speed"), default=["log_replay"])
+    c.add_argument("--rollouts", type=int, default=C.N_ROLLOUTS)
+    c.add_argument("--limit", type=int, default=None)
+    c.add_argument("--device", default="cpu")
     args = p.parse_args(argv)
     torch.set_num_threads(max(1, min(torch.get_num_threads(), 4)))
-    return _prepare(args) if args.cmd == "prepare" else _compare(args)
+    return {"prepare": _prepare, "compare": _compare, "bench": _bench}[args.cmd](args)
 
 
 if __name__ == "__main__":
