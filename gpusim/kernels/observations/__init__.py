@@ -98,30 +98,12 @@ __all__ = [
 
 
 def observations(
-    pos: torch.Tensor,
-    heading: torch.Tensor,
-    speed: torch.Tensor,
-    length: torch.Tensor,
-    width: torch.Tensor,
-    agent_type: torch.Tensor,
-    present: torch.Tensor,
-    goal: torch.Tensor,
-    ego_extra: torch.Tensor,
-    ego_active: torch.Tensor,
-    scenario: torch.Tensor,
-    road_seg: torch.Tensor,
-    road_type: torch.Tensor,
-    grid_road: torch.Tensor,
-    grid_origin: torch.Tensor,
-    grid_dims: torch.Tensor,
-    cell_size: float,
-    num_partners: int,
-    partner_radius: float,
-    road_radius: float,
-    out: torch.Tensor | None = None,
-    rows: torch.Tensor | None = None,
-    grid_start: torch.Tensor | None = None,
-    written: torch.Tensor | None = None,
+    pos: torch.Tensor, heading: torch.Tensor, speed: torch.Tensor, length: torch.Tensor, width: torch.Tensor,
+    agent_type: torch.Tensor, present: torch.Tensor, goal: torch.Tensor, ego_extra: torch.Tensor,
+    ego_active: torch.Tensor, scenario: torch.Tensor, road_seg: torch.Tensor, road_type: torch.Tensor,
+    grid_road: torch.Tensor, grid_origin: torch.Tensor, grid_dims: torch.Tensor, cell_size: float,
+    num_partners: int, partner_radius: float, road_radius: float, out: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None, grid_start: torch.Tensor | None = None, written: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Ego-centric observation of every policy slot (layout: :func:`obs_layout`, module docstring).
 
@@ -178,29 +160,8 @@ def observations(
             without ``out`` or with ``rows``.
     """
     impl = observations_triton if backend_for(pos) == "triton" else observations_reference
-    return impl(
-        pos=pos,
-        heading=heading,
-        speed=speed,
-        length=length,
-        width=width,
-        agent_type=agent_type,
-        present=present,
-        goal=goal,
-        ego_extra=ego_extra,
-        ego_active=ego_active,
-        scenario=scenario,
-        road_seg=road_seg,
-        road_type=road_type,
-        grid_road=grid_road,
-        grid_origin=grid_origin,
-        grid_dims=grid_dims,
-        cell_size=cell_size,
-        num_partners=num_partners,
-        partner_radius=partner_radius,
-        road_radius=road_radius,
-        out=out,
-        rows=rows,
-        grid_start=grid_start,
-        written=written,
-    )
+    return impl(pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
+                present=present, goal=goal, ego_extra=ego_extra, ego_active=ego_active, scenario=scenario,
+                road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
+                grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners, partner_radius=partner_radius,
+                road_radius=road_radius, out=out, rows=rows, grid_start=grid_start, written=written)

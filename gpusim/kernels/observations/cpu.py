@@ -216,6 +216,40 @@ def _check_state_inputs(W: int, A: int, C: int, device, **named) -> dict:
     return named
 
 
+def _check_state_call(pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index,
+                      t_time, last_reward, controlled, written, scenario, road_seg, road_type, grid_road, grid_origin,
+                      grid_dims, cell_size, num_partners, partner_radius, road_radius, out, grid_start, zero_tail,
+                      cos_h, sin_h) -> tuple:
+    """The argument checks of :func:`observations_cpu_state` (``check=True``): returns its state
+    inputs ``(goal, collided, offroad, last_reward, controlled, written, t_index, t_time, cos_h,
+    sin_h)`` contiguous. Raises ValueError as documented there."""
+    W, A = heading.shape
+    C = last_reward.shape[1]
+    if not isinstance(out, torch.Tensor):
+        raise ValueError("observations_cpu_state: out is required (the env's [W, C, D] buffer or a column view)")
+    fixed = _check_state_inputs(W, A, C, pos.device, goal=goal, collided=collided, offroad=offroad,
+                                last_reward=last_reward, controlled=controlled, written=written,
+                                t_index=t_index, t_time=t_time)
+    goal, collided, offroad, last_reward = fixed["goal"], fixed["collided"], fixed["offroad"], fixed["last_reward"]
+    controlled, written, t_index, t_time = fixed["controlled"], fixed["written"], fixed["t_index"], fixed["t_time"]
+    if pos.device.type != "cpu":
+        raise ValueError(f"observations_cpu_state: tensors must be on the CPU, got {pos.device}")
+    lay = check_inputs(pos=pos, heading=heading, speed=speed, length=length, width=width,
+                       agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(),
+                       ego_extra=torch.empty(W, C, 5), ego_active=controlled[:, :C].contiguous(), scenario=scenario,
+                       road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
+                       grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
+                       partner_radius=partner_radius, road_radius=road_radius, out=None,
+                       grid_start=grid_start)
+    _check_out_rows(out, None, W, C, lay.obs_dim, pos.device)
+    if zero_tail < 0 or (zero_tail and lay.obs_dim + zero_tail > out.stride(1)):
+        raise ValueError(f"observations_cpu_state: zero_tail = {zero_tail} columns do not fit in the rows of out")
+    check_index_range(scenario, road_seg.shape[0], f"observations: scenario indices must lie in [0, S = {road_seg.shape[0]})")
+    if cos_h is not None and sin_h is not None:
+        cos_h, sin_h = _trig_input(cos_h, "cos_h", W, A), _trig_input(sin_h, "sin_h", W, A)
+    return goal, collided, offroad, last_reward, controlled, written, t_index, t_time, cos_h, sin_h
+
+
 def observations_cpu_state(
     pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index, t_time,
     last_reward, controlled, written, scenario, road_seg, road_type, grid_road, grid_origin, grid_dims,
@@ -246,28 +280,10 @@ def observations_cpu_state(
     C = last_reward.shape[1]
     zero_tail = int(zero_tail)
     if check:
-        if not isinstance(out, torch.Tensor):
-            raise ValueError("observations_cpu_state: out is required (the env's [W, C, D] buffer or a column view)")
-        fixed = _check_state_inputs(W, A, C, pos.device, goal=goal, collided=collided, offroad=offroad,
-                                    last_reward=last_reward, controlled=controlled, written=written,
-                                    t_index=t_index, t_time=t_time)
-        goal, collided, offroad, last_reward = fixed["goal"], fixed["collided"], fixed["offroad"], fixed["last_reward"]
-        controlled, written, t_index, t_time = fixed["controlled"], fixed["written"], fixed["t_index"], fixed["t_time"]
-        if pos.device.type != "cpu":
-            raise ValueError(f"observations_cpu_state: tensors must be on the CPU, got {pos.device}")
-        lay = check_inputs(pos=pos, heading=heading, speed=speed, length=length, width=width,
-                           agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(),
-                           ego_extra=torch.empty(W, C, 5), ego_active=controlled[:, :C].contiguous(), scenario=scenario,
-                           road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
-                           grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
-                           partner_radius=partner_radius, road_radius=road_radius, out=None,
-                           grid_start=grid_start)
-        _check_out_rows(out, None, W, C, lay.obs_dim, pos.device)
-        if zero_tail < 0 or (zero_tail and lay.obs_dim + zero_tail > out.stride(1)):
-            raise ValueError(f"observations_cpu_state: zero_tail = {zero_tail} columns do not fit in the rows of out")
-        check_index_range(scenario, road_seg.shape[0], f"observations: scenario indices must lie in [0, S = {road_seg.shape[0]})")
-        if cos_h is not None and sin_h is not None:
-            cos_h, sin_h = _trig_input(cos_h, "cos_h", W, A), _trig_input(sin_h, "sin_h", W, A)
+        goal, collided, offroad, last_reward, controlled, written, t_index, t_time, cos_h, sin_h = _check_state_call(
+            pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index, t_time,
+            last_reward, controlled, written, scenario, road_seg, road_type, grid_road, grid_origin, grid_dims,
+            cell_size, num_partners, partner_radius, road_radius, out, grid_start, zero_tail, cos_h, sin_h)
     lib = load_library()
     if lib is None:  # the torch reference through observations_cpu, with the classic inputs
         active = (controlled & present)[:, :C].contiguous()

@@ -176,7 +176,7 @@ def check_inputs(
 ) -> ObsLayout:
     """Validate the arguments of :func:`gpusim.kernels.observations.observations` (host-side
     metadata only, no device sync) and return the :class:`ObsLayout`. One check per argument, in
-    signature order, so it is long (~85 lines) but flat.
+    signature order (the outputs' in :func:`_check_outputs`).
 
     Raises:
         ValueError: as documented there, naming the argument.
@@ -238,10 +238,17 @@ def check_inputs(
     if A > 2**16 or K > 2**16:
         raise ValueError(f"observations: A = {A} and K = {K} must be <= 65536 (sort keys hold the index)")
     lay = obs_layout(num_partners, K)
+    _check_outputs(out, rows, written, W, C, lay.obs_dim, pos.device)
+    return lay
+
+
+def _check_outputs(out, rows, written, W: int, C: int, D: int, device) -> None:
+    """The ``out`` / ``rows`` / ``written`` checks of :func:`check_inputs` (``D``: the layout's
+    observation width). Raises ValueError as documented there."""
     if out is not None:
-        if tuple(out.shape) != (W, C, lay.obs_dim) or out.dtype != torch.float32 or out.device != pos.device:
+        if tuple(out.shape) != (W, C, D) or out.dtype != torch.float32 or out.device != device:
             raise ValueError(
-                f"observations: out must be float32 [W, C, D] = {(W, C, lay.obs_dim)} on {pos.device}, "
+                f"observations: out must be float32 [W, C, D] = {(W, C, D)} on {device}, "
                 f"got {out.dtype} {tuple(out.shape)} on {out.device}"
             )
         if out.numel() and (out.stride(-1) != 1 or out.stride(0) != C * out.stride(1)):
@@ -252,13 +259,12 @@ def check_inputs(
             raise ValueError("observations: rows needs out (the slots not listed are left as they are in out)")
         if not isinstance(rows, torch.Tensor) or rows.dim() != 1 or rows.dtype != torch.int64:
             raise ValueError("observations: rows must be a 1-D int64 tensor of flat slot indices w * C + c")
-        if rows.device != pos.device:
-            raise ValueError(f"observations: rows is on {rows.device}, pos on {pos.device}")
+        if rows.device != device:
+            raise ValueError(f"observations: rows is on {rows.device}, pos on {device}")
     if written is not None:
         if out is None or rows is not None:
             raise ValueError("observations: written needs out and excludes rows (it selects the rows itself)")
         if (not isinstance(written, torch.Tensor) or written.dtype != torch.bool or written.numel() != W * C
-                or written.device != pos.device or not written.is_contiguous()):
+                or written.device != device or not written.is_contiguous()):
             raise ValueError(f"observations: written must be a contiguous bool tensor of W * C = {W * C} "
-                             f"elements on {pos.device}")
-    return lay
+                             f"elements on {device}")
