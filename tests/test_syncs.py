@@ -129,20 +129,24 @@ def _pack():
     ], small_config())
 
 
-def _config(space: str, trial: bool) -> EnvConfig:
+def _config(space: str, trial: bool, styles: bool = False) -> EnvConfig:
     dc = small_config()
     kw = dict(max_agents=dc.max_agents, max_controlled=dc.max_controlled, num_roads=dc.grid_k, num_partners=3,
-              action_space=space, check_actions="async", scenario_length=4, collision_behavior="stop")
+              action_space=space, check_actions="async", scenario_length=4, collision_behavior="stop",
+              reward_conditioning=styles)
     if trial:
         kw.update(goal_behavior="trial", k_trials=2, scenario_length=3)
     return EnvConfig(**kw)
 
 
-@pytest.mark.parametrize("trial", [False, True], ids=["normal", "trial"])
-@pytest.mark.parametrize("space", ["discrete", "continuous"])
-def test_step_and_expert_actions_make_no_host_sync(space, trial, count_tolist):
-    """Steps across a trial restart and an episode end (auto-reset): zero sync-causing ops."""
-    cfg = _config(space, trial)
+@pytest.mark.parametrize("space, trial, styles", [
+    ("discrete", False, False), ("discrete", True, False), ("continuous", False, False), ("continuous", True, False),
+    ("discrete", True, True)], ids=["discrete-normal", "discrete-trial", "continuous-normal", "continuous-trial",
+                                    "discrete-trial-styles"])
+def test_step_and_expert_actions_make_no_host_sync(space, trial, styles, count_tolist):
+    """Steps across a trial restart and an episode end (auto-reset): zero sync-causing ops (also with
+    reward conditioning: the style draw at the auto-reset, the conditioned reward, the style block)."""
+    cfg = _config(space, trial, styles)
     with use_backend("triton"):
         env = DriveEnv(_pack(), 3, cfg, seed=1, device=KERNEL_DEVICE)
         env.reset()
