@@ -106,72 +106,30 @@ def cpu_static(ctx: SimContext):
 
 def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None) -> torch.Tensor:
     """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned). ``step``: the
-    running step, whose cos/sin of the headings the C kernel reuses (:func:`heading_trig`)."""
+    running step, whose backend and cos/sin of the headings the C kernel reuses (:func:`heading_trig`)."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     full = ctx.obs_buf
     n_style = NUM_STYLE_TERMS if cfg.reward_conditioning else 0  # style block (reward conditioning): the last columns, written last
     n_cand = 3 * cfg.goal_candidates + 1 if cfg.goal_candidates >= 2 else 0  # memory task block: the very last
     d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM - n_style - n_cand
     name = step.backend if step is not None and step.backend is not None else step_backend(state.pos, cfg.cpu_kernels)
+    no_signals = False
     if name == "c" and cpu_kernel_available():
-        # C kernel, one call on the state's own fields: picks the slots in play or written before,
-        # writes the in-play rows and zeroes the others in place in the first d0 columns of the full
-        # buffer (no obs_core copy); scenarios without signals: the all-zero signal block too
+        # scenarios without signals: the C kernel zeroes the signal block in the same pass
         no_signals = cfg.num_signals > 0 and ctx.pack_fact("no_signals", no_signal_pack)
-        cos_h, sin_h = heading_trig(step, state.heading) if step is not None else (None, None)
-        t_index, t_time = _trial_clock(ctx, state)
-        written = observations_cpu_state(
-            pos=state.pos, heading=state.heading, speed=state.speed, length=state.length, width=state.width,
-            agent_type=state.agent_type, present=state.present, goal=state.goal, collided=state.collided_now,
-            offroad=state.offroad_now, t_index=t_index, t_time=t_time, last_reward=state.last_reward,
-            controlled=state.controlled, written=ctx.obs_written, scenario=state.scenario, road_seg=p.road_seg,
-            road_type=p.road_type, grid_road=p.grid_road, grid_start=p.grid_start, grid_origin=p.grid_origin,
-            grid_dims=p.grid_dims, cell_size=p.cell_size, num_partners=cfg.num_partners,
-            partner_radius=cfg.partner_radius, road_radius=cfg.road_radius, out=full[..., :d0],
-            zero_tail=full.shape[-1] - d0 if no_signals else 0, cos_h=cos_h, sin_h=sin_h,
-            check=step is None or not step.checked,
-            static=cpu_static(ctx))
-        active = written.view(-1, C)
-    elif name == "triton":
-        active = (state.slot_active & state.present[:, :C]).contiguous()
-        # Triton: the kernel writes the first d0 columns of the full buffer in place and skips the
-        # slots neither in play nor written before (their rows are zero): no host sync, no copy
-        no_signals = False
-        observations(**_observe_inputs(ctx, state, active), out=full[..., :d0], written=ctx.obs_written)
+        ctx.obs_written = _partner_road_c(ctx, state, step, full, d0, full.shape[-1] - d0 if no_signals else 0)
+        if not (n_style or n_cand or (cfg.num_signals > 0 and not no_signals)):
+            return full
+        active = ctx.obs_written.view(-1, C)
     else:
-        active = (state.slot_active & state.present[:, :C]).contiguous()
-        no_signals = False
-        if cfg.num_signals > 0 or n_style or n_cand:  # the torch kernels write their own [W, C, D0] buffer
-            if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:
-                ctx.obs_core = torch.zeros(*full.shape[:2], d0, device=full.device)
-            buf = ctx.obs_core
-        else:
-            buf = full
-        flat = active.view(-1)
-        rows = flat.nonzero().squeeze(1)
-        stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
-        buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
-        observations(**_observe_inputs(ctx, state, active), out=buf, rows=rows)
-        if buf is not full:
-            full[..., :d0].copy_(buf)
-    ctx.obs_written = active.view(-1)  # inactive slots are all zero now (``active`` is this call's own)
+        active = _partner_road_torch(ctx, state, name, full, d0, separate=bool(cfg.num_signals or n_style or n_cand))
+        ctx.obs_written = active.view(-1)  # inactive slots are all zero now (``active`` is this call's own)
     if cfg.num_signals > 0 and not no_signals:
         signal_observations(
-            pos=slots(state.pos, C),
-            heading=slots(state.heading, C),
-            active=active,
-            scenario=state.scenario,
-            log_index=signal_log_index(ctx, state),
-            signal_pos=p.signal_pos,
-            signal_dir=p.signal_dir,
-            signal_state=p.signal_state,
-            signal_valid=p.signal_valid,
-            num_signals=p.num_signals,
-            num_obs=cfg.num_signals,
-            radius=cfg.road_radius,
-            out=full,
-            offset=d0,
-        )
+            pos=slots(state.pos, C), heading=slots(state.heading, C), active=active, scenario=state.scenario,
+            log_index=signal_log_index(ctx, state), signal_pos=p.signal_pos, signal_dir=p.signal_dir,
+            signal_state=p.signal_state, signal_valid=p.signal_valid, num_signals=p.num_signals,
+            num_obs=cfg.num_signals, radius=cfg.road_radius, out=full, offset=d0)
     if n_style:
         style = style_observation(ctx, state)
         full[..., d0 + cfg.num_signals * SIGNAL_DIM: full.shape[-1] - n_cand].copy_(
@@ -181,6 +139,54 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         full[..., full.shape[-1] - n_cand:].copy_(torch.where(active[..., None], block, torch.zeros_like(block)))
         full[..., GOAL_COLUMNS].fill_(0.0)
     return full
+
+
+def _partner_road_c(ctx: SimContext, state: EnvState, step: StepVars | None, full: torch.Tensor, d0: int,
+                    zero_tail: int) -> torch.Tensor:
+    """The C kernel, one call on the state's own fields: picks the slots in play or written before,
+    writes the in-play rows and zeroes the others in place in the first ``d0`` columns of ``full``
+    (and ``zero_tail`` columns after them); returns the [W*C] bool in-play flags (the rows that may
+    be non-zero now)."""
+    cfg, p = ctx.config, ctx.pack
+    cos_h, sin_h = heading_trig(step, state.heading) if step is not None else (None, None)
+    t_index, t_time = _trial_clock(ctx, state)
+    return observations_cpu_state(
+        pos=state.pos, heading=state.heading, speed=state.speed, length=state.length, width=state.width,
+        agent_type=state.agent_type, present=state.present, goal=state.goal, collided=state.collided_now,
+        offroad=state.offroad_now, t_index=t_index, t_time=t_time, last_reward=state.last_reward,
+        controlled=state.controlled, written=ctx.obs_written, scenario=state.scenario, road_seg=p.road_seg,
+        road_type=p.road_type, grid_road=p.grid_road, grid_start=p.grid_start, grid_origin=p.grid_origin,
+        grid_dims=p.grid_dims, cell_size=p.cell_size, num_partners=cfg.num_partners,
+        partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
+        out=full if d0 == full.shape[-1] else full[..., :d0], zero_tail=zero_tail, cos_h=cos_h, sin_h=sin_h,
+        check=step is None or not step.checked, static=cpu_static(ctx))
+
+
+def _partner_road_torch(ctx: SimContext, state: EnvState, name: str, full: torch.Tensor, d0: int,
+                        separate: bool) -> torch.Tensor:
+    """The partner/road block into the first ``d0`` columns of ``full`` on the Triton or torch
+    backend; returns ``active`` [W, C] bool (the slots observed). Triton writes ``full`` in place
+    and skips the slots neither in play nor written before (no host sync, no copy); the torch
+    reference rewrites the in-play rows of ``ctx.obs_core`` (``separate``: other blocks follow) or
+    of ``full``, zeroing the rows that left play (``nonzero``: no sync on the CPU)."""
+    C = ctx.num_slots
+    active = (state.slot_active & state.present[:, :C]).contiguous()
+    if name == "triton":
+        observations(**_observe_inputs(ctx, state, active), out=full[..., :d0], written=ctx.obs_written)
+        return active
+    buf = full
+    if separate:  # the torch kernels write their own [W, C, D0] buffer
+        if ctx.obs_core is None or ctx.obs_core.shape[-1] != d0:
+            ctx.obs_core = torch.zeros(*full.shape[:2], d0, device=full.device)
+        buf = ctx.obs_core
+    flat = active.view(-1)
+    rows = flat.nonzero().squeeze(1)
+    stale = (ctx.obs_written & ~flat).nonzero().squeeze(1)
+    buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
+    observations(**_observe_inputs(ctx, state, active), out=buf, rows=rows)
+    if buf is not full:
+        full[..., :d0].copy_(buf)
+    return active
 
 
 def observe(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
