@@ -55,6 +55,10 @@ def checkpoint_policy(path, env, deterministic: bool = True) -> Callable:
 
     @torch.no_grad()
     def act(obs: torch.Tensor) -> torch.Tensor:
+        if actor.reset_at_trial and env.config.trial_mode:  # the memoryless control: forget at a trial start
+            st = env.state
+            start = (st.step == st.trial_start) & (st.trial_count > 0)  # [W]
+            actor.policy.reset_cache(actor.cache, start[:, None].expand(W, C).reshape(-1))
         a = actor.act(obs.reshape(W * C, -1), removed=env.state.removed[:, :C].reshape(-1)).action
         return actor.env_action(a.reshape(W, C, *a.shape[1:]))
 
