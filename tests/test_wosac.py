@@ -237,3 +237,27 @@ def test_red_light_violation_hand_built():
         d.lane_states[0].state = 6
     b = stack_scenes([scene_from_proto(msg)])
     assert not _log_features(b)["traffic_light_violation"].any()
+
+
+def test_scenarios_batched_with_padding_score_as_alone():
+    """Two scenes of different sizes (objects, road edges, lanes, signals) padded into one batch
+    give each scene's own figures."""
+    first = scene_from_proto(two_vehicle_proto())
+    msg = two_vehicle_proto(signal=True)
+    parked = msg.tracks.add(id=3, object_type=1)
+    for _ in range(T):
+        parked.states.add(center_x=80.0, center_y=3.0, center_z=0.0, heading=0.1, length=4.5, width=2.0,
+                          height=1.5, valid=True)
+    edge = msg.map_features.add(id=5).road_edge
+    for x, y in ((-50.0, 20.0), (0.0, 21.0), (50.0, 20.0)):
+        edge.polyline.add(x=x, y=y, z=0.0)
+    second = scene_from_proto(msg)
+    both = stack_scenes([first, second])
+    assert both.present.shape == (2, 3) and not both.present[0, 2]
+    rollouts = B.constant_speed(both)
+    rollouts[:, :8, 0, :, 1] += 6.0  # some offroad A's
+    together = M.score(both, rollouts)
+    for i, scene in enumerate((first, second)):
+        alone = M.score(stack_scenes([scene]), rollouts[i:i + 1, :, :scene.num_objects])
+        for k, v in alone.items():
+            assert together[k][i].item() == pytest.approx(v.item(), rel=1e-6, abs=1e-7), k
