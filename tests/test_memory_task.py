@@ -219,3 +219,25 @@ def test_candidate_shaping_reads_the_nearest_candidate(pack):
     assert fr.candidates.shape == (env.num_slots, 2, 2)
     assert torch.equal(torch.from_numpy(fr.candidates), env.state.goal_cand[0])
     render_frame(env, 0)
+
+
+def test_probe_card_table_rows(tmp_path):
+    import json
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "profiling"))
+    import memory_probe_card as card
+
+    def ci(m, lo, hi, n=100):
+        return {"mean": m, "lo": lo, "hi": hi, "n": n}
+
+    summary = {"trial_0_score": ci(0.3, 0.2, 0.4), "trial_1_score": ci(0.4, 0.3, 0.5),
+               "ada_delta_trial_1_minus_0": ci(0.1, 0.02, 0.18)}
+    p = tmp_path / "e.json"
+    p.write_text(json.dumps({"memory": "trial", "deterministic": False, "runs": [{"summary": summary}]}))
+    (row,) = card.table_rows([p])
+    # s = 2 * 0.3 = 0.6, s^2 / 2 = 0.18
+    assert row == ("| control (`--memory trial`), sampled | 0.300 [0.200, 0.400] | 0.400 [0.300, 0.500] | 0.600 | "
+                   "0.180 | 0.100 [0.020, 0.180] | 100 |")
+    p.write_text(json.dumps({"memory": None, "runs": [{"summary": {"goal_reached": ci(0.5, 0.4, 0.6)}}]}))
+    assert card.main(["--run", str(tmp_path), "--evals", str(p)]) == 2  # no checkpoint there: one line, exit 2
