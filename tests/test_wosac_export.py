@@ -113,3 +113,28 @@ def test_export_proto_command(tmp_path, sample_dir, capsys):
     assert data_main(["export-proto", str(tmp_path / "none.json"), "--out", str(out)]) == 2
     assert data_main(["export-proto", str(sample_dir / SDC_FILE), "--out", str(tmp_path)]) == 2
     assert "--out" in capsys.readouterr().err
+
+
+def test_assemble_rollouts_maps_slots_to_sim_agents(exported):
+    import torch
+
+    from gpusim.wosac.rollouts import assemble_rollouts
+
+    _, msg = exported
+    scene = scene_from_proto(msg)
+    n = scene.num_objects
+    # slots in reverse track order plus one slot that is no object; states in a frame shifted by 100 m
+    tracks = np.concatenate([scene.track_index[::-1], [-1]])
+    fut = slice(11, 91)
+    xyh = np.stack([scene.x[:, fut] - 100.0, scene.y[:, fut] + 50.0, scene.heading[:, fut]], -1)[::-1]
+    states = np.concatenate([xyh, np.zeros((1, 80, 3), np.float32)])[None].repeat(2, axis=0)
+    out, filled = assemble_rollouts(scene, tracks, states, offset=(100.0, -50.0))
+    assert not filled.any()
+    expect = log_replay(stack_scenes([scene]), rollouts=2)[0]
+    torch.testing.assert_close(out[..., [0, 1, 3]], expect[..., [0, 1, 3]], atol=1e-3, rtol=0)
+    assert torch.equal(out[0, :, 5, 2], torch.as_tensor(scene.z[:, 10]))  # z of step 10 throughout
+    with pytest.raises(ValueError, match="1 sim agent"):
+        assemble_rollouts(scene, tracks[1:], states[:, 1:], offset=(100.0, -50.0))
+    out, filled = assemble_rollouts(scene, tracks[1:], states[:, 1:], offset=(100.0, -50.0), fill="log")
+    assert filled.sum() == 1 and filled[n - 1]
+    torch.testing.assert_close(out[..., [0, 1, 3]], expect[..., [0, 1, 3]], atol=1e-3, rtol=0)

@@ -68,3 +68,51 @@ def proto_payloads(sources, scenario_ids: set) -> list[bytes]:
             if msg.scenario_id in scenario_ids:
                 out.append(item)
     return out
+
+
+def assemble_rollouts(scene: WosacScene, track_index, states, *, offset=(0.0, 0.0), fill: str = "refuse"):
+    """Simulator output -> the scene's rollouts: map simulated slots to sim agents by track index.
+
+    Args:
+        scene: the scenario.
+        track_index: [A] int, for each simulated slot the index of its object in
+            ``Scenario.tracks`` (a pack's ``source_index``); -1 for slots that are not objects.
+        states: [R, A, 80, 3] float x, y (m, in the simulator's frame), heading (rad) per step.
+        offset: (x, y) added to go from the simulator's frame back to the scenario's (m).
+        fill: what to do with sim agents no slot simulates: ``"refuse"`` (raise) or ``"log"``
+            (copy the logged future, as stored; the figures then flatter the policy).
+
+    Returns:
+        ([R, N, 80, 4] float32 tensor with z = each object's logged z at step 10, [N] bool which
+        sim agents were filled from the log).
+
+    Raises:
+        ValueError: for a bad ``states`` shape or ``fill``; ``fill="refuse"`` and a sim agent
+            without a slot (the message counts and names them).
+    """
+    states = torch.as_tensor(states, dtype=torch.float32)
+    track_index = torch.as_tensor(track_index, dtype=torch.int64)
+    if states.dim() != 4 or states.shape[1] != track_index.shape[0] or states.shape[2:] != (C.SIM_STEPS, 3):
+        raise ValueError(f"states must be [R, {track_index.shape[0]}, {C.SIM_STEPS}, 3], got {list(states.shape)}")
+    if fill not in ("refuse", "log"):
+        raise ValueError(f"fill must be 'refuse' or 'log', got {fill!r}")
+    R, N, t0 = states.shape[0], scene.num_objects, C.CURRENT_TIME_INDEX
+    want = torch.as_tensor(scene.track_index)
+    match = track_index[None, :] == want[:, None]  # [N, A]
+    has = match.any(dim=1)
+    if fill == "refuse" and not bool(has.all()):
+        miss = scene.object_id[~has.numpy()].tolist()
+        raise ValueError(f"scenario {scene.scenario_id}: {len(miss)} sim agent(s) valid at step {t0} are not "
+                         f"simulated (object ids {miss[:8]}{'...' if len(miss) > 8 else ''})")
+    slot = match.float().argmax(dim=1)
+    sim = states[:, slot]  # [R, N, 80, 3]
+    out = torch.empty(R, N, C.SIM_STEPS, 4)
+    out[..., 0] = sim[..., 0] + float(offset[0])
+    out[..., 1] = sim[..., 1] + float(offset[1])
+    out[..., 2] = torch.as_tensor(scene.z[:, t0])[None, :, None]
+    out[..., 3] = sim[..., 2]
+    if not bool(has.all()):
+        fut = slice(t0 + 1, C.TOTAL_STEPS)
+        log = torch.stack([torch.as_tensor(getattr(scene, k)[:, fut]) for k in ("x", "y", "z", "heading")], -1)
+        out[:, ~has] = log[~has][None]
+    return out, ~has
