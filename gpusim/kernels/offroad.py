@@ -326,7 +326,7 @@ def bind_offroad(backend: str | None, check: bool, road_seg, grid_edge, grid_ori
         W, A = heading.shape
         out = torch.empty(W, A, dtype=torch.bool)
         kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
-               present.data_ptr(), scenario.data_ptr(), *pack_args[:6], out.data_ptr(), W, A,
+               present.data_ptr(), scenario.data_ptr(), *pack_args, out.data_ptr(), W, A,
                A if num_slots is None else num_slots, *sizes, torch.get_num_threads())
         return out
     run.keep = keep  # the tensors the bound pointers point into live as long as the call
