@@ -241,3 +241,21 @@ def test_probe_card_table_rows(tmp_path):
                    "0.180 | 0.100 [0.020, 0.180] | 100 |")
     p.write_text(json.dumps({"memory": None, "runs": [{"summary": {"goal_reached": ci(0.5, 0.4, 0.6)}}]}))
     assert card.main(["--run", str(tmp_path), "--evals", str(p)]) == 2  # no checkpoint there: one line, exit 2
+
+
+@pytest.mark.slow
+def test_memory_task_triton_matches_torch(sample_dir):
+    """The memory task on the Triton backend (interpreter on CPU) gives the torch backend's rewards,
+    flags and observations (the candidate block and the hidden goal columns included). Slow: ~50 s
+    under the interpreter."""
+    from gpusim.backend import interpreting
+    from gpusim.data import ScenarioPack
+
+    if not (torch.cuda.is_available() or interpreting()):
+        pytest.skip("no CUDA and no Triton interpreter")
+    import test_backend_e2e as e2e
+
+    config = EnvConfig(**e2e.BASE, goal_behavior="trial", k_trials=2, goal_candidates=2)
+    pk = ScenarioPack.from_json(sorted(sample_dir.glob("*.json*")), config.data_config(grid_edge_k=e2e.GRID_EDGE_K))
+    seen, _ = e2e.compare_rollout(pk, config, steps=20)  # one whole episode (2 trials of 10 steps)
+    assert seen["terminal"] > 0
