@@ -114,3 +114,13 @@ def test_training_coplayer_styles_set_the_partner_table():
     assert cfg.ego_slots == 1 and len(cfg.partner_styles) == 2
     with pytest.raises(UserError, match="needs --env.reward-conditioning"):
         coplayer_env_config(_env_config(), ["p.pt@cautious"])
+
+
+def test_periodic_evaluation_drives_the_default_style(pack_file):
+    from gpusim.styles import STYLES
+    from train.eval.live import LiveEvaluator
+
+    live = LiveEvaluator(_env_config(reward_conditioning=True), str(pack_file), ["self_play"], (), "cpu")
+    assert live.items[0][1].config.style == STYLES["default"]
+    live = LiveEvaluator(_env_config(), str(pack_file), ["self_play"], (), "cpu")
+    assert live.items[0][1].config.style is None
