@@ -259,3 +259,41 @@ def test_memory_task_triton_matches_torch(sample_dir):
     pk = ScenarioPack.from_json(sorted(sample_dir.glob("*.json*")), config.data_config(grid_edge_k=e2e.GRID_EDGE_K))
     seen, _ = e2e.compare_rollout(pk, config, steps=20)  # one whole episode (2 trials of 10 steps)
     assert seen["terminal"] > 0
+
+
+@pytest.mark.parametrize("memory", ["episode", "trial"])
+def test_graphed_rollout_equals_eager_on_the_memory_task(pack, memory):
+    """The trainer's CUDA-graph rollout (here with the fake capture that runs the same engine, audit
+    included, on the CPU) equals the eager rollout on the memory task, for the policy with memory
+    and for the memoryless control (whose cache clear at trial starts is part of the graph)."""
+    from gpusim.cuda_graph import FakeGraphCapture
+    from policy.actor_critic import ActorCritic, PolicyConfig
+    from train.graphed_rollout import GraphedRollout
+    from train.rollout import STEP_FIELDS, RolloutBatch, collect_rollout
+
+    cfg = EnvConfig(**{**CFG, "scenario_length": 5}, goal_candidates=2, check_actions="async")
+
+    def run(graphed):
+        env = DriveEnv(pack, num_worlds=3, config=cfg, seed=3)
+        torch.manual_seed(0)
+        pol = ActorCritic(env.obs_layout, env.num_actions, config=PolicyConfig(
+            d_model=16, n_layers=1, n_heads=2, hidden=16, max_roads=8, memory=memory)).eval()
+        buf = RolloutBatch.for_env(env, False)
+        cache = pol.init_cache(3 * env.num_slots, env.horizon, env.device)
+        roll = GraphedRollout(env, pol, buf, cache, capture=FakeGraphCapture()) if graphed else None
+        obs = env.reset(seed=5)
+        out = []
+        for i in range(2):
+            torch.manual_seed(100 + i)
+            obs, b = roll(obs) if graphed else collect_rollout(env, pol, obs, buf, cache, False)
+            out.append({f: getattr(b, f).clone() for f in STEP_FIELDS})
+            out[-1]["cache_position"] = cache.position.clone()
+        return out, roll
+
+    eager, _ = run(False)
+    graphed, roll = run(True)
+    assert roll.fallback_reason is None
+    for a, b in zip(eager, graphed):
+        for k in a:
+            assert torch.equal(a[k], b[k]), k
+    assert any(bool(r["truncation"].any()) for r in eager)
