@@ -85,7 +85,8 @@ class EvalConfig:
         human_replay: same as ``--mode human_replay`` (kept for old scripts).
         episodes_per_scenario: how many times every scenario runs (a deterministic policy in a
             deterministic env repeats itself exactly, so > 1 matters for ``random``,
-            ``--stochastic`` and NEW_GOAL/RESPAWN goals only).
+            ``--stochastic``, NEW_GOAL/RESPAWN goals and the memory task, whose candidate goals are
+            drawn again every episode, only).
         num_worlds: worlds per batch (0 = up to 32, spread evenly over the batches).
         k_trials: > 0: trial mode with this many trials per episode (0 = as trained).
         stochastic: sample the policies' actions instead of argmax / mean.
