@@ -378,6 +378,6 @@ def memory_task_experience(cfg: TrainConfig, explicit: bool) -> TrainConfig:
         return cfg
     if explicit:
         raise UserError(f"--experience progress: the goal-progress shaping points at the true goal, which the memory "
-                        f"task (--env.goal-candidates {cfg.env.goal_candidates}) hides; use --experience candidate_progress "
-                        "(toward the nearest candidate, the default there) or identity")
+                        f"task (--env.goal-candidates {cfg.env.goal_candidates}) hides; use --experience "
+                        "candidate_progress (toward the nearest candidate, the default there) or identity")
     return dataclasses.replace(cfg, experience="candidate_progress")
