@@ -1,6 +1,6 @@
 """Device-aware training defaults (train/recipes.py): the CPU recipe is TrainConfig's own defaults
 bit for bit, the GPU recipe sets its fields, flags given always win, ``--config`` and ``--resume``
-keep what they state, and a GPU-recipe run (bf16 autocast, fused-Adam request) trains on the CPU."""
+keep what they state, and a GPU-recipe run trains on the CPU."""
 
 from __future__ import annotations
 
@@ -45,14 +45,15 @@ def test_gpu_recipe_sets_its_fields_and_says_so(capsys, monkeypatch):
     assert cfg.recipe == "gpu"
     for key, value in RECIPES["gpu"].items():
         assert _field(cfg, key) == value, key
-    assert (cfg.num_worlds, cfg.total_timesteps, cfg.ppo.autocast, cfg.ppo.fused_adam) == (1024, 60_000_000, "bf16",
-                                                                                           True)
+    # the update levers stay off: measured slower together on an H200 at this size (train/recipes.py)
+    assert (cfg.num_worlds, cfg.total_timesteps, cfg.ppo.autocast, cfg.ppo.fused_adam) == (1024, 40_000_000, "off",
+                                                                                           False)
     # everything else is the CPU default
     assert dataclasses.replace(cfg, recipe="auto", num_worlds=32, total_timesteps=2_000_000, report_interval=2,
                                ppo=TrainConfig().ppo) == TrainConfig(device="cpu")
     out = capsys.readouterr().out
-    assert out.startswith("recipe gpu (device cpu): --num-worlds 1024 --total-timesteps 60000000")
-    assert "--ppo.autocast bf16 --ppo.fused-adam" in out and "overridden" not in out
+    assert out.startswith("recipe gpu (device cpu): --num-worlds 1024 --total-timesteps 40000000")
+    assert "--ppo.autocast" not in out and "overridden" not in out
     assert parse_args(["--recipe", "gpu", "--device", "cpu", "--quiet"]).recipe == "gpu"
     assert capsys.readouterr().out == ""
     monkeypatch.setenv("RANK", "1")  # torchrun: the other ranks stay silent
@@ -61,18 +62,18 @@ def test_gpu_recipe_sets_its_fields_and_says_so(capsys, monkeypatch):
 
 
 def test_flags_given_win_over_the_recipe_even_at_the_cpu_default(capsys):
-    cfg = parse_args(["--recipe", "gpu", "--device", "cpu", "--num-worlds", "32", "--ppo.no-fused-adam",
-                      "--ppo.autocast", "off", "--ppo.num-minibatches", "8"])
-    assert (cfg.num_worlds, cfg.ppo.fused_adam, cfg.ppo.autocast, cfg.ppo.num_minibatches) == (32, False, "off", 8)
-    assert cfg.total_timesteps == 60_000_000  # not given: the recipe's
+    cfg = parse_args(["--recipe", "gpu", "--device", "cpu", "--num-worlds", "32", "--report-interval", "2",
+                      "--ppo.num-minibatches", "8"])
+    assert (cfg.num_worlds, cfg.report_interval, cfg.ppo.num_minibatches) == (32, 2, 8)
+    assert cfg.total_timesteps == 40_000_000  # not given: the recipe's
     out = capsys.readouterr().out
-    assert "overridden by flags: --num-worlds 32 --ppo.autocast off --ppo.no-fused-adam" in out
+    assert "overridden by flags: --num-worlds 32 --report-interval 2" in out
 
 
 def test_auto_on_a_cuda_device_string_picks_the_gpu_recipe():
     # parsing needs no GPU: prepare_run refuses a missing CUDA device later, with its own message
     cfg = parse_args(["--device", "cuda", "--quiet"])
-    assert cfg.recipe == "gpu" and cfg.num_worlds == 1024 and cfg.ppo.autocast == "bf16"
+    assert cfg.recipe == "gpu" and cfg.num_worlds == 1024 and cfg.total_timesteps == 40_000_000
 
 
 @pytest.mark.filterwarnings("ignore:The field `recipe`")  # tyro's note on the bad value below
@@ -93,11 +94,11 @@ def test_config_file_is_not_overridden_by_a_recipe(tmp_path):
 
 def test_resumed_run_keeps_worlds_env_and_policy_of_its_checkpoint():
     assert "num_worlds" not in recipe_overrides("gpu", resuming=True)
-    assert recipe_overrides("gpu", resuming=True)["ppo.autocast"] == "bf16"
+    assert recipe_overrides("gpu", resuming=True)["total_timesteps"] == 40_000_000
     cfg = parse_args(["--recipe", "gpu", "--device", "cpu", "--resume", "some/checkpoint.pt", "--quiet"])
     assert cfg.num_worlds == TrainConfig().num_worlds  # prepare_run takes the checkpoint's
     assert cfg.policy == TrainConfig().policy and cfg.env == TrainConfig().env
-    assert cfg.ppo.fused_adam is True and cfg.total_timesteps == 60_000_000
+    assert cfg.report_interval == 5 and cfg.total_timesteps == 40_000_000
 
 
 def test_apply_recipe_and_flag_spelling():
@@ -111,14 +112,14 @@ def test_apply_recipe_and_flag_spelling():
 
 
 def test_gpu_recipe_run_trains_on_the_cpu(tmp_path):
-    """The GPU recipe's update (bf16 autocast, fused Adam requested) runs end to end on the CPU
+    """The GPU recipe with the update levers (bf16 autocast, fused Adam requested) runs end to end on the CPU
     (fused Adam falls back to the plain optimizer there) on the bundled scenarios, and the run
     records the recipe and its options."""
     from train.run import train
 
     cfg = parse_args(["--recipe", "gpu", "--device", "cpu", "--num-worlds", "2", "--total-timesteps", "1",
                       "--num-threads", "1", "--log-dir", str(tmp_path), "--run-name", "g", "--quiet",
-                      "--env.scenario-length", "6"])
+                      "--env.scenario-length", "6", "--ppo.autocast", "bf16", "--ppo.fused-adam"])
     out = train(cfg)
     rec = out["reports"][-1]
     assert out["update"] == 1 and rec["optimizer_steps"] == 16
@@ -138,7 +139,8 @@ def test_bench_train_reports_the_recipe_and_levers(capsys):
 
     torch.set_num_threads(1)
     res = bench_train.main(["--iters", "1", "--warmup", "0", "--json", "--", "--recipe", "gpu", "--device", "cpu",
-                            "--num-worlds", "2", "--env.scenario-length", "4", "--ppo.num-minibatches", "2"])
+                            "--num-worlds", "2", "--env.scenario-length", "4", "--ppo.num-minibatches", "2",
+                            "--ppo.autocast", "bf16", "--ppo.fused-adam"])
     capsys.readouterr()
     meta = res["meta"]
     assert (meta["recipe"], meta["autocast"], meta["fused_adam"], meta["num_minibatches"]) == ("gpu", "bf16", False,

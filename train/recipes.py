@@ -15,10 +15,12 @@ records every field, so it replays the run whatever the device).
   time (small, launch-bound minibatches of about 64 rows); with ``--num-worlds 1024`` the same
   trainer ran at 580-710K agent-steps/s and reached a training-time goal rate of 0.92 in 100 s
   (59M steps). So the GPU recipe takes 1024 worlds (minibatches of about 1,100 rows x 91 steps:
-  4 x 4 optimizer steps as on the CPU, each on 32 times the data), a 60M-step budget (about
-  100 s at the measured rate), the fused Adam kernel and bfloat16 autocast in the update
-  (:mod:`train.ppo`; each can be switched off by its flag to measure it), and reports every 5
-  updates instead of 2 (a report reads the statistics to the host). Slots (``--env.max-controlled
+  4 x 4 optimizer steps as on the CPU, each on 32 times the data), a 40M-step budget (50 s on
+  one H200: 850K agent-steps/s in the trainer's own count, training-time goal 0.83 on the
+  52-scenario training split), and reports every 5 updates instead of 2 (a report reads the
+  statistics to the host). The update levers of :mod:`train.ppo` (``--ppo.autocast bf16``,
+  ``--ppo.fused-adam``) stay off: measured together on an H200 at this size they made
+  ``profiling/bench_train.py`` slower (358K against 447K agent-steps/s; docs/training.md). Slots (``--env.max-controlled
   8``: the bundled scenarios have at most 8 controlled agents) and the model width (d=64, the
   width of the measured 1024-world run) stay as on the CPU.
 
@@ -39,10 +41,8 @@ RECIPES: dict[str, dict[str, object]] = {
     "cpu": {},
     "gpu": {
         "num_worlds": 1024,
-        "total_timesteps": 60_000_000,
+        "total_timesteps": 40_000_000,
         "report_interval": 5,
-        "ppo.autocast": "bf16",
-        "ppo.fused_adam": True,
     },
 }
 
