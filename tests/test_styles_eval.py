@@ -124,3 +124,21 @@ def test_periodic_evaluation_drives_the_default_style(pack_file):
     assert live.items[0][1].config.style == STYLES["default"]
     live = LiveEvaluator(_env_config(), str(pack_file), ["self_play"], (), "cpu")
     assert live.items[0][1].config.style is None
+
+
+def test_time_to_goal_on_a_crafted_scene(tmp_path):
+    from train.evaluate import write_records
+
+    # 10 m/s straight at a goal 20 m ahead (radius 2 m): reached after 18 m, 1.8 s; a second agent's goal is behind
+    scene = {"agents": [driver(0.0, 0.0, 0.0, 10.0, goal=(20.0, 0.0)), driver(0.0, 20.0, 0.0, 10.0, goal=(-20.0, 20.0))],
+             "num_controlled": 2, "roads": lane(-60.0, 500.0) + lane(-60.0, 500.0, y=20.0)}
+    pack_path = synthetic_pack([scene], small_config(max_agents=32)).save(tmp_path / "goal.pt")
+    ck = _checkpoint(tmp_path / "styled" / "checkpoint.pt", _env_config(reward_conditioning=True))
+    res = evaluate(EvalConfig(policy=(str(ck), "constant_speed"), data=str(pack_path), device="cpu", num_threads=1))
+    run = res["runs"][1]
+    assert run["records"]["time_to_goal"][0].item() == pytest.approx(1.8, abs=0.11)
+    assert torch.isnan(run["records"]["time_to_goal"][1])
+    iv = run["summary"]["time_to_goal"]
+    assert iv.n == 1 and iv.mean == pytest.approx(run["records"]["time_to_goal"][0].item())
+    assert write_records(res, tmp_path / "rec.jsonl") == 4
+    assert '"time_to_goal": null' in (tmp_path / "rec.jsonl").read_text()

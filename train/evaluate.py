@@ -392,6 +392,8 @@ def write_records(results: dict, path) -> int:
                 row.update({k: v[i] for k, v in cols.items() if k not in ("scenario", "ego")})
                 for k in [k for k in row if k.endswith("_goal_step")]:
                     row[k] = None if row[k] < 0 else row[k]
+                if "time_to_goal" in row and row["time_to_goal"] != row["time_to_goal"]:
+                    row["time_to_goal"] = None  # not reached (NaN is not JSON)
                 f.write(json.dumps(row) + "\n")
                 n += 1
     return n

@@ -11,8 +11,9 @@ column). Reported metrics (:data:`METRICS`, labels in brackets):
   agent-episodes of ``trial_k_score - trial_0_score`` (paired, so its interval is that of the
   per-agent differences), plus per world-episode trial logs (trials completed, share ended before
   the timeout, mean trial length in steps);
-* reward conditioning (driving styles): ``mean_speed`` (m/s) and ``min_gap`` (m) when the records
-  have them (:data:`train.eval.styles.STYLE_METRICS`).
+* reward conditioning (driving styles): ``mean_speed`` (m/s), ``min_gap`` (m) and
+  ``time_to_goal`` (s, over the agents that reached the goal) when the records have them
+  (:data:`train.eval.styles.STYLE_METRICS`).
 
 Every mean comes with a confidence interval over agent-episodes (:mod:`train.eval.stats`),
 clipped to the metric's range (``[0, 1]`` for rates, ``[-1, 1]`` for ``ada_delta``).
@@ -57,8 +58,9 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
 
     out = {name: ci(agents[name], None if name == "episode_return" else (0.0, 1.0)) for name, _ in METRICS}
     for name, _ in STYLE_METRICS:
-        if name in agents:
-            out[name] = ci(agents[name], None)
+        if name in agents:  # time_to_goal: NaN for agents that did not reach the goal, left out
+            x = agents[name]
+            out[name] = ci(x[~torch.isnan(x)], None)
     K = _trial_count(agents)
     for k in range(K):
         out[f"trial_{k}_score"] = ci(agents[f"trial_{k}_score"])

@@ -9,7 +9,9 @@
 * :class:`StyleProbe` accumulates, per policy slot and episode, the columns the style table adds:
   ``mean_speed`` (m/s, mean |speed| over the slot's valid steps) and ``min_gap`` (m, the smallest
   centre-to-centre distance to any other agent in the scene over its valid steps, capped at
-  ``EnvConfig.partner_radius`` when no agent came closer).
+  ``EnvConfig.partner_radius`` when no agent came closer) and ``time_to_goal`` (s, steps until the
+  first goal times ``dt``; NaN when the goal was not reached: its mean is over the agents that
+  reached it).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from gpusim.styles import STYLES, style_values
 from train.config import UserError
 
 #: Per agent-episode columns added with reward conditioning (name, table label).
-STYLE_METRICS = (("mean_speed", "mean speed (m/s)"), ("min_gap", "min gap (m)"))
+STYLE_METRICS = (("mean_speed", "mean speed (m/s)"), ("min_gap", "min gap (m)"),
+                 ("time_to_goal", "time to goal (s, reached)"))
 
 
 def eval_styles(env_config, styles: tuple, policy_label: str) -> list[tuple[str | None, tuple | None]]:
@@ -80,8 +83,8 @@ def partner_styles(specs) -> tuple[list[str], tuple | None]:
 class StyleProbe:
     """Per-slot ``mean_speed`` and ``min_gap`` of one synchronous episode (module docstring).
 
-    ``step(env, result)`` after every env step; ``columns()`` -> ``{"mean_speed", "min_gap"}``
-    [W, C] float32 device tensors (no host read).
+    ``step(env, result)`` after every env step; ``columns()`` -> ``{"mean_speed", "min_gap",
+    "time_to_goal"}`` [W, C] float32 device tensors (no host read).
     """
 
     def __init__(self, env):
@@ -90,6 +93,9 @@ class StyleProbe:
         self.speed_sum = torch.zeros(W, C, device=dev)
         self.steps = torch.zeros(W, C, device=dev)
         self.gap = torch.full((W, C), self.cap, device=dev)
+        self.dt = float(env.config.dt)
+        self.t = 0
+        self.goal_step = torch.full((W, C), -1, dtype=torch.int64, device=dev)
 
     def step(self, env, result) -> None:
         """Accumulate the step that produced ``result`` (the env's state after it)."""
@@ -102,7 +108,12 @@ class StyleProbe:
         other[:, torch.arange(C), torch.arange(C)] = False  # not itself
         d = torch.where(other, d, torch.full_like(d, float("inf"))).amin(dim=2)
         self.gap = torch.where(valid, torch.minimum(self.gap, d), self.gap)
+        self.t += 1
+        first = result.info["goal_reached"] & (self.goal_step < 0)
+        self.goal_step = torch.where(first, self.t, self.goal_step)
 
     def columns(self) -> dict:
-        """``{"mean_speed": [W, C], "min_gap": [W, C]}`` float32 (0 speed for slots never valid)."""
-        return {"mean_speed": self.speed_sum / self.steps.clamp_min(1.0), "min_gap": self.gap}
+        """``{"mean_speed", "min_gap", "time_to_goal"}`` [W, C] float32 (0 speed for slots never valid,
+        NaN time for slots that never reached the goal)."""
+        ttg = torch.where(self.goal_step >= 0, self.goal_step.to(torch.float32) * self.dt, float("nan"))
+        return {"mean_speed": self.speed_sum / self.steps.clamp_min(1.0), "min_gap": self.gap, "time_to_goal": ttg}

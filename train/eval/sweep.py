@@ -287,7 +287,7 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
         "goal_reached": ep["goal_reached"], "collided": ep["collided"], "offroad": ep["offroad"],
         "score": ep["goal_reached"] & ~ep["collided"] & ~ep["offroad"], "ego": ego,
     }
-    for name in ("mean_speed", "min_gap"):  # driving styles (train/eval/styles.py)
+    for name in ("mean_speed", "min_gap", "time_to_goal"):  # driving styles (train/eval/styles.py)
         if name in ep:
             cols[name] = ep[name]
     if "trial_goal" in ep:
