@@ -131,9 +131,8 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
             signal_state=p.signal_state, signal_valid=p.signal_valid, num_signals=p.num_signals,
             num_obs=cfg.num_signals, radius=cfg.road_radius, out=full, offset=d0)
     if n_style:
-        style = style_observation(ctx, state)
         full[..., d0 + cfg.num_signals * SIGNAL_DIM: full.shape[-1] - n_cand].copy_(
-            torch.where(active[..., None], style, torch.zeros_like(style)))
+            style_observation(ctx, state, active))
     if n_cand:
         block = candidate_block(state)
         full[..., full.shape[-1] - n_cand:].copy_(torch.where(active[..., None], block, torch.zeros_like(block)))

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from gpusim.kernels import dynamics
 from gpusim.kernels.dynamics import MIN_LENGTH, decode_actions
 from gpusim.styles import NUM_STYLE_TERMS
 
@@ -71,31 +72,43 @@ def conditioned_reward(ctx, state, step, goal_now: torch.Tensor) -> torch.Tensor
     """
     C = ctx.num_slots
     w = state.style[:, :C]  # [W, C, R]
-    in_play = step.in_play[:, :C]
-    f = torch.float32
-    accel, steer = decode_actions(step.actions, int(ctx.config.action_space))
     speed = state.speed[:, :C]
-    tan_d = torch.tan(steer)
-    yaw_rate = speed * torch.cos(torch.atan(0.5 * tan_d)) * tan_d / state.length[:, :C].clamp(min=MIN_LENGTH)
-    terms = torch.stack([
-        goal_now[:, :C].to(f),
-        step.collided[:, :C].to(f),
-        step.offroad[:, :C].to(f),
-        state.red_light_now.to(f),
-        (speed - w[..., 8]).clamp(min=0.0),
-        accel.abs(),
-        yaw_rate.abs(),
-        torch.ones_like(speed),
-    ], dim=-1)  # [W, C, 8]
-    return torch.where(in_play, (terms * w[..., :8]).sum(-1), torch.zeros_like(speed))
+    accel_abs, yaw_factor = _control_factors(ctx, step.actions)  # |accel| (m/s^2), |cos(beta) tan(steer)|
+    yaw_abs = speed.abs() * yaw_factor / state.length[:, :C].clamp(min=MIN_LENGTH)
+    events = torch.stack([goal_now[:, :C], step.collided[:, :C], step.offroad[:, :C], state.red_light_now],
+                         dim=-1).to(torch.float32)  # [W, C, 4]
+    terms = torch.stack([(speed - w[..., 8]).clamp(min=0.0), accel_abs, yaw_abs, torch.ones_like(speed)], dim=-1)
+    total = (events * w[..., :4]).sum(-1) + (terms * w[..., 4:8]).sum(-1)
+    return torch.where(step.in_play[:, :C], total, torch.zeros_like(speed))
 
 
-def style_observation(ctx, state) -> torch.Tensor:
-    """[W, C, R] float32: each slot's own style normalised to [0, 1] by the ranges (0 for fixed
-    entries and for empty slots)."""
+def _control_factors(ctx, actions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(|accel|, |cos(beta) tan(steer)|)`` [W, C] float32 of the actions: a lookup in a per-action
+    table for discrete actions (computed once per context), computed for continuous ones."""
+    if int(ctx.config.action_space) == 0:
+        def make(cfg):
+            k = torch.arange(dynamics.NUM_ACTIONS, device=ctx.device)
+            a, d = decode_actions(k, 0)
+            tan_d = torch.tan(d)
+            return torch.stack([a.abs(), (torch.cos(torch.atan(0.5 * tan_d)) * tan_d).abs()], dim=-1)
+        f = ctx.cached("style_control_factors", make)[actions.clamp(0, dynamics.NUM_ACTIONS - 1)]
+        return f[..., 0], f[..., 1]
+    a, d = decode_actions(actions, int(ctx.config.action_space))
+    tan_d = torch.tan(d)
+    return a.abs(), (torch.cos(torch.atan(0.5 * tan_d)) * tan_d).abs()
+
+
+def style_observation(ctx, state, active: torch.Tensor) -> torch.Tensor:
+    """[W, C, R] float32: each slot's own style normalised to [0, 1] by the ranges, ``(v - low) /
+    (high - low)`` (0 for fixed entries), where ``active`` [W, C] bool (the observed slots), else 0."""
     C = ctx.num_slots
+    lo, inv_span = ctx.cached("style_norm", lambda cfg: _norm_tensors(ctx))
+    norm = (state.style[:, :C] - lo) * inv_span
+    return torch.where(active[..., None], norm, torch.zeros_like(norm))
+
+
+def _norm_tensors(ctx) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(low, 1 / (high - low))`` [R] float32, 0 where ``low == high``."""
     lo, hi = _range_tensors(ctx)
     span = hi - lo
-    norm = torch.where(span > 0, (state.style[:, :C] - lo) / torch.where(span > 0, span, torch.ones_like(span)),
-                       torch.zeros_like(span))
-    return torch.where(state.slot_active[..., None], norm, torch.zeros_like(norm))
+    return lo, torch.where(span > 0, 1.0 / torch.where(span > 0, span, torch.ones_like(span)), torch.zeros_like(span))
