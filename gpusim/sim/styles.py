@@ -8,6 +8,8 @@ and the observation block (``EnvConfig.reward_conditioning``; the terms and rang
   ``EnvConfig.partner_styles`` per world (one ``[W]`` integer draw) when set. Conditioning off:
   nothing is drawn and the field stays 0, so the random stream is that of an env without styles.
   A new trial keeps the field (``trial="keep"``): a partner's style never changes inside an episode.
+  The range, style and table tensors are made once per env (``SimContext.cached``), so a draw
+  inside a captured CUDA graph copies nothing from the host.
 * **Reward** (:func:`conditioned_reward`, called by the rewards stage): the weighted sum of the
   terms for every backend, in torch ops on the state's device (fixed shapes, no host sync, so the
   CUDA graph captures it).
@@ -46,10 +48,11 @@ def draw_styles(ctx, state):
     pad = torch.zeros(W, A - C, dtype=torch.bool, device=ctx.device)
     if cfg.style is not None:
         ego = torch.cat([state.ego, pad], dim=1)[..., None]
-        fixed = torch.tensor(cfg.style, dtype=torch.float32, device=ctx.device)
+        fixed = ctx.cached("style_fixed", lambda c: torch.tensor(c.style, dtype=torch.float32, device=ctx.device))
         style = torch.where(ego, fixed, style)
     if cfg.partner_styles is not None:
-        table = torch.tensor(cfg.partner_styles, dtype=torch.float32, device=ctx.device)
+        table = ctx.cached("style_partners",
+                           lambda c: torch.tensor(c.partner_styles, dtype=torch.float32, device=ctx.device))
         row = torch.randint(table.shape[0], (W,), generator=ctx.generator, device=ctx.device)
         co = torch.cat([state.slot_active & ~state.ego, pad], dim=1)[..., None]
         style = torch.where(co, table[row][:, None, :], style)
