@@ -40,7 +40,9 @@ import torch
 from gpusim.wosac import config as C
 from gpusim.wosac.scene import WosacBatch
 
-_FUT = slice(C.CURRENT_TIME_INDEX + 1, C.TOTAL_STEPS)
+#: The 80 scored (simulated) steps of a 91-step trajectory.
+SCORED_STEPS = slice(C.CURRENT_TIME_INDEX + 1, C.TOTAL_STEPS)
+_FUT = SCORED_STEPS
 BIG = C.EXTREMELY_LARGE_DISTANCE
 
 
@@ -126,8 +128,9 @@ def _box_box_signed_distance(a, b):
     return torch.where(inside, -d, d)
 
 
-def _gather_eval(t: torch.Tensor, batch: WosacBatch) -> torch.Tensor:
-    """``t`` [S, R, N, ...] -> the evaluated objects [S, R, E, ...]."""
+def gather_evaluated(t: torch.Tensor, batch: WosacBatch) -> torch.Tensor:
+    """``t`` [S, R, N, ...] (any dtype) -> the evaluated objects' entries [S, R, E, ...], in the
+    batch's evaluation order (ascending object id)."""
     idx = batch.eval_index[:, None, :]
     idx = idx.reshape(*idx.shape, *([1] * (t.dim() - 3))).expand(t.shape[0], t.shape[1], -1, *t.shape[3:])
     return torch.gather(t, 2, idx)
@@ -153,7 +156,7 @@ def distance_to_nearest_object(batch: WosacBatch, x, y, heading, valid, *, chunk
     xs, ys, hs = x[..., _FUT], y[..., _FUT], heading[..., _FUT]
     box = _corners(xs, ys, hs, (L - 2 * shrink).expand_as(xs), (W - 2 * shrink).expand_as(xs))  # [S,R,N,T,4,2]
     v = (valid[..., _FUT] & batch.present[:, None, :, None]).expand(S, R, N, xs.shape[-1])
-    ev_box, ev_v = _gather_eval(box, batch), _gather_eval(v, batch)
+    ev_box, ev_v = gather_evaluated(box, batch), gather_evaluated(v, batch)
     ev_shrink = torch.gather(shrink[..., 0], 2, batch.eval_index[:, None, :])  # [S,1,E]
     E = ev_box.shape[2]
     self_mask = batch.eval_index[:, :, None] == torch.arange(N, device=x.device)  # [S,E,N]
@@ -182,7 +185,7 @@ def time_to_collision(batch: WosacBatch, x, y, heading, valid, dt: float = C.STE
     T = xs.shape[-1]
     v = (valid[..., _FUT] & batch.present[:, None, :, None]).expand(S, R, N, T)
     L, W = batch.length[:, None, :, None].expand(S, R, N, T), batch.width[:, None, :, None].expand(S, R, N, T)
-    ex, ey, eh, es, eL, eW = (_gather_eval(t, batch) for t in (xs, ys, hs, speed, L, W))
+    ex, ey, eh, es, eL, eW = (gather_evaluated(t, batch) for t in (xs, ys, hs, speed, L, W))
     out = []
     for sl in _rollout_chunks(R, S * ex.shape[2] * N * T * 4, chunk):
         yaw_diff = (hs[:, sl, None] - eh[:, sl, :, None]).abs()  # not wrapped, as in the official code
@@ -310,7 +313,7 @@ def distance_to_road_edge(batch: WosacBatch, x, y, z, heading, valid, *, chunk: 
         [S, R, E, 80] float32 (-1e10 where the object is invalid).
     """
     S, R = x.shape[:2]
-    ex, ey, ez, eh = (_gather_eval(t[..., _FUT], batch) for t in (x, y, z, heading))
+    ex, ey, ez, eh = (gather_evaluated(t[..., _FUT], batch) for t in (x, y, z, heading))
     E, T = ex.shape[2], ex.shape[3]
     L = torch.gather(batch.length, 1, batch.eval_index)[:, None, :, None].expand_as(ex)
     W = torch.gather(batch.width, 1, batch.eval_index)[:, None, :, None].expand_as(ex)
@@ -322,7 +325,7 @@ def distance_to_road_edge(batch: WosacBatch, x, y, z, heading, valid, *, chunk: 
     step = max(1, chunk // max(S * G, 1))
     d = torch.cat([_nearest_edge_signed(batch, q[:, i:i + step]) for i in range(0, q.shape[1], step)], dim=1)
     d = d.reshape(S, R, E, T, 4).max(dim=-1).values
-    v = _gather_eval(valid[..., _FUT].expand(S, R, -1, T), batch)
+    v = gather_evaluated(valid[..., _FUT].expand(S, R, -1, T), batch)
     return torch.where(v, d, torch.full_like(d, -BIG))
 
 
@@ -394,7 +397,7 @@ def red_light_violation(batch: WosacBatch, x, y, valid, *, chunk: int = 1 << 24)
     """
     S, R = x.shape[:2]
     t0 = C.CURRENT_TIME_INDEX
-    ex, ey = _gather_eval(x[..., t0:], batch), _gather_eval(y[..., t0:], batch)  # [S,R,E,81]
+    ex, ey = gather_evaluated(x[..., t0:], batch), gather_evaluated(y[..., t0:], batch)  # [S,R,E,81]
     E, T1 = ex.shape[2], ex.shape[3]
     if batch.lane_start.shape[1] == 0:  # no surface-street lane in any scenario: no violation
         return torch.zeros(S, R, E, T1 - 1, dtype=torch.bool, device=x.device)
@@ -409,6 +412,6 @@ def red_light_violation(batch: WosacBatch, x, y, valid, *, chunk: int = 1 << 24)
     crossed = (rel[..., :-1, :] < stop_rel[..., :-1, :]) & (rel[..., 1:, :] > stop_rel[..., 1:, :])
     match = lane[..., 1:, None] == batch.sig_lane[:, None, None, None, :]
     red = batch.sig_stop[:, None, None, t0 + 1:] & batch.sig_lane_valid[:, None, None, None, :]
-    v = _gather_eval(valid[..., _FUT].expand(S, R, -1, T1 - 1), batch)
+    v = gather_evaluated(valid[..., _FUT].expand(S, R, -1, T1 - 1), batch)
     out = (crossed & match & red).any(dim=-1) & v
     return out & batch.has_signals[:, None, None, None]

@@ -85,8 +85,8 @@ def compute_features(batch: WosacBatch, x, y, z, heading, valid, *, chunk: int =
         ``distance_to_road_edge`` (float32) and ``collision``, ``offroad``,
         ``traffic_light_violation`` (bool).
     """
-    ev = [F._gather_eval(t, batch) for t in (x, y, z, heading)]
-    speed, accel, dh, d2h = (t[..., F._FUT] for t in F.kinematics(*ev))
+    ev = [F.gather_evaluated(t, batch) for t in (x, y, z, heading)]
+    speed, accel, dh, d2h = (t[..., F.SCORED_STEPS] for t in F.kinematics(*ev))
     dist = F.distance_to_nearest_object(batch, x, y, heading, valid, chunk=chunk)
     edge = F.distance_to_road_edge(batch, x, y, z, heading, valid, chunk=chunk)
     return {
@@ -116,9 +116,9 @@ def likelihoods(batch: WosacBatch, log_feats: dict, sim_feats: dict) -> dict:
         ``kinematic``, ``interactive``, ``map_based`` (weighted means within each bucket).
     """
     S, E = batch.eval_index.shape
-    log_valid = F._gather_eval(batch.valid[:, None], batch)[:, 0]  # [S,E,91]
+    log_valid = F.gather_evaluated(batch.valid[:, None], batch)[:, 0]  # [S,E,91]
     log_valid &= batch.eval_present[..., None]
-    valid = log_valid[..., F._FUT]
+    valid = log_valid[..., F.SCORED_STEPS]
     # as in the official scorer, the central-difference validity is taken on the 80 simulated
     # steps only, so the first / last one (speeds) or two (accelerations) steps never count
     speed_ok, accel_ok = F.kinematic_validity(valid)
