@@ -23,7 +23,7 @@ from gpusim.env import DriveEnv
 from gpusim.kernels import dynamics
 from gpusim.kernels.accounting import accumulate_cpu as accounting_cpu
 from gpusim.kernels.cbuild import step_kernels_status
-from gpusim.kernels.events import events_cpu, events_reference
+from gpusim.kernels.events import bind_events, events_cpu, events_reference
 from gpusim.kernels.motion import bicycle_slots_cpu, discrete_motion_tables, in_play_cpu, motion_discrete_cpu
 from gpusim.kernels.replay import replay_reference, replay_state_cpu
 from gpusim.kernels.signals import red_light_cpu, red_light_violation_reference
@@ -101,6 +101,11 @@ def test_events_match_reference_every_behaviour(pack, worlds):
                     assert_same(events_cpu(**inp, **kw), want)
                     # unchecked: slot_active may be the row-strided view controlled[:, :C] (read in place)
                     assert_same(events_cpu(**dict(inp, slot_active=view), **kw, check=False), want)
+                    # the bound call (the env's): slot_active as the wide tensor whose first C columns count
+                    if t == 0:
+                        for backend, check in (("c", False), ("c", True), ("torch", True)):
+                            args = dict(inp, slot_active=wide)
+                            assert_same(bind_events(backend, check, **kw)(*args.values()), want)
                     seen += torch.stack([want.goal_now.sum(), want.truncated.sum(), want.terminal.sum(),
                                          (want.removed & ~inp["removed"]).sum()])
         env.step(torch.randint(0, 91, (worlds, env.num_slots), generator=g))

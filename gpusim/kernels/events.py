@@ -313,19 +313,24 @@ def bind_events(backend: str | None, check: bool, goal_radius: float, reward_goa
                 stop_truncate_fraction: float):
     """:func:`events` with its scalars (and ``backend``, ``check``) bound: returns
     ``fn(pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped,
-    contact_stopped, removed, world_done, episode_end, slot_active, slot_done) -> EventsOut``. On the
-    C backend without checks (the env's checked layout) ``fn`` calls the kernel directly
-    (``slot_active`` may be the row-strided view ``controlled[:, :C]``); else it calls :func:`events`."""
+    contact_stopped, removed, world_done, episode_end, slot_active, slot_done) -> EventsOut``, where
+    ``slot_active`` may also be a wider [W, A] bool tensor whose first C columns are the slots
+    (C = ``slot_done.shape[1]``; the env passes ``controlled``). On the C backend without checks
+    (the env's checked layout) ``fn`` calls the kernel directly, reading those columns in place;
+    else it calls :func:`events` on ``slot_active[:, :C]``."""
     scalars = (goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior, collision_behavior,
                offroad_behavior, stop_truncate_fraction)
     lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
     if lib is None:
-        return lambda *tensors: events(*tensors, *scalars, backend=backend, check=check)
+        def call(*tensors):
+            active, done = tensors[14], tensors[15]
+            return events(*tensors[:14], active[:, :done.shape[1]], done, *scalars, backend=backend, check=check)
+        return call
     kernel, c_scalars, e, b = lib.gpusim_events, events_scalar_args(*scalars), torch.empty, torch.bool
 
     def run(*tensors):
         W, A = tensors[5].shape
-        C = tensors[14].shape[1]
+        C = tensors[15].shape[1]
         out = EventsOut(e(W, C), e(W, A, dtype=b), e(W, A), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
                         e(W, A, dtype=b), e(W, dtype=b), e(W, dtype=b), e(W, C, dtype=b), e(W, C, dtype=b))
         kernel(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in out], W, A, C, *c_scalars,

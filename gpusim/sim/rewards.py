@@ -38,7 +38,7 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ev = bound_op(ctx, step, "events", lambda backend, check: bind_events(backend, check, **event_scalars(cfg)))(
         state.pos, state.goal, state.speed, state.controlled, step.in_play, state.present, step.collided,
         step.offroad, step.hit, state.stopped, state.contact_stopped, state.removed, state.world_done,
-        ctx.end_flags[int(step.episode_end)], state.slot_active, state.slot_done)
+        ctx.end_flags[int(step.episode_end)], state.controlled, state.slot_done)  # slot_active: its first C columns
     return _apply(ctx, state, step, ev)
 
 
