@@ -261,3 +261,30 @@ def test_scenarios_batched_with_padding_score_as_alone():
         alone = M.score(stack_scenes([scene]), rollouts[i:i + 1, :, :scene.num_objects])
         for k, v in alone.items():
             assert together[k][i].item() == pytest.approx(v.item(), rel=1e-6, abs=1e-7), k
+
+
+def test_cli_scores_baselines_and_a_submission(tmp_path, capsys):
+    import json
+
+    from gpusim.data.proto_export import write_submission
+    from gpusim.data.tfrecord import write_records
+    from gpusim.wosac.__main__ import main
+
+    src = write_records(tmp_path / "two.tfrecord", [two_vehicle_proto().SerializeToString(),
+                                                    two_vehicle_proto(ttp=False).SerializeToString()])
+    scene = scene_from_proto(two_vehicle_proto())
+    b = stack_scenes([scene])
+    sub = write_submission(tmp_path / "r.binproto", {scene.scenario_id: (scene.object_id, _mixed_rollouts(b)[0].numpy())})
+    out = tmp_path / "w.json"
+    assert main([str(src), "--baseline", "log_replay", "--submission", str(sub), "--json", str(out)]) == 0
+    text = capsys.readouterr()
+    assert "1 scenario(s) scored, 1 skipped" in text.out and "no objects to predict" in text.err
+    res = json.loads(out.read_text())
+    mixed = M.score(b, _mixed_rollouts(b))
+    assert res["summary"]["submission"]["metametric"]["mean"] == pytest.approx(mixed["metametric"].item(), rel=1e-6)
+    assert res["summary"]["log_replay"]["collision_indication"]["mean"] == pytest.approx(32.001 / 32.002)
+    # rollouts that miss an object are refused with the file and scenario named
+    bad = write_submission(tmp_path / "bad.binproto",
+                           {scene.scenario_id: (scene.object_id[:1], _mixed_rollouts(b)[0, :, :1].numpy())})
+    assert main([str(src), "--submission", str(bad)]) == 2
+    assert "bad.binproto: scenario two-vehicles: objects do not match" in capsys.readouterr().err

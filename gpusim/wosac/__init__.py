@@ -6,4 +6,6 @@
 * :mod:`gpusim.wosac.metrics`: likelihoods, buckets and the meta-metric.
 * :mod:`gpusim.wosac.baselines`: rollouts built from the log (log replay, constant speed).
 * :mod:`gpusim.wosac.sources`: scenarios from TFRecord / JSON files as ``Scenario`` protos.
+* :mod:`gpusim.wosac.rollouts`: submitted or simulated rollouts matched to a scene's sim agents.
+* ``python -m gpusim.wosac``: figures of log baselines or a submission file (docs/wosac.md).
 """
