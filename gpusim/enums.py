@@ -139,3 +139,10 @@ class SignalState(enum.IntEnum):
 #: a red arrow (ARROW_STOP), as in WOSAC's traffic-light-violation metric. A flashing red is left
 #: out: it acts as a stop sign (stop, then go when clear), so crossing it is legal after a stop.
 RED_SIGNAL_STATES = (SignalState.ARROW_STOP, SignalState.STOP)
+
+
+#: The entries of a driving style (reward conditioning, ``gpusim.styles``: units, signs, ranges),
+#: in the order of ``EnvState.style``'s last axis and of the observation's style block. Declared in
+#: this leaf module so that the observation layout (``gpusim.kernels.obs_layout``) can name them.
+STYLE_TERMS = ("goal", "collision", "offroad", "red_light", "overspeed", "accel", "yaw_rate", "time",
+               "target_speed")

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import math
 
-#: Entries of a style vector, in order (module docstring: units and signs).
-STYLE_TERMS = ("goal", "collision", "offroad", "red_light", "overspeed", "accel", "yaw_rate", "time",
-               "target_speed")
+#: Entries of a style vector, in order (module docstring: units and signs); declared in the leaf
+#: module ``gpusim.enums`` so that the observation layout may name them.
+from gpusim.enums import STYLE_TERMS
 #: R, the length of a style vector.
 NUM_STYLE_TERMS = len(STYLE_TERMS)
 
