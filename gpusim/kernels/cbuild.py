@@ -221,10 +221,27 @@ def bool_out(out, W: int, A: int, name: str) -> torch.Tensor:
     return out
 
 
+#: ``(weak reference to a heading tensor, its version, cos, sin)`` of the last :func:`heading_trig` call
+_TRIG: list = [None, -1, None, None]
+
+
+def heading_trig(heading: torch.Tensor) -> tuple:
+    """``(torch.cos(heading), torch.sin(heading))`` of a float32 heading tensor, computed once for
+    the same tensor object and in-place version: within a step the C kernels of the contacts and of
+    the observation share one pass (the headings do not change between them)."""
+    ref, version, c, s = _TRIG
+    if ref is not None and ref() is heading and version == heading._version:
+        return c, s
+    c, s = torch.cos(heading), torch.sin(heading)
+    _TRIG[:] = [weakref.ref(heading), heading._version, c, s]
+    return c, s
+
+
 def heading_trig_of(heading: torch.Tensor, cos_h=None, sin_h=None) -> tuple:
-    """``(cos, sin)`` of ``heading`` (float32, torch's values): the caller's when given, else computed."""
+    """``(cos, sin)`` of ``heading`` (float32, torch's values): the caller's when given, else
+    :func:`heading_trig`."""
     if cos_h is None or sin_h is None:
-        return torch.cos(heading), torch.sin(heading)
+        return heading_trig(heading)
     return cos_h.contiguous(), sin_h.contiguous()
 
 

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import interpreting, op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, heading_trig_of
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, heading_trig, heading_trig_of
 
 def collisions_reference(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
                          query: torch.Tensor | None = None):
@@ -425,17 +425,17 @@ def _box_inputs(cc, fn: str, pos, heading, length, width, present):
 
 def bind_collisions(backend: str | None, check: bool, box_scale: float):
     """:func:`collisions` with ``box_scale`` (and ``backend``, ``check``) bound: returns
-    ``fn(pos, heading, length, width, present, query, cos_h, sin_h) -> [W, A] bool``; on the C
-    backend without checks it calls the kernel directly (``cos_h``, ``sin_h`` required there)."""
+    ``fn(pos, heading, length, width, present, query) -> [W, A] bool``; on the C backend without
+    checks it calls the kernel directly (cos/sin of the headings: ``cbuild.heading_trig``)."""
     lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
     if lib is None:
-        return lambda pos, heading, length, width, present, query, cos_h, sin_h: collisions(
-            pos, heading, length, width, present, box_scale, query=query, backend=backend, check=check, cos_h=cos_h,
-            sin_h=sin_h)
+        return lambda pos, heading, length, width, present, query: collisions(
+            pos, heading, length, width, present, box_scale, query=query, backend=backend, check=check)
     kernel, half, margin = lib.gpusim_collisions, 0.5 * box_scale, 0.5 * CIRCLE_MARGIN
 
-    def run(pos, heading, length, width, present, query, cos_h, sin_h):
+    def run(pos, heading, length, width, present, query):
         W, A = heading.shape
+        cos_h, sin_h = heading_trig(heading)
         out = torch.empty(W, A, dtype=torch.bool)
         kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
                present.data_ptr(), query.data_ptr(), out.data_ptr(), W, A, half, margin, torch.get_num_threads())
@@ -445,17 +445,17 @@ def bind_collisions(backend: str | None, check: bool, box_scale: float):
 
 def bind_hit_by(backend: str | None, check: bool, box_scale: float):
     """:func:`hit_by` with ``box_scale`` (and ``backend``, ``check``) bound: returns
-    ``fn(pos, heading, length, width, present, source, cos_h, sin_h) -> [W, A] bool``; on the C
-    backend without checks it calls the kernel directly (``cos_h``, ``sin_h`` required there)."""
+    ``fn(pos, heading, length, width, present, source) -> [W, A] bool``; on the C backend without
+    checks it calls the kernel directly (cos/sin of the headings: ``cbuild.heading_trig``)."""
     lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
     if lib is None:
-        return lambda pos, heading, length, width, present, source, cos_h, sin_h: hit_by(
-            pos, heading, length, width, present, source, box_scale, backend=backend, check=check, cos_h=cos_h,
-            sin_h=sin_h)
+        return lambda pos, heading, length, width, present, source: hit_by(
+            pos, heading, length, width, present, source, box_scale, backend=backend, check=check)
     kernel, half = lib.gpusim_hit_by, 0.5 * box_scale
 
-    def run(pos, heading, length, width, present, source, cos_h, sin_h):
+    def run(pos, heading, length, width, present, source):
         W, A = heading.shape
+        cos_h, sin_h = heading_trig(heading)
         source = source.contiguous()
         out = torch.empty(W, A, dtype=torch.bool)
         kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),

@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, check_index_range, heading_trig_of
+from gpusim.kernels.cbuild import (STEP_LABEL, CLibrary, bool_out, c_tensor, check_index_range, heading_trig,
+                                   heading_trig_of)
 from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
 
 
@@ -304,26 +305,27 @@ def _grid_rows(grid_edge, grid_start) -> tuple:
 def bind_offroad(backend: str | None, check: bool, road_seg, grid_edge, grid_origin, grid_dims, cell_size: float,
                  box_scale: float, grid_start=None, num_slots: int | None = None):
     """:func:`offroad` with the pack's road tables, ``box_scale`` and ``num_slots`` (and ``backend``,
-    ``check``) bound: returns ``fn(pos, heading, length, width, present, scenario, cos_h, sin_h) ->
-    [W, A] bool``; on the C backend without checks it calls the kernel directly (``cos_h``,
-    ``sin_h`` required there).
+    ``check``) bound: returns ``fn(pos, heading, length, width, present, scenario) -> [W, A] bool``;
+    on the C backend without checks it calls the kernel directly (cos/sin of the headings:
+    ``cbuild.heading_trig``).
 
     Raises:
         ValueError: a grid table of the wrong layout (C backend, at binding).
     """
     lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
     if lib is None:
-        return lambda pos, heading, length, width, present, scenario, cos_h, sin_h: offroad(
+        return lambda pos, heading, length, width, present, scenario: offroad(
             pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims, cell_size,
-            box_scale, grid_start, num_slots, backend=backend, check=check, cos_h=cos_h, sin_h=sin_h)
+            box_scale, grid_start, num_slots, backend=backend, check=check)
     edge2, start = _grid_rows(grid_edge, grid_start)
     pack_args = (road_seg.data_ptr(), edge2.data_ptr(), edge2.dtype == torch.int16, start.data_ptr(),
                  grid_origin.data_ptr(), grid_dims.data_ptr())
     sizes = (road_seg.shape[1], edge2.shape[1], float(cell_size), 0.5 * box_scale, PRECHECK_MARGIN)
     kernel, keep = lib.gpusim_offroad, (road_seg, edge2, start, grid_origin, grid_dims)
 
-    def run(pos, heading, length, width, present, scenario, cos_h, sin_h):
+    def run(pos, heading, length, width, present, scenario):
         W, A = heading.shape
+        cos_h, sin_h = heading_trig(heading)
         out = torch.empty(W, A, dtype=torch.bool)
         kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
                present.data_ptr(), scenario.data_ptr(), *pack_args, out.data_ptr(), W, A,

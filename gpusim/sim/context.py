@@ -42,17 +42,6 @@ def bound_op(ctx: "SimContext", step: "StepVars", name: str, make: Callable) -> 
     return fn
 
 
-def heading_trig(step: "StepVars", heading: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(torch.cos(heading), torch.sin(heading))`` of a [W, A] float32 heading tensor, computed
-    once per step for the same tensor (object and in-place version): stage ``contacts`` and the
-    C observation share them while no stage in between changed the headings."""
-    t = step.trig
-    if t is None or t[0] is not heading or t[1] != heading._version:
-        t = (heading, heading._version, torch.cos(heading), torch.sin(heading))
-        step.trig = t
-    return t[2], t[3]
-
-
 @dataclass
 class SimContext:
     """Static context of the stages plus the env's host-side counters.
@@ -164,7 +153,6 @@ class StepVars:
         (:func:`gpusim.backend.step_backend` of the state's tensors and ``EnvConfig.cpu_kernels``;
         set by :func:`~gpusim.sim.pipeline.run_pipeline` before the first stage). Every stage passes
         it to its ops, whose dispatchers run that backend.
-        trig: ``(heading, version, cos, sin)`` shared by the C stages (:func:`heading_trig`).
         checked: the C kernels may skip their argument checks (``check=False``): the state is the
         one the previous eager step of the built-in pipeline returned, on the same pack, so the
         tensors the kernels read were checked by an earlier step and every tensor the stages
@@ -191,7 +179,6 @@ class StepVars:
     info: dict = field(default_factory=dict)
     obs: torch.Tensor | None = None
     backend: str | None = None
-    trig: tuple | None = None
     checked: bool = False
     _in_play_contacts: tuple | None = None
 

@@ -48,7 +48,7 @@ from gpusim.kernels.observations import cpu_kernel_available, observations
 from gpusim.kernels.observations.cpu import observations_cpu_state, observations_cpu_static
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.candidates import candidate_block
-from gpusim.sim.context import SimContext, StepVars, heading_trig, slots
+from gpusim.sim.context import SimContext, StepVars, slots
 from gpusim.sim.signals import no_signal_pack, signal_log_index
 from gpusim.sim.styles import style_observation
 from gpusim.state import EnvState
@@ -106,7 +106,7 @@ def cpu_static(ctx: SimContext):
 
 def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None) -> torch.Tensor:
     """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned). ``step``: the
-    running step, whose backend and cos/sin of the headings the C kernel reuses (:func:`heading_trig`)."""
+    running step, whose backend and checked layout the kernels use."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     full = ctx.obs_buf
     n_style = NUM_STYLE_TERMS if cfg.reward_conditioning else 0  # style block (reward conditioning): the last columns, written last
@@ -147,7 +147,6 @@ def _partner_road_c(ctx: SimContext, state: EnvState, step: StepVars | None, ful
     (and ``zero_tail`` columns after them); returns the [W*C] bool in-play flags (the rows that may
     be non-zero now)."""
     cfg, p = ctx.config, ctx.pack
-    cos_h, sin_h = heading_trig(step, state.heading) if step is not None else (None, None)
     t_index, t_time = _trial_clock(ctx, state)
     return observations_cpu_state(
         pos=state.pos, heading=state.heading, speed=state.speed, length=state.length, width=state.width,
@@ -157,7 +156,7 @@ def _partner_road_c(ctx: SimContext, state: EnvState, step: StepVars | None, ful
         road_type=p.road_type, grid_road=p.grid_road, grid_start=p.grid_start, grid_origin=p.grid_origin,
         grid_dims=p.grid_dims, cell_size=p.cell_size, num_partners=cfg.num_partners,
         partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
-        out=full if d0 == full.shape[-1] else full[..., :d0], zero_tail=zero_tail, cos_h=cos_h, sin_h=sin_h,
+        out=full if d0 == full.shape[-1] else full[..., :d0], zero_tail=zero_tail,
         check=step is None or not step.checked, static=cpu_static(ctx))
 
 

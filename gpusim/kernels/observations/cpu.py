@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from gpusim.kernels.cbuild import CFLAGS, CLibrary, cache_dir, check_index_range  # noqa: F401  (re-exported)
+from gpusim.kernels.cbuild import heading_trig
 from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.obs_layout import GOAL_SCALE, SIZE_SCALE, SPEED_SCALE
 from gpusim.kernels.observations.naive import observations_reference
@@ -305,8 +306,8 @@ def observations_cpu_state(
                                          grid_start=grid_start, grid_origin=grid_origin, grid_dims=grid_dims,
                                          cell_size=cell_size, num_partners=num_partners,
                                          partner_radius=partner_radius, road_radius=road_radius, A=A, C=C)
-    if cos_h is None or sin_h is None:
-        cos_h, sin_h = torch.cos(heading), torch.sin(heading)
+    if cos_h is None or sin_h is None:  # shared with the contacts' C kernels while the headings are the same
+        cos_h, sin_h = heading_trig(heading)
     written_out = torch.empty(W * C, dtype=torch.bool, device=pos.device)
     # layout established by a checked call (or checked above); optional inputs are NULL
     rc = lib.gpusim_observations_state(
