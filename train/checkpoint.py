@@ -18,6 +18,8 @@ import zipfile
 
 import torch
 
+from gpusim.data.integrity import file_kind, payload_kind
+
 CHECKPOINT_VERSION = 1
 
 
@@ -108,6 +110,10 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     size = path.stat().st_size
     if size == 0:
         raise CheckpointError(f"checkpoint {path} is empty (0 bytes); use an earlier checkpoint or start a new run")
+    kind = file_kind(path)
+    if kind not in (None, "a torch (zip) file"):  # a data or config file given in the wrong place
+        raise CheckpointError(f"{path} is {kind}, not a gpusim training checkpoint; pass the checkpoint.pt "
+                              f"that train/run.py writes in its run directory")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
@@ -118,7 +124,9 @@ def load_checkpoint(path, map_location="cpu") -> dict:
         reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise CheckpointError(f"checkpoint {path} ({size} bytes) is truncated or corrupt: {reason}") from e
     if not isinstance(payload, dict) or "model" not in payload:
-        raise CheckpointError(f"{path} is not a gpusim training checkpoint (no model weights in it)")
+        what = payload_kind(payload)
+        raise CheckpointError(f"{path} is {what}, not a gpusim training checkpoint; pass it as --data" if what else
+                              f"{path} is not a gpusim training checkpoint (no model weights in it)")
     if payload.get("version") != CHECKPOINT_VERSION:
         raise CheckpointError(f"{path}: checkpoint version {payload.get('version')!r}, this trainer reads "
                               f"version {CHECKPOINT_VERSION}")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -202,10 +204,13 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"{source}: unknown field(s) {', '.join(unknown)} (see python train/run.py --help)")
         changes = {}
+        hints = typing.get_type_hints(cls)
         for k, v in d.items():
             if k in ("env", "policy", "ppo"):
                 group = getattr(base, k)
                 sub = {f.name for f in dataclasses.fields(group)}
+                if not isinstance(v, dict) and v is not None:
+                    raise ValueError(f"{source}: {k}: expected a mapping of fields, got {v!r}")
                 v = dict(v or {})
                 bad = sorted(set(v) - sub)
                 if bad:
@@ -217,12 +222,55 @@ class TrainConfig:
                     v = dataclasses.replace(group, **v)
                 except (TypeError, ValueError) as e:
                     raise ValueError(f"{source}: {k}: {e}") from e
-            elif k in ("experience_arg", "coplayer", "eval_mode"):
+            else:  # as the command line would: one line naming the file, the field and the value
+                _check_type(source, k, v, hints[k])
+            if k in ("experience_arg", "coplayer", "eval_mode"):
                 v = tuple(v or ())
             elif k == "cuda_graph" and v not in ("auto", "on", "off"):
                 raise ValueError(f"{source}: cuda_graph must be 'auto', 'on' or 'off', got {v!r}")
             changes[k] = v
         return dataclasses.replace(base, **changes)
+
+
+def _check_type(source: str, name: str, value, hint) -> None:
+    """Refuse a config-file value that the command line would refuse for field ``name`` of type
+    ``hint`` (int, float, bool, str, ``X | None``, ``Literal[...]``, ``tuple[str, ...]``): one
+    line naming the file, the field, the value and the expected type.
+
+    Raises:
+        ValueError: ``"<source>: <name>: expected <type>, got <value>"``.
+    """
+    def ok(v, t) -> bool:
+        origin, args = typing.get_origin(t), typing.get_args(t)
+        if t is type(None):
+            return v is None
+        if origin in (typing.Union, types.UnionType):
+            return any(ok(v, a) for a in args)
+        if origin is Literal:
+            return v in args
+        if origin is tuple:
+            return isinstance(v, (list, tuple)) and all(ok(x, args[0]) for x in v)
+        if t is float:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+        if t is int:
+            return isinstance(v, int) and not isinstance(v, bool)
+        return isinstance(v, t) if isinstance(t, type) else True
+
+    def words(t) -> str:
+        origin, args = typing.get_origin(t), typing.get_args(t)
+        if t is type(None):
+            return "null"
+        if origin in (typing.Union, types.UnionType):
+            return " or ".join(words(a) for a in args)
+        if origin is Literal:
+            return "one of " + ", ".join(repr(a) for a in args)
+        if origin is tuple:
+            return "a list of strings" if args[0] is str else f"a list of {words(args[0])}"
+        return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))
+
+    if not ok(value, hint):
+        raise ValueError(f"{source}: {name}: expected {words(hint)}, got {value!r}; fix the file or pass "
+                         f"--{name.replace('_', '-')}")
 
 
 def env_config_from_dict(d: dict) -> EnvConfig:

@@ -31,6 +31,11 @@ What each rank owns and what is synchronised (docs/training.md, "Scaling out"):
   writes the checkpoint (atomically), the JSONL, wandb and the console.
 
 The process-group timeout is torch's default unless ``GPUSIM_DIST_TIMEOUT_S`` is set (seconds).
+
+A rank that dies (an error of its own, or killed) closes its connections; a collective on the
+others then fails (gloo: "Connection closed by peer"). Those ranks print one line naming the lost
+rank instead of a traceback (:func:`peer_lost_line`, installed as ``sys.excepthook`` by
+:func:`setup`) and exit with code 1; the dead rank's own output says why it stopped.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import dataclasses
 import datetime
 import inspect
 import os
+import sys
 import time
 
 import torch
@@ -335,6 +341,44 @@ class Distributed:
         self.owns_group = False
 
 
+#: Text of the errors a collective raises when a peer's connection is gone (gloo; NCCL's watchdog).
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
+              "NCCL communicator was aborted")
+
+
+def peer_lost_line(exc: BaseException, rank: int, world_size: int) -> str | None:
+    """The one line for a collective that failed because another rank is gone, else None: it
+    names the lost rank when it can be known (two ranks: the other one), and where to look.
+
+    Args:
+        exc: the exception that ended this rank. rank, world_size: this rank's place.
+    """
+    text = str(exc)
+    is_dist = isinstance(exc, RuntimeError) or type(exc).__name__.startswith("Dist")
+    if not is_dist or not any(k in text for k in _PEER_LOST):
+        return None
+    others = [r for r in range(world_size) if r != rank]
+    who = f"rank {others[0]}" if len(others) == 1 else f"another rank (one of {', '.join(map(str, others))})"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    first = first.split("] ", 1)[-1].split(". ", 1)[0][:120]  # gloo prefixes its source file and line
+    return (f"error: rank {rank} of {world_size}: {who} stopped (its connection closed: {first}); its own "
+            f"output says why. This rank stops too.")
+
+
+def _install_peer_lost_hook(rank: int, world_size: int) -> None:
+    """Replace ``sys.excepthook`` so an uncaught lost-peer error prints :func:`peer_lost_line`
+    (exit code 1); any other error keeps the previous hook (a traceback)."""
+    previous = sys.excepthook
+
+    def hook(tp, exc, tb):
+        line = peer_lost_line(exc, rank, world_size)
+        if line is None:
+            return previous(tp, exc, tb)
+        print(line, file=sys.stderr)
+
+    sys.excepthook = hook
+
+
 def setup(device: str) -> Distributed:
     """Join the process group when launched by torchrun, else return a disabled context.
 
@@ -372,4 +416,5 @@ def setup(device: str) -> Distributed:
     if dev.type == "cuda":
         kwargs["device_id"] = dev
     dist.init_process_group(backend=backend_for(dev), **kwargs)
+    _install_peer_lost_hook(dist.get_rank(), dist.get_world_size())
     return Distributed(dist.get_rank(), dist.get_world_size(), local_rank, dev, enabled=True, owns_group=True)

@@ -207,6 +207,18 @@ def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
     return env_config, notes
 
 
+def _check_policies(policies: list[dict], env, cfg: EvalConfig) -> None:
+    """Build every checkpoint's driver once against ``env``, so that an observation-size, action
+    count or action-space mismatch is named before any sweep runs (not after the first policy's).
+
+    Raises:
+        UserError: as :func:`_make_driver`.
+    """
+    for entry in policies:
+        if entry["kind"] == "checkpoint":
+            _make_driver(entry, env, cfg)
+
+
 def _make_driver(entry: dict, env, cfg: EvalConfig):
     """The driver of one ``--policy`` entry: a baseline, or the checkpoint's policy
     (:func:`train.checkpoint.policy_from_checkpoint`, the one policy loader) acting through a
@@ -256,7 +268,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
 
     Returns:
         ``{"data", "device", "num_threads", "seed", "deterministic", "interval", "level",
-        "episodes_per_scenario", "num_worlds", "k_trials", "env", "skipped", "notes", "files", "runs"}``;
+        "episodes_per_scenario", "num_worlds", "k_trials", "env", "skipped" (+ ``shard_scenarios`` for a
+        shard), "notes", "files", "num_scenarios", "runs"}``;
         each run is ``{"label", "policy", "mode", "scenarios" (ids, pack order), "summary" {metric:
         Interval} (trial logs included in trial mode), "per_scenario" [...], "records" (the per
         agent-episode columns of :func:`train.eval.sweep.run_sweep`), "global_step"?}``. Use
@@ -299,8 +312,9 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         sharded = pack if isinstance(pack, ShardedPack) else None
         S, N = pack.num_scenarios, mode.episodes(opts)
         W = cfg.num_worlds or default_num_worlds(min(S, cfg.chunk_size if sharded else S) * N)
-        out["num_worlds"] = W
+        out["num_worlds"], out["num_scenarios"] = W, S
         env = make_sweep_env(first_pack(sharded) if sharded else pack, W, env_config, device, cfg.seed)
+        _check_policies(policies, env, cfg)  # before any sweep
         context = mode.prepare(env, opts)  # what the mode builds once per env (the partner pool, ...)
         for entry in policies:
             driver = mode.drive(_make_driver(entry, env, cfg), context, opts)
@@ -340,7 +354,8 @@ def _stream(env, driver, sharded, chunk_size: int, episodes: int, mode, on_batch
     done = set(run)
     for i in range(sharded.num_shards):
         left = [g for g in sharded.shard_scenarios(i) if g not in done]
-        item = {"file": str(sharded.shard_file(i)), "reason": f"unreadable shard, {len(left)} scenario(s) left out"}
+        item = {"file": str(sharded.shard_file(i)), "reason": f"unreadable shard, {len(left)} scenario(s) left out",
+                "shard_scenarios": len(left)}
         if left and item not in skipped:
             skipped.append(item)
     if not run:
@@ -399,11 +414,22 @@ def write_records(results: dict, path) -> int:
     return n
 
 
+def skipped_header(results: dict) -> str:
+    """The line above the skipped items: source files left out at conversion (of the files
+    converted) and unreadable shards (with the scenarios they held, of the dataset's)."""
+    shards = [s for s in results["skipped"] if "shard_scenarios" in s]
+    n, files = len(results["skipped"]) - len(shards), results.get("files", "?")
+    lost = sum(s["shard_scenarios"] for s in shards)
+    parts = ([f"{n} of {files} file(s) skipped"] if n else []) + (
+        [f"{len(shards)} unreadable shard(s), {lost} of {results.get('num_scenarios', '?')} scenario(s) left out"]
+        if shards else [])
+    return "data: " + "; ".join(parts) + ":"
+
+
 def print_results(results: dict, console, per_scenario_table: bool = True) -> None:
     """The skipped files, the summary table and (optionally) the per-scenario table(s)."""
     if results["skipped"]:
-        n, files = len(results["skipped"]), results.get("files", "?")
-        console.print(f"[yellow]data: {n} of {files} file(s) skipped:[/yellow]")
+        console.print(f"[yellow]{escape(skipped_header(results))}[/yellow]")
         for item in results["skipped"]:
             console.print(f"  skipped {item.get('file', '?')}: {item.get('reason', '?')}", soft_wrap=True)
     for note in results.get("notes", []):
