@@ -169,3 +169,25 @@ def test_peer_lost_line_only_for_lost_peers():
     line = peer_lost_line(RuntimeError("[gloo/pair.cc:553] Connection reset by peer [10.0.0.2]:1. More."), 2, 4)
     assert line.startswith("error: rank 2 of 4: another rank (one of 0, 1, 3) stopped (its connection closed: "
                            "Connection reset by peer [10.0.0.2]:1)")
+
+
+def test_streaming_pool_line_counts_only_usable_scenarios(tmp_path):
+    # finding: "pool of 4 of 10 scenarios" printed when a corrupt shard had left 7
+    import warnings
+
+    from gpusim.data.shards import convert_sharded
+    from train.config import TrainConfig
+    from train.setup import make_env
+
+    files = sorted(SAMPLE.glob("*.json.xz"))[:5]
+    sp, _ = convert_sharded(files, tmp_path / "sh", ENV.data_config(), shard_size=2)
+    data = bytearray(sp.shard_file(1).read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(64)
+    sp.shard_file(1).write_bytes(bytes(data))
+    said = []
+    cfg = TrainConfig(data=str(sp.path), pool_size=2, num_worlds=2, device="cpu", env=ENV)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        make_env(cfg, ENV, user_set=set(), say=said.append)
+    kept = sp.num_scenarios - sp.shards[1]["scenarios"]
+    assert said[0].startswith(f"streaming: pool of 2 of {kept} scenarios"), said
