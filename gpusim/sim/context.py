@@ -54,8 +54,8 @@ class SimContext:
         end_flags: cached constant [W] bool tensors ``(all False, all True)`` for the kernels'
         ``episode_end`` argument (no per-step host->device copy), end_scalars: their first elements
         (0-d views, ``StepResult.info["episode_end"]``), obs_buf / obs_written: the
-        reused observation buffer [W, C, D] and the [W*C] bool slots that may be non-zero, obs_core:
-        the partner/road kernel's own [W, C, D0] buffer when observations have a signal block,
+        reused observation buffer [W, C, D] and the [W*C] bool slots that may be non-zero, obs_scratch:
+        the torch observation path's own [W, C, D0] buffer when later blocks follow (``"buf"``),
         coplayer_metrics: the co-player slots' metrics log (None without co-players),
         pack_facts: host values derived from the pack, per pack object (:meth:`pack_fact`),
         last_checked: ``(state, pack)`` after the last eager step of the built-in pipeline whose
@@ -76,7 +76,7 @@ class SimContext:
     end_scalars: tuple = ()
     obs_buf: torch.Tensor | None = None
     obs_written: torch.Tensor | None = None
-    obs_core: torch.Tensor | None = None
+    obs_scratch: dict = field(default_factory=dict)  # the torch observation path's contiguous buffer
     coplayer_metrics: object = None
     pool: object = None  # gpusim.data.pool.ScenarioPool when streaming (issue 21), else None
     pack_facts: tuple = (None, {})  # (pack, {name: value}): host facts of the pack (pack_fact)

@@ -48,6 +48,8 @@ Implementations (one file each, flash-linear-attention style):
   the goal distance's last bit (torch's ``sqrt`` is not correctly rounded on every CPU).
 * ``kernel.py``: the Triton kernel ``_observations_kernel``; ``launcher.py``:
   :func:`observations_triton`, its checks and launch.
+* ``state.py``: :func:`observations_state`, the env's call from the state's own fields on every
+  backend (the C kernel's state entry, Triton with ``written``, the reference on the in-play rows).
 * ``tables.py``: argument checks, sort keys, the cached road tables, the per-agent table.
 
 :func:`observations` (below) dispatches by backend (``gpusim.backend``).
@@ -75,6 +77,7 @@ from gpusim.kernels.obs_layout import (  # noqa: F401  (re-exported: the layout 
 from gpusim.kernels.observations.cpu import cpu_kernel_available, cpu_kernel_status, observations_cpu
 from gpusim.kernels.observations.launcher import observations_triton
 from gpusim.kernels.observations.naive import observations_reference
+from gpusim.kernels.observations.state import observations_state
 from gpusim.kernels.observations.tables import road_table  # noqa: F401
 
 __all__ = [
@@ -92,6 +95,7 @@ __all__ = [
     "observations",
     "observations_cpu",
     "observations_reference",
+    "observations_state",
     "observations_triton",
     "road_table",
 ]

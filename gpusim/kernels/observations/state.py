@@ -1,0 +1,100 @@
+"""The env's partner/road observation from the state's own fields, on every backend:
+:func:`observations_state` (stage ``observe``'s one call).
+
+It computes what :func:`gpusim.kernels.observations.observations` computes with the classic
+inputs built from the state (the in-play slots ``(controlled & present)[:, :C]``, the goal slots
+``goal[:, :C]``, the ego extras ``stack(collided[:, :C], offroad[:, :C], trial index, time in
+trial, last_reward)``), written only where it can change:
+
+* ``"c"``: :func:`gpusim.kernels.observations.cpu.observations_cpu_state`, one C call;
+* ``"triton"``: the Triton kernel with ``written`` (a slot neither in play nor written before
+  returns at once: no host sync);
+* ``"torch"``: the reference on the in-play rows (``nonzero``: no sync on the CPU), the rows that
+  left play zeroed; a column view ``out`` goes through a contiguous scratch buffer kept in
+  ``scratch`` (the reference writes contiguous buffers only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpusim.backend import op_backend
+from gpusim.kernels.observations.cpu import cpu_kernel_available, observations_cpu_state
+from gpusim.kernels.observations.launcher import observations_triton
+from gpusim.kernels.observations.naive import observations_reference
+
+
+def observations_state(pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index,
+                       t_time, last_reward, controlled, written, scenario, road_seg, road_type, grid_road,
+                       grid_origin, grid_dims, cell_size, num_partners, partner_radius, road_radius, out,
+                       grid_start=None, zero_tail: int = 0, *, backend: str | None = None, check: bool = True,
+                       static=None, scratch: dict | None = None) -> torch.Tensor:
+    """The partner/road block of the state's observation written into ``out`` (module docstring).
+
+    Args (W worlds, A agents, C policy slots): as
+        :func:`~gpusim.kernels.observations.cpu.observations_cpu_state`: ``goal`` [W, A, 2],
+        ``collided`` / ``offroad`` [W, A] bool (the state's ``*_now``), ``t_index`` / ``t_time`` [W]
+        float32 or None (0), ``last_reward`` [W, C], ``controlled`` [W, A], ``written`` [W*C] bool
+        (the rows that may be non-zero), ``out`` [W, C, D] float32 (a column view of a wider
+        buffer allowed). zero_tail: columns after the first D that the C kernel zeroes in the rows
+        it writes, in the same pass (the env: the signal block of a pack without signals); the
+        other backends leave them alone (see the result's second entry).
+        backend: ``"torch"`` | ``"triton"`` | ``"c"``, default :func:`gpusim.backend.backend_for`.
+        check: the C kernel's argument checks. static: its per-pack arguments
+            (``observations_cpu_static``), a function of no argument returning them (called on
+            the C backend only), or None.
+        scratch: a dict the torch path keeps its contiguous buffer in between calls (None: a new
+            one per call).
+
+    Returns:
+        ``(observed, tail_zeroed)``: [W*C] bool, the slots observed now (in play; every other row
+        of ``out`` is zero), and whether the ``zero_tail`` columns were zeroed (the C kernel).
+
+    Raises:
+        ValueError: as the kernels, naming the argument.
+    """
+    name = op_backend(backend, pos)
+    if name == "c" and cpu_kernel_available():
+        return observations_cpu_state(
+            pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
+            present=present, goal=goal, collided=collided, offroad=offroad, t_index=t_index, t_time=t_time,
+            last_reward=last_reward, controlled=controlled, written=written, scenario=scenario, road_seg=road_seg,
+            road_type=road_type, grid_road=grid_road, grid_start=grid_start, grid_origin=grid_origin,
+            grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners, partner_radius=partner_radius,
+            road_radius=road_radius, out=out, zero_tail=zero_tail, check=check,
+            static=static() if callable(static) else static), zero_tail > 0
+    C = last_reward.shape[1]
+    active = (controlled[:, :C] & present[:, :C]).contiguous()
+    zeros = torch.zeros_like(last_reward)
+    ti = zeros if t_index is None else t_index[:, None] + zeros
+    tt = zeros if t_time is None else t_time[:, None] + zeros
+    kw = dict(pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
+              present=present, goal=goal[:, :C].contiguous(), ego_active=active, scenario=scenario,
+              ego_extra=torch.stack([collided[:, :C].float(), offroad[:, :C].float(), ti, tt, last_reward], dim=-1),
+              road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_start=grid_start,
+              grid_origin=grid_origin, grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
+              partner_radius=partner_radius, road_radius=road_radius)
+    flat = active.view(-1)
+    if name == "triton":
+        observations_triton(**kw, out=out, written=written)
+    else:
+        _reference_rows(kw, flat, written, out, scratch)
+    return flat, False
+
+
+def _reference_rows(kw: dict, flat: torch.Tensor, written: torch.Tensor, out: torch.Tensor, scratch) -> None:
+    """The torch reference on the in-play rows of ``out`` (through a contiguous scratch buffer when
+    ``out`` is a column view), the rows that left play (``written & ~flat``) zeroed."""
+    buf = out
+    if not out.is_contiguous():
+        buf = None if scratch is None else scratch.get("buf")
+        if buf is None or buf.shape != out.shape or buf.device != out.device:
+            buf = torch.zeros(out.shape, dtype=out.dtype, device=out.device)
+            if scratch is not None:
+                scratch["buf"] = buf
+    rows = flat.nonzero().squeeze(1)
+    stale = (written & ~flat).nonzero().squeeze(1)
+    buf.view(-1, buf.shape[-1]).index_fill_(0, stale, 0.0)
+    observations_reference(**kw, out=buf, rows=rows)
+    if buf is not out:
+        out.copy_(buf)
