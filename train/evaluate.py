@@ -99,6 +99,9 @@ class EvalConfig:
         interval: ``normal`` (mean +- 1.96 s / sqrt(n), default) or ``bootstrap`` (percentile).
         level: confidence level of the intervals.
         resamples: bootstrap resamples (``--interval bootstrap``).
+        wosac_rollouts: ``--mode wosac``: rollouts (worlds) per scenario (32 in the challenge).
+        export_rollouts: ``--mode wosac``: write the first ``--policy``'s rollouts to this file as a
+            ``SimAgentsChallengeSubmission`` binproto (incomplete when scenarios were skipped: said).
         json: also write the results as JSON to this file.
         records: also write one JSON line per agent-episode (policy, mode, role, scenario, slot,
             metrics, per-trial scores and goal steps) to this file, for offline analysis.
@@ -127,6 +130,8 @@ class EvalConfig:
     interval: Literal["normal", "bootstrap"] = "normal"
     level: float = 0.95
     resamples: int = 2000
+    wosac_rollouts: int = 32
+    export_rollouts: str | None = None
     json: str | None = None
     records: str | None = None
     per_scenario: bool = True
@@ -167,14 +172,15 @@ def _policy_label(spec: str, taken: set) -> str:
     return label
 
 
-def _load_policies(specs: list[str], device) -> list[dict]:
-    """``[{"spec", "label", "kind": "baseline"|"checkpoint", "ckpt"}]`` (checkpoints loaded)."""
+def _load_policies(specs: list[str], device, extra: tuple = ()) -> list[dict]:
+    """``[{"spec", "label", "kind": "baseline"|"checkpoint", "ckpt"}]`` (checkpoints loaded);
+    ``extra``: more names than the baselines that the modes understand (kind ``baseline``)."""
     from train.checkpoint import load_checkpoint
 
     out, taken = [], set()
     for spec in specs:
         entry = {"spec": spec, "label": _policy_label(spec, taken), "kind": "baseline", "ckpt": None}
-        if spec not in BASELINES:
+        if spec not in BASELINES and spec not in extra:
             path = resolve_path(spec)
             if path.is_dir() and (path / "checkpoint.pt").is_file():  # a run directory
                 path = path / "checkpoint.pt"
@@ -227,6 +233,8 @@ def _make_driver(entry: dict, env, cfg: EvalConfig):
     Raises:
         UserError: the checkpoint's observation layout, action count or action space is not the env's.
     """
+    if entry["kind"] == "baseline" and entry["spec"] not in BASELINES:
+        raise UserError(f"--policy {entry['spec']}: only for the modes that name it, not --mode {cfg.mode[0]}")
     if entry["kind"] == "baseline":
         return CallableDriver(make_baseline(entry["spec"], seed=cfg.seed))
     from gpusim.config import ActionSpace
@@ -287,10 +295,24 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     opts = ModeOptions.from_config(cfg)
     for mode in modes:
         mode.check(opts)
+    own = [m for m in modes if m.protocol is not None]
+    if own and len(modes) > 1:
+        raise UserError(f"--mode {own[0].name} runs alone: evaluate the other modes in a separate call")
+    if cfg.export_rollouts and not own:
+        raise UserError("--export-rollouts needs --mode wosac")
+    if own and cfg.wosac_rollouts < 1:
+        raise UserError(f"--wosac-rollouts must be >= 1, got {cfg.wosac_rollouts}")
     threads = apply_num_threads(cfg.num_threads)
     device = check_device(cfg.device)
-    policies = _load_policies(specs, device)
+    policies = _load_policies(specs, device, tuple(n for m in modes for n in m.policies))
     base, base_notes = base_env_config(policies, cfg)
+    if own:  # a mode with its own protocol (e.g. wosac: sampled actions, one scenario per batch)
+        sampled = dataclasses.replace(cfg, stochastic=True)
+        res = own[0].protocol(policies, lambda entry, env: _make_driver(entry, env, sampled), base, cfg, device,
+                              progress)
+        res.update(data=cfg.data, device=str(device), num_threads=threads, seed=cfg.seed, deterministic=False,
+                   interval=cfg.interval, level=cfg.level, notes=base_notes + res.get("notes", []))
+        return res
     styles = eval_styles(base, cfg.style, policies[0]["label"])
     if partner_table is not None:
         if not base.reward_conditioning:
@@ -397,7 +419,7 @@ def write_records(results: dict, path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with open(path, "w") as f:
-        for run in results["runs"]:
+        for run in [r for r in results["runs"] if "records" in r]:
             cols = {k: v.tolist() for k, v in run["records"].items()}
             ids = run["scenarios"]
             for i in range(len(cols["scenario"])):
@@ -428,6 +450,11 @@ def skipped_header(results: dict) -> str:
 
 def print_results(results: dict, console, per_scenario_table: bool = True) -> None:
     """The skipped files, the summary table and (optionally) the per-scenario table(s)."""
+    reports = {get_mode(r["mode"]).report for r in results["runs"]} - {None}
+    if reports:  # modes with their own protocol print their own results
+        for report in reports:
+            report(results, console)
+        return
     if results["skipped"]:
         console.print(f"[yellow]{escape(skipped_header(results))}[/yellow]")
         for item in results["skipped"]:

@@ -108,6 +108,11 @@ class EvalMode:
         episodes: ``episodes(opts) -> int`` runs of every scenario (default ``opts.episodes_per_scenario``).
         summarise: ``summarise(egos, worlds, num_scenarios, context, opts) -> {"summary",
             "per_scenario"}`` (default :func:`outcome_summary`).
+        protocol: a mode with its own protocol instead of the sweep (default None):
+            ``protocol(entries, make_driver, base_env_config, cfg, device, progress) -> {"runs",
+            "skipped", "notes", ...}``; it runs alone (not with other modes).
+        policies: extra ``--policy`` names the mode understands besides the baselines.
+        report: ``report(results, console)`` prints a ``protocol`` mode's results (default None).
     """
 
     name: str
@@ -120,6 +125,9 @@ class EvalMode:
     describe: Callable[[Any], dict] = lambda context: {}
     episodes: Callable[[ModeOptions], int] = lambda opts: opts.episodes_per_scenario
     summarise: Callable[..., dict] = outcome_summary
+    protocol: Callable | None = None
+    policies: tuple[str, ...] = ()
+    report: Callable | None = None
 
     def env_config(self, base):
         """``base`` (an :class:`~gpusim.config.EnvConfig`) with this mode's changes."""
@@ -208,3 +216,21 @@ register_mode(EvalMode(
     describe=lambda pool: {"partners": pool.labels}))
 register_mode(EvalMode("human_replay", "one ego per world (first controlled slot), all others log-replayed",
                        env_changes=(("max_controlled", 1),) + _NO_ROLES))
+
+
+def _wosac(entries, make_driver, base, cfg, device, progress):
+    from train.eval.wosac import evaluate_wosac
+
+    return evaluate_wosac(entries, make_driver, base, cfg.data, ModeOptions.from_config(cfg),
+                          rollouts=cfg.wosac_rollouts, device=device, progress=progress, export=cfg.export_rollouts)
+
+
+def _print_wosac(results, console):
+    from train.eval.wosac import print_wosac
+
+    print_wosac(results, console)
+
+
+register_mode(EvalMode(
+    "wosac", "WOSAC realism (2025 config): 32 sampled rollouts of 80 steps from log step 10 per scenario, "
+    "scored against the log (train/eval/wosac.py)", protocol=_wosac, policies=("log_replay",), report=_print_wosac))
