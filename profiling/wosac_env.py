@@ -1,5 +1,6 @@
-"""WOSAC figures of gpusim's baseline drivers in the simulator (an interim protocol, until
-``train/evaluate.py --mode wosac`` exists).
+"""WOSAC figures of gpusim's baseline drivers in the simulator, per action space (the loop is
+:func:`train.eval.wosac.simulate`, the one ``train/evaluate.py --mode wosac`` runs; this script
+adds the discrete / continuous comparison for the baselines).
 
     python profiling/wosac_env.py data/womd_tfrecord data/womd_sample/1c365f15b70ebdbf.json.xz \\
         --policy expert constant_speed --action-space discrete continuous [--json out.json] \\
@@ -23,71 +24,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
 import numpy as np
 import torch
 
-from gpusim.config import DataConfig, EnvConfig
-from gpusim.data.pack import ScenarioPack
-from gpusim.data.parse import read_scenario
-from gpusim.data.tfrecord import is_tfrecord_file
-from gpusim.env import DriveEnv
 from gpusim.wosac import config as C
 from gpusim.wosac.metrics import score
-from gpusim.wosac.rollouts import assemble_rollouts
 from gpusim.wosac.scene import stack_scenes
 from gpusim.wosac.sources import load_scenes
 from train.baselines import make_baseline
-
-
-def _source_of(scene, sources) -> str:
-    """The source file a scene came from (scenes keep no path; matched by scenario id)."""
-    from gpusim.data.convert import expand_sources
-    from gpusim.data.proto_export import scenario_payloads
-    from gpusim.data.womd_proto import messages
-
-    files, _ = expand_sources(sources)
-    for f in files:
-        for _, item in scenario_payloads(f):
-            if isinstance(item, bytes):
-                m = messages()["Scenario"]()
-                m.ParseFromString(item)
-                if m.scenario_id == scene.scenario_id:
-                    return f
-    raise KeyError(scene.scenario_id)
+from train.eval.sweep import CallableDriver
+from train.eval.wosac import simulate, source_files
 
 
 def run_policy(scene, path, policy: str, action_space: str, rollouts: int, seed: int = 0):
-    """Simulate ``rollouts`` worlds of ``scene`` under a baseline policy; returns
-    (rollouts [R, N, 80, 4], [N] bool sim agents log-replayed by the env or absent, seconds)."""
-    n = scene.num_objects
-    agents = max(64, int((scene.valid.any(axis=1)).sum()) + 8)
-    data = DataConfig(max_agents=agents, max_controlled=min(agents, max(n, 1)), init_steps=C.CURRENT_TIME_INDEX,
-                      goal_min_distance=0.0)
-    pack = ScenarioPack.from_json([path], data, on_error="raise")
-    cfg = EnvConfig(max_agents=data.max_agents, max_controlled=data.max_controlled, init_steps=C.CURRENT_TIME_INDEX,
-                    scenario_length=C.SIM_STEPS + 1, action_space=action_space, goal_behavior="stop", goal_radius=1e-3,
-                    collision_behavior="ignore", offroad_behavior="ignore", check_actions="sync")
-    env = DriveEnv(pack, rollouts, cfg, seed=seed)
-    act = make_baseline(policy, seed=seed)
-    t0 = time.perf_counter()
-    env.reset(seed=seed, scenarios=torch.zeros(rollouts, dtype=torch.int64))
-    states = []
-    for _ in range(C.SIM_STEPS):
-        env.step(act(env))
-        states.append(torch.cat([env.state.pos, env.state.heading[..., None]], -1).clone())
-    seconds = time.perf_counter() - t0
-    st = torch.stack(states, dim=2)  # [R, A, 80, 3]
-    src = pack.agent_source_index[0].to(torch.int64)
-    if not is_tfrecord_file(path):  # JSON: object index -> track index of the exported proto
-        raw_src = read_scenario(path).source_index
-        lookup = {int(v): k for k, v in enumerate(raw_src)}
-        src = torch.tensor([lookup.get(int(v), -1) for v in src])
-    controlled = env.state.controlled[0].cpu()
-    track = torch.where(controlled, src, torch.full_like(src, -1))  # replayed slots count as not simulated
-    out, filled = assemble_rollouts(scene, track, st.cpu(), offset=pack.offset[0].tolist(), fill="log")
-    return out, filled.numpy(), seconds
+    """Simulate ``rollouts`` worlds of ``scene`` under a baseline policy
+    (:func:`train.eval.wosac.simulate`); returns (rollouts [R, N, 80, 4], [N] bool sim agents
+    log-replayed by the env or absent, seconds)."""
+    from train.config import TrainConfig
+
+    base = TrainConfig().env.replace(action_space=action_space, check_actions="sync")
+    return simulate(scene, path, lambda env: CallableDriver(make_baseline(policy, seed=seed)), base, rollouts, seed)
 
 
 def main(argv=None) -> int:
@@ -106,8 +63,9 @@ def main(argv=None) -> int:
     for name, why in skipped:
         print(f"skipped: {name}: {why}", file=sys.stderr)
     results, export = {}, {}
+    paths = source_files(args.sources)
     for scene in scenes:
-        path = _source_of(scene, args.sources)
+        path = paths[scene.scenario_id]
         batch = stack_scenes([scene])
         for policy in args.policy:
             for space in args.action_space:
