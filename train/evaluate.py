@@ -50,7 +50,7 @@ from train.config import (USER_ERRORS, UserError, check_device, default_device, 
                           resolve_path)
 from gpusim.data.errors import PackFileError
 from gpusim.data.shards import ShardedPack
-from train.eval.modes import ModeOptions, get_mode, mode_env
+from train.eval.modes import MODES, ModeOptions, get_mode, mode_env
 from train.eval.report import scenario_table, summary_table
 from train.eval.sweep import (CallableDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
                               sweep_plan)
@@ -180,6 +180,9 @@ def _load_policies(specs: list[str], device, extra: tuple = ()) -> list[dict]:
     out, taken = [], set()
     for spec in specs:
         entry = {"spec": spec, "label": _policy_label(spec, taken), "kind": "baseline", "ckpt": None}
+        owner = [m.name for m in MODES.values() if spec in m.policies]
+        if owner and spec not in extra:
+            raise UserError(f"--policy {spec}: only with --mode {owner[0]}")
         if spec not in BASELINES and spec not in extra:
             path = resolve_path(spec)
             if path.is_dir() and (path / "checkpoint.pt").is_file():  # a run directory
@@ -233,8 +236,6 @@ def _make_driver(entry: dict, env, cfg: EvalConfig):
     Raises:
         UserError: the checkpoint's observation layout, action count or action space is not the env's.
     """
-    if entry["kind"] == "baseline" and entry["spec"] not in BASELINES:
-        raise UserError(f"--policy {entry['spec']}: only for the modes that name it, not --mode {cfg.mode[0]}")
     if entry["kind"] == "baseline":
         return CallableDriver(make_baseline(entry["spec"], seed=cfg.seed))
     from gpusim.config import ActionSpace
