@@ -155,10 +155,11 @@ def _score_row(scene, sim: torch.Tensor, replayed, seconds: float) -> dict:
     from gpusim.wosac.metrics import score
     from gpusim.wosac.scene import stack_scenes
 
+    t0 = time.perf_counter()
     res = {k: float(v[0]) for k, v in score(stack_scenes([scene]), sim[None]).items()}
     res.update(scenario=scene.scenario_id, sim_agents=scene.num_objects, evaluated=int(scene.evaluated.sum()),
                replayed=int(replayed.sum()), evaluated_replayed=int((replayed & scene.evaluated).sum()),
-               sim_seconds=round(seconds, 3))
+               sim_seconds=round(seconds, 3), score_seconds=round(time.perf_counter() - t0, 3))
     return res
 
 
@@ -178,8 +179,10 @@ def evaluate_wosac(entries: list[dict], make_driver: Callable, base, data: str, 
 
     Returns:
         ``{"runs": [{"label", "policy", "mode": "wosac", "scenarios", "summary" {metric: Interval},
-        "per_scenario" [row]}], "skipped": [{"file", "reason"}], "notes": [...], "num_scenarios",
-        "files", "export"?}``.
+        "per_scenario" [row], "seconds" (wall time, simulation and scoring)}], "skipped": [{"file",
+        "reason"}], "notes": [...], "num_scenarios", "files", "rollouts", "export"?}``. A row holds
+        the meta-metric, buckets and components and the counts ``sim_agents``, ``evaluated``,
+        ``replayed``, ``evaluated_replayed``, ``sim_seconds``, ``score_seconds``.
 
     Raises:
         ScenarioError: no scenario file in ``data``; UserError: no scenario WOSAC can score, or as
@@ -198,8 +201,9 @@ def evaluate_wosac(entries: list[dict], make_driver: Callable, base, data: str, 
            "files": len(scenes) + len(skipped), "notes": [CAVEAT], "rollouts": rollouts}
     kept = {}
     for entry in entries:
-        task = progress.add_task(f"{entry['label']} (wosac)", total=len(scenes)) if progress is not None else None
-        rows = []
+        task = None if progress is None else progress.add_task(f"{entry['label']} (wosac; count = scenarios)",
+                                                               total=len(scenes))
+        rows, t_run = [], time.perf_counter()
         for i, scene in enumerate(scenes):
             if entry["spec"] in LOG_POLICIES:
                 t0 = time.perf_counter()
@@ -215,7 +219,7 @@ def evaluate_wosac(entries: list[dict], make_driver: Callable, base, data: str, 
                 progress.advance(task, 1)
         out["runs"].append({"label": entry["label"], "policy": entry["spec"], "mode": "wosac",
                             "scenarios": [s.scenario_id for s in scenes], "summary": _summary(rows, opts),
-                            "per_scenario": rows})
+                            "per_scenario": rows, "seconds": round(time.perf_counter() - t_run, 2)})
     if export:
         out["export"] = write_export(export, kept, entries[0]["label"], len(skipped))
     return out
@@ -259,6 +263,7 @@ def print_wosac(results: dict, console) -> None:
         table.add_column(escape(r["label"]), justify="right")
     for name in runs[0]["summary"] if runs else ():
         table.add_row(name, *[format_interval(r["summary"][name]) for r in runs])
+    table.add_row("seconds (simulation + scoring)", *[f"{r['seconds']:.1f}" for r in runs], style="dim")
     table.add_row("sim agents log-replayed by the env", *[str(sum(x["replayed"] for x in r["per_scenario"]))
                                                            for r in runs], style="dim")
     console.print(table)
