@@ -34,11 +34,11 @@ import torch
 
 from gpusim.backend import step_backend
 from gpusim.kernels.obs_layout import EGO_FEATURES
-from gpusim.kernels.observations import observations_state
+from gpusim.kernels.observations.state import bind_observations_state
 from gpusim.kernels.observations.cpu import observations_cpu_static
 from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
 from gpusim.sim.candidates import candidate_block
-from gpusim.sim.context import SimContext, StepVars, slots
+from gpusim.sim.context import SimContext, StepVars, bound_op, slots
 from gpusim.sim.signals import no_signal_pack, signal_log_index
 from gpusim.sim.styles import style_observation
 from gpusim.state import EnvState
@@ -76,23 +76,20 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     n_style = NUM_STYLE_TERMS if cfg.reward_conditioning else 0  # style block (reward conditioning): the last columns, written last
     n_cand = 3 * cfg.goal_candidates + 1 if cfg.goal_candidates >= 2 else 0  # memory task block: the very last
     d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM - n_style - n_cand
-    backend = step.backend if step is not None and step.backend is not None else step_backend(state.pos,
-                                                                                            cfg.cpu_kernels)
+    if step is None:  # env.observe() outside a step: the step's backend, arguments checked
+        step = StepVars(actions=None, episode_end=False, backend=step_backend(state.pos, cfg.cpu_kernels))
     # a pack without any signal (a host read of the pack: CPU tensors only): the C kernel zeroes the
     # signal block in the same pass instead of the signal kernel running (all zero then)
     no_signals = cfg.num_signals > 0 and state.pos.is_cpu and ctx.pack_fact("no_signals", no_signal_pack)
     t_index, t_time = _trial_clock(ctx, state)
-    ctx.obs_written, signals_done = observations_state(
-        pos=state.pos, heading=state.heading, speed=state.speed, length=state.length, width=state.width,
-        agent_type=state.agent_type, present=state.present, goal=state.goal, collided=state.collided_now,
-        offroad=state.offroad_now, t_index=t_index, t_time=t_time, last_reward=state.last_reward,
-        controlled=state.controlled, written=ctx.obs_written, scenario=state.scenario, road_seg=p.road_seg,
-        road_type=p.road_type, grid_road=p.grid_road, grid_start=p.grid_start, grid_origin=p.grid_origin,
-        grid_dims=p.grid_dims, cell_size=p.cell_size, num_partners=cfg.num_partners,
-        partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
-        out=full if d0 == full.shape[-1] else full[..., :d0], zero_tail=full.shape[-1] - d0 if no_signals else 0,
-        backend=backend, check=step is None or not step.checked, static=lambda: cpu_static(ctx),
-        scratch=ctx.obs_scratch)
+    observe_op = bound_op(ctx, step, "observations", lambda backend, check: bind_observations_state(
+        backend, check, p.road_seg, p.road_type, p.grid_road, p.grid_origin, p.grid_dims, p.cell_size, cfg.num_partners,
+        cfg.partner_radius, cfg.road_radius, p.grid_start, static=lambda: cpu_static(ctx)))
+    ctx.obs_written, signals_done = observe_op(
+        state.pos, state.heading, state.speed, state.length, state.width, state.agent_type, state.present, state.goal,
+        state.collided_now, state.offroad_now, t_index, t_time, state.last_reward, state.controlled, ctx.obs_written,
+        state.scenario, out=full if d0 == full.shape[-1] else full[..., :d0],
+        zero_tail=full.shape[-1] - d0 if no_signals else 0, scratch=ctx.obs_scratch)
     if not (n_style or n_cand or (cfg.num_signals > 0 and not signals_done)):
         return full
     active = ctx.obs_written.view(-1, C)  # the slots observed; the other rows are zero

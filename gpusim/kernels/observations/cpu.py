@@ -308,8 +308,22 @@ def observations_cpu_state(
                                          partner_radius=partner_radius, road_radius=road_radius, A=A, C=C)
     if cos_h is None or sin_h is None:  # shared with the contacts' C kernels while the headings are the same
         cos_h, sin_h = heading_trig(heading)
-    written_out = torch.empty(W * C, dtype=torch.bool, device=pos.device)
-    # layout established by a checked call (or checked above); optional inputs are NULL
+    # layout established by a checked call (or checked above)
+    return state_call(lib, static, pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, collided,
+                      offroad, t_index, t_time, last_reward, controlled, written, scenario, out, zero_tail)
+
+
+def state_call(lib, static, pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, collided, offroad,
+               t_index, t_time, last_reward, controlled, written, scenario, out, zero_tail: int) -> torch.Tensor:
+    """The C state entry on arguments whose layout is established (:func:`observations_cpu_state`
+    without its checks; ``lib``: the loaded library, ``static``: :func:`observations_cpu_static`);
+    ``t_index`` / ``t_time`` None pass NULL. Returns the [W*C] bool in-play flags.
+
+    Raises:
+        RuntimeError: the C kernel reports an error.
+    """
+    W, A = present.shape
+    written_out = torch.empty(W * last_reward.shape[1], dtype=torch.bool)
     rc = lib.gpusim_observations_state(
         pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), speed.data_ptr(), length.data_ptr(), width.data_ptr(),
         agent_type.data_ptr(), present.data_ptr(), goal.data_ptr(), collided.data_ptr(), offroad.data_ptr(),

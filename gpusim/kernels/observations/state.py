@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from gpusim.backend import op_backend
-from gpusim.kernels.observations.cpu import cpu_kernel_available, observations_cpu_state
+from gpusim.kernels.cbuild import heading_trig
+from gpusim.kernels.observations.cpu import cpu_kernel_available, load_library, observations_cpu_state, state_call
 from gpusim.kernels.observations.launcher import observations_triton
 from gpusim.kernels.observations.naive import observations_reference
 
@@ -80,6 +81,29 @@ def observations_state(pos, heading, speed, length, width, agent_type, present, 
     else:
         _reference_rows(kw, flat, written, out, scratch)
     return flat, False
+
+
+def bind_observations_state(backend: str | None, check: bool, road_seg, road_type, grid_road, grid_origin, grid_dims,
+                            cell_size: float, num_partners: int, partner_radius: float, road_radius: float,
+                            grid_start=None, static=None):
+    """:func:`observations_state` with the pack's road tables and the config (and ``backend``,
+    ``check``, ``static``) bound: returns ``fn(pos, heading, speed, length, width, agent_type,
+    present, goal, collided, offroad, t_index, t_time, last_reward, controlled, written, scenario,
+    out, zero_tail, scratch) -> (observed, tail_zeroed)``. On the C backend without checks it
+    calls the kernel's state entry directly (cos/sin of the headings: ``cbuild.heading_trig``)."""
+    lib = load_library() if backend == "c" and not check else None
+    if lib is None:
+        def call(*state, out, zero_tail, scratch):
+            return observations_state(*state, road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size,
+                                      num_partners, partner_radius, road_radius, out, grid_start, zero_tail,
+                                      backend=backend, check=check, static=static, scratch=scratch)
+        return call
+    static = static() if callable(static) else static
+
+    def run(pos, heading, *state, out, zero_tail, scratch):
+        cos_h, sin_h = heading_trig(heading)
+        return state_call(lib, static, pos, cos_h, sin_h, *state, out, zero_tail), zero_tail > 0
+    return run
 
 
 def _reference_rows(kw: dict, flat: torch.Tensor, written: torch.Tensor, out: torch.Tensor, scratch) -> None:
