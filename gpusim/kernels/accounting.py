@@ -120,12 +120,4 @@ def accumulate_cpu(ep_return, reward, ep_length, loss_mask, goal_reached, goal_n
     lib = LIBRARY.load(stacklevel=4)
     if lib is None:
         return accumulate_reference(*ins)
-    e = torch.empty
-    outs = [e(W, C), e(W, C, dtype=torch.int32), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
-            e(W, A, dtype=b), e(W, A, dtype=b), e(W, C, dtype=b)]
-    terminals = lib.gpusim_accounting(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in outs], W, A, C,
-                                      torch.get_num_threads())
-    ret, length, reached, col_ip, off_ip, ever_c, ever_o, ever_r = outs
-    changes = {"ep_return": ret, "ep_length": length, "goal_reached": reached, "ever_collided": ever_c,
-               "ever_offroad": ever_o, "ever_red_light": ever_r}
-    return changes, col_ip, off_ip, int(terminals)
+    return bind_accumulate("c", False)(*ins)

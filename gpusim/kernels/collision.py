@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import interpreting, op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, heading_trig, heading_trig_of
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, heading_trig_of
 
 def collisions_reference(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
                          query: torch.Tensor | None = None):
@@ -426,17 +426,18 @@ def _box_inputs(cc, fn: str, pos, heading, length, width, present):
 def bind_collisions(backend: str | None, check: bool, box_scale: float):
     """:func:`collisions` with ``box_scale`` (and ``backend``, ``check``) bound: returns
     ``fn(pos, heading, length, width, present, query) -> [W, A] bool``; on the C backend without
-    checks it calls the kernel directly (cos/sin of the headings: ``cbuild.heading_trig``)."""
+    checks it calls the kernel directly (cos/sin of the headings: ``cbuild.heading_trig``; the C
+    call also takes ``out``, ``cos_h``, ``sin_h`` as :func:`collisions_cpu`)."""
     lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check else None
     if lib is None:
         return lambda pos, heading, length, width, present, query: collisions(
             pos, heading, length, width, present, box_scale, query=query, backend=backend, check=check)
     kernel, half, margin = lib.gpusim_collisions, 0.5 * box_scale, 0.5 * CIRCLE_MARGIN
 
-    def run(pos, heading, length, width, present, query):
+    def run(pos, heading, length, width, present, query, out=None, cos_h=None, sin_h=None):
         W, A = heading.shape
-        cos_h, sin_h = heading_trig(heading)
-        out = torch.empty(W, A, dtype=torch.bool)
+        cos_h, sin_h = heading_trig_of(heading, cos_h, sin_h)
+        out = torch.empty(W, A, dtype=torch.bool) if out is None else out
         kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
                present.data_ptr(), query.data_ptr(), out.data_ptr(), W, A, half, margin, torch.get_num_threads())
         return out
@@ -453,11 +454,11 @@ def bind_hit_by(backend: str | None, check: bool, box_scale: float):
             pos, heading, length, width, present, source, box_scale, backend=backend, check=check)
     kernel, half = lib.gpusim_hit_by, 0.5 * box_scale
 
-    def run(pos, heading, length, width, present, source):
+    def run(pos, heading, length, width, present, source, out=None, cos_h=None, sin_h=None):
         W, A = heading.shape
-        cos_h, sin_h = heading_trig(heading)
+        cos_h, sin_h = heading_trig_of(heading, cos_h, sin_h)
         source = source.contiguous()
-        out = torch.empty(W, A, dtype=torch.bool)
+        out = torch.empty(W, A, dtype=torch.bool) if out is None else out
         kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
                present.data_ptr(), source.data_ptr(), out.data_ptr(), W, A, source.shape[1], half,
                torch.get_num_threads())
@@ -491,12 +492,8 @@ def collisions_cpu(pos, heading, length, width, present, box_scale: float, num_q
     if lib is None:
         ref = collisions_reference(pos, heading, length, width, present, box_scale, query=query)
         return ref if out is None else out.copy_(ref)
-    out = bool_out(out, W, A, "collisions") if check or out is not None else torch.empty(W, A, dtype=torch.bool)
-    c, s = heading_trig_of(heading, cos_h, sin_h)
-    lib.gpusim_collisions(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
-                          present.data_ptr(), query.data_ptr(), out.data_ptr(), W, A, 0.5 * box_scale,
-                          0.5 * CIRCLE_MARGIN, torch.get_num_threads())
-    return out
+    out = None if out is None else bool_out(out, W, A, "collisions")
+    return bind_collisions("c", False, box_scale)(pos, heading, length, width, present, query, out, cos_h, sin_h)
 
 
 def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, cos_h=None, sin_h=None, out=None,
@@ -520,9 +517,5 @@ def hit_by_cpu(pos, heading, length, width, present, source, box_scale: float, c
     if lib is None:
         ref = hit_by_reference(pos, heading, length, width, present, source, box_scale)
         return ref if out is None else out.copy_(ref)
-    out = bool_out(out, W, A, "hit_by") if check or out is not None else torch.empty(W, A, dtype=torch.bool)
-    c, s = heading_trig_of(heading, cos_h, sin_h)
-    lib.gpusim_hit_by(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
-                      present.data_ptr(), source.data_ptr(), out.data_ptr(), W, A, S, 0.5 * box_scale,
-                      torch.get_num_threads())
-    return out
+    out = None if out is None else bool_out(out, W, A, "hit_by")
+    return bind_hit_by("c", False, box_scale)(pos, heading, length, width, present, source, out, cos_h, sin_h)

@@ -376,11 +376,5 @@ def events_cpu(pos, goal, speed, controlled, in_play, present, collided, offroad
     if lib is None:
         return events_reference(*ins, goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior,
                                 collision_behavior, offroad_behavior, stop_truncate_fraction)
-    e = torch.empty
-    out = EventsOut(e(W, C), e(W, A, dtype=b), e(W, A), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
-                    e(W, A, dtype=b), e(W, dtype=b), e(W, dtype=b), e(W, C, dtype=b), e(W, C, dtype=b))
-    scalars = events_scalar_args(goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior,
-                                 collision_behavior, offroad_behavior, stop_truncate_fraction)
-    lib.gpusim_events(*[t.data_ptr() for t in ins], *[t.data_ptr() for t in out], W, A, C, *scalars,
-                      ins[14].stride(0), torch.get_num_threads())
-    return out
+    return bind_events("c", False, goal_radius, reward_goal, reward_collision, reward_offroad, goal_behavior,
+                       collision_behavior, offroad_behavior, stop_truncate_fraction)(*ins)

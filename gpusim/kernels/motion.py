@@ -291,19 +291,5 @@ def motion_discrete_cpu(controlled, present, stopped, removed, world_done, pos, 
         heading, speed, length = (c_tensor(t, "motion_discrete", n, f32, (W, A)) for t, n in (
             (heading, "heading"), (speed, "speed"), (length, "length")))
         actions = c_tensor(actions, "motion_discrete", "actions", torch.int64, (W, C))
-    n_act, threads = dynamics.NUM_ACTIONS, torch.get_num_threads()
-    play, mask = torch.empty(W, A, dtype=torch.bool), torch.empty(W, C, dtype=torch.bool)
-    theta = torch.empty(W, C)
-    lib.gpusim_motion_prepare(controlled.data_ptr(), present.data_ptr(), stopped.data_ptr(), removed.data_ptr(),
-                              world_done.data_ptr(), heading.data_ptr(), actions.data_ptr(),
-                              tables["beta_of"].data_ptr(), play.data_ptr(), mask.data_ptr(), theta.data_ptr(),
-                              W, A, C, n_act, threads)
-    cos_t, sin_t = torch.cos(theta), torch.sin(theta)  # the reference's ops on the same [W, C] values
-    out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A))
-    lib.gpusim_motion_discrete(pos.data_ptr(), heading.data_ptr(), speed.data_ptr(), length.data_ptr(),
-                               actions.data_ptr(), tables["accel_of"].data_ptr(), tables["tan_of"].data_ptr(),
-                               tables["cos_b_of"].data_ptr(), cos_t.data_ptr(), sin_t.data_ptr(), mask.data_ptr(),
-                               out[0].data_ptr(), out[1].data_ptr(), out[2].data_ptr(), W, A, C, n_act, dt,
-                               dynamics.MAX_ACCEL, dynamics.MIN_SPEED, dynamics.MAX_SPEED, dynamics.MIN_LENGTH, PI,
-                               TWO_PI, threads)
-    return play, mask, out[0], out[1], out[2]
+    return bind_move_slots("c", False, 0, dt)(controlled, present, stopped, removed, world_done, pos, heading, speed,
+                                              length, actions)

@@ -33,8 +33,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import op_backend
-from gpusim.kernels.cbuild import (STEP_LABEL, CLibrary, bool_out, c_tensor, check_index_range, heading_trig,
-                                   heading_trig_of)
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, check_index_range, heading_trig_of
 from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
 
 
@@ -323,10 +322,10 @@ def bind_offroad(backend: str | None, check: bool, road_seg, grid_edge, grid_ori
     sizes = (road_seg.shape[1], edge2.shape[1], float(cell_size), 0.5 * box_scale, PRECHECK_MARGIN)
     kernel, keep = lib.gpusim_offroad, (road_seg, edge2, start, grid_origin, grid_dims)
 
-    def run(pos, heading, length, width, present, scenario):
+    def run(pos, heading, length, width, present, scenario, out=None, cos_h=None, sin_h=None):
         W, A = heading.shape
-        cos_h, sin_h = heading_trig(heading)
-        out = torch.empty(W, A, dtype=torch.bool)
+        cos_h, sin_h = heading_trig_of(heading, cos_h, sin_h)
+        out = torch.empty(W, A, dtype=torch.bool) if out is None else out
         kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
                present.data_ptr(), scenario.data_ptr(), *pack_args, out.data_ptr(), W, A,
                A if num_slots is None else num_slots, *sizes, torch.get_num_threads())
@@ -361,7 +360,7 @@ def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_e
         scenario = c_tensor(scenario, "offroad", "scenario", torch.int64, (W,))
         grid_origin = c_tensor(grid_origin, "offroad", "grid_origin", torch.float32, (S, 2))
         grid_dims = c_tensor(grid_dims, "offroad", "grid_dims", torch.int32, (S, 2))
-    edge2, start = _grid_rows(grid_edge, grid_start)
+    _grid_rows(grid_edge, grid_start)  # raises on a grid table of the wrong layout
     lib = LIBRARY.load(stacklevel=4)
     if lib is None:
         sl = (slice(None), slice(0, C))
@@ -369,13 +368,8 @@ def offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_e
         ref[sl] = offroad_reference(pos[sl], heading[sl], length[sl], width[sl], present[sl], scenario, road_seg,
                                     grid_edge, grid_origin, grid_dims, cell_size, box_scale, grid_start)
         return ref if out is None else out.copy_(ref)
-    out = bool_out(out, W, A, "offroad") if check or out is not None else torch.empty(W, A, dtype=torch.bool)
+    out = None if out is None else bool_out(out, W, A, "offroad")
     if check:
         check_index_range(scenario, S, f"offroad: scenario indices must lie in [0, S = {S})")
-    c, s = heading_trig_of(heading, cos_h, sin_h)
-    lib.gpusim_offroad(pos.data_ptr(), c.data_ptr(), s.data_ptr(), length.data_ptr(), width.data_ptr(),
-                       present.data_ptr(), scenario.data_ptr(), road_seg.data_ptr(), edge2.data_ptr(),
-                       edge2.dtype == torch.int16, start.data_ptr(), grid_origin.data_ptr(),
-                       grid_dims.data_ptr(), out.data_ptr(), W, A, C, R, edge2.shape[1], float(cell_size),
-                       0.5 * box_scale, PRECHECK_MARGIN, torch.get_num_threads())
-    return out
+    return bind_offroad("c", False, road_seg, grid_edge, grid_origin, grid_dims, cell_size, box_scale, grid_start,
+                        C)(pos, heading, length, width, present, scenario, out, cos_h, sin_h)

@@ -313,7 +313,4 @@ def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario
                                 init_steps + (step - trial_start), *traj)
     if check:
         check_index_range(args[6], S, f"replay: scenario indices must lie in [0, S = {S})")
-    out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A), torch.empty(W, A, dtype=b))
-    lib.gpusim_replay_state(*[t.data_ptr() for t in args], int(init_steps), *[t.data_ptr() for t in traj],
-                            *[t.data_ptr() for t in out], W, A, T, torch.get_num_threads())
-    return out
+    return bind_replay_state("c", False, init_steps, *traj)(*args)
