@@ -142,11 +142,13 @@ def _log_rollouts(scene, rollouts: int) -> torch.Tensor:
 
 
 def _summary(rows: list[dict], opts) -> dict:
-    """metric -> :class:`train.eval.stats.Interval` over the scenarios' rows."""
+    """metric -> :class:`train.eval.stats.Interval` over the scenarios' rows (clipped to [0, 1],
+    the range of every likelihood)."""
     from train.eval.stats import mean_interval
 
     names = ("metametric", *C.BUCKETS, *C.COMPONENTS)
-    return {n: mean_interval([r[n] for r in rows], opts.interval, opts.level, opts.resamples, opts.seed)
+    return {n: mean_interval([r[n] for r in rows], opts.interval, opts.level, opts.resamples, opts.seed,
+                             bounds=(0.0, 1.0))
             for n in names if rows and n in rows[0]}
 
 
