@@ -95,9 +95,12 @@ def bind_move_slots(backend: str | None, check: bool, action_space: int, dt: flo
     ``check``) bound: returns ``fn(controlled, present, stopped, removed, world_done, pos, heading,
     speed, length, actions)``. On the C backend without checks, for the kinematic bicycle with
     discrete actions and exact tables, it runs the two C passes directly."""
-    tables = discrete_motion_tables() if int(action_space) == 0 else None
+    direct_c = backend == "c" and not check and int(action_space) == 0
+    # the tables (and their one-time host check) only where the direct C passes may use them: binding
+    # happens at a first step, which on the Triton path must make no host sync (tests/test_syncs.py)
+    tables = discrete_motion_tables() if direct_c else None
     classic = forward is None or forward is dynamics.bicycle_step
-    lib = LIBRARY.load(stacklevel=4) if backend == "c" and not check and classic and tables is not None else None
+    lib = LIBRARY.load(stacklevel=4) if direct_c and classic and tables is not None else None
     if lib is None:
         return lambda *tensors: move_slots(*tensors, action_space, dt, forward, backend=backend, check=check)
     prepare, discrete, e, b = lib.gpusim_motion_prepare, lib.gpusim_motion_discrete, torch.empty, torch.bool
