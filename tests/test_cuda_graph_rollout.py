@@ -259,7 +259,7 @@ def test_train_config_flag():
     assert TrainConfig().cuda_graph == "auto" and parse_args([]).cuda_graph == "auto"
     assert parse_args(["--cuda-graph", "off"]).cuda_graph == "off"
     assert TrainConfig.from_dict({"cuda_graph": "on"}).cuda_graph == "on"
-    with pytest.raises(ValueError, match="cuda_graph must be 'auto', 'on' or 'off'"):
+    with pytest.raises(ValueError, match="run.json: cuda_graph: expected one of 'auto', 'on', 'off', got 'yes'"):
         TrainConfig.from_dict({"cuda_graph": "yes"}, source="run.json")
 
 
