@@ -118,3 +118,10 @@ def test_no_scorable_scenario(tmp_path):
     shutil.copy("data/womd_sample/b5f53fa2db40a6b4.json.xz", tmp_path)
     with pytest.raises(UserError, match="no scenario WOSAC can score"):
         evaluate(_cfg(tmp_path, "expert"))
+
+
+def test_not_a_training_eval_mode():
+    from train.eval.modes import ModeOptions, get_mode
+
+    with pytest.raises(UserError, match="--eval-mode wosac: not available during training"):
+        get_mode("wosac").check(ModeOptions(flag="--eval-mode"))

@@ -74,7 +74,8 @@ class EvalConfig:
             (whole shards; a larger shard is a chunk of its own).
         mode: evaluation modes, side by side: ``self_play`` (the policy drives every controlled
             agent), ``coplayer`` (one ego per world, the other controlled agents driven by the
-            ``--coplayer`` partners) and/or ``human_replay`` (one ego per world, others log-replayed).
+            ``--coplayer`` partners) and/or ``human_replay`` (one ego per world, others log-replayed);
+            or ``wosac`` alone (WOSAC realism, ``train/eval/wosac.py``; ``log_replay`` is a policy there).
         coplayer: partner checkpoints of ``--mode coplayer`` (one drawn per world per episode);
             ``PATH@STYLE`` gives a conditioned partner its driving style (the distinct styles
             form the partners' style table, one drawn per world per episode; docs/styles.md).

@@ -25,6 +25,9 @@ reads a new option, a field of :class:`ModeOptions` and the same-named flag of
 * ``self_play``: the policy drives every controlled slot (all are egos); other agents replay the log.
 * ``human_replay``: one ego per world (the first controlled slot: the self-driving car when it
   qualifies), every other agent log-replayed: the env gets ``max_controlled = 1``.
+* ``wosac``: WOSAC realism (``train/eval/wosac.py``), a mode with its own ``protocol`` (32 sampled
+  rollouts of one scenario per env instead of the sweep) that accepts ``log_replay`` as a policy and
+  prints its own ``report``; evaluator only, alone.
 * ``coplayer``: one ego per world (``EnvConfig.ego_slots = 1``: the self-driving car where it is
   controllable, else a slot drawn with the env's seeded generator), the other controlled slots
   driven by frozen partner checkpoints (``--coplayer PATH ...``, one drawn per world per episode,
@@ -225,6 +228,12 @@ def _wosac(entries, make_driver, base, cfg, device, progress):
                           rollouts=cfg.wosac_rollouts, device=device, progress=progress, export=cfg.export_rollouts)
 
 
+def _evaluator_only(opts: ModeOptions) -> None:
+    if opts.flag != "--mode":
+        raise UserError(f"{opts.flag} wosac: not available during training; run `python train/evaluate.py "
+                        "--policy CHECKPOINT --mode wosac` on a saved checkpoint")
+
+
 def _print_wosac(results, console):
     from train.eval.wosac import print_wosac
 
@@ -233,4 +242,5 @@ def _print_wosac(results, console):
 
 register_mode(EvalMode(
     "wosac", "WOSAC realism (2025 config): 32 sampled rollouts of 80 steps from log step 10 per scenario, "
-    "scored against the log (train/eval/wosac.py)", protocol=_wosac, policies=("log_replay",), report=_print_wosac))
+    "scored against the log (train/eval/wosac.py)", protocol=_wosac, policies=("log_replay",), report=_print_wosac,
+    check=_evaluator_only))
