@@ -268,6 +268,36 @@ def _check(cfg: EvalConfig) -> list[str]:
     return specs
 
 
+def _check_modes(modes: list, cfg: EvalConfig, opts: ModeOptions):
+    """Run every mode's ``check``; return the mode with its own protocol among ``modes`` (None if none).
+
+    Raises:
+        UserError: a mode's check; a protocol mode beside others, ``--export-rollouts`` without
+            one, ``--wosac-rollouts`` < 1.
+    """
+    for mode in modes:
+        mode.check(opts)
+    own = [m for m in modes if m.protocol is not None]
+    if own and len(modes) > 1:
+        raise UserError(f"--mode {own[0].name} runs alone: evaluate the other modes in a separate call")
+    if cfg.export_rollouts and not own:
+        raise UserError("--export-rollouts needs --mode wosac")
+    if own and cfg.wosac_rollouts < 1:
+        raise UserError(f"--wosac-rollouts must be >= 1, got {cfg.wosac_rollouts}")
+    return own[0] if own else None
+
+
+def _run_protocol(mode, policies: list[dict], base, base_notes: list, cfg: EvalConfig, device, threads: int,
+                  progress) -> dict:
+    """Run a mode with its own protocol (checkpoints sample their actions) and add the run settings
+    to its results (the keys :func:`evaluate` documents that such a mode has)."""
+    sampled = dataclasses.replace(cfg, stochastic=True)
+    res = mode.protocol(policies, lambda entry, env: _make_driver(entry, env, sampled), base, cfg, device, progress)
+    res.update(data=cfg.data, device=str(device), num_threads=threads, seed=cfg.seed, deterministic=False,
+               interval=cfg.interval, level=cfg.level, notes=base_notes + res.get("notes", []))
+    return res
+
+
 @torch.no_grad()
 def evaluate(cfg: EvalConfig, progress=None) -> dict:
     """Run the evaluation (module docstring) and return the results as plain data.
@@ -282,9 +312,9 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         shard), "notes", "files", "num_scenarios", "runs"}``;
         each run is ``{"label", "policy", "mode", "scenarios" (ids, pack order), "summary" {metric:
         Interval} (trial logs included in trial mode), "per_scenario" [...], "records" (the per
-        agent-episode columns of :func:`train.eval.sweep.run_sweep`), "global_step"?}``. Use
-        :func:`to_json` for a JSON-ready copy (without the records) and :func:`write_records` for
-        the records.
+        agent-episode columns of :func:`train.eval.sweep.run_sweep`), "global_step"?}`` (a mode with
+        its own ``protocol``: what it returns, e.g. :func:`train.eval.wosac.evaluate_wosac`). Use
+        :func:`to_json` for a JSON-ready copy (without the records), :func:`write_records` for the records.
 
     Raises:
         UserError, FileNotFoundError, ValueError (incl. ``ScenarioError`` and ``CheckpointError``):
@@ -295,26 +325,13 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     cfg = dataclasses.replace(cfg, coplayer=tuple(coplayers))
     modes = [get_mode(m) for m in (("human_replay",) if cfg.human_replay else cfg.mode)]
     opts = ModeOptions.from_config(cfg)
-    for mode in modes:
-        mode.check(opts)
-    own = [m for m in modes if m.protocol is not None]
-    if own and len(modes) > 1:
-        raise UserError(f"--mode {own[0].name} runs alone: evaluate the other modes in a separate call")
-    if cfg.export_rollouts and not own:
-        raise UserError("--export-rollouts needs --mode wosac")
-    if own and cfg.wosac_rollouts < 1:
-        raise UserError(f"--wosac-rollouts must be >= 1, got {cfg.wosac_rollouts}")
+    own = _check_modes(modes, cfg, opts)
     threads = apply_num_threads(cfg.num_threads)
     device = check_device(cfg.device)
     policies = _load_policies(specs, device, tuple(n for m in modes for n in m.policies))
     base, base_notes = base_env_config(policies, cfg)
-    if own:  # a mode with its own protocol (e.g. wosac: sampled actions, one scenario per batch)
-        sampled = dataclasses.replace(cfg, stochastic=True)
-        res = own[0].protocol(policies, lambda entry, env: _make_driver(entry, env, sampled), base, cfg, device,
-                              progress)
-        res.update(data=cfg.data, device=str(device), num_threads=threads, seed=cfg.seed, deterministic=False,
-                   interval=cfg.interval, level=cfg.level, notes=base_notes + res.get("notes", []))
-        return res
+    if own is not None:  # a mode with its own protocol (e.g. wosac: sampled actions, one scenario per batch)
+        return _run_protocol(own, policies, base, base_notes, cfg, device, threads, progress)
     styles = eval_styles(base, cfg.style, policies[0]["label"])
     if partner_table is not None:
         if not base.reward_conditioning:
@@ -322,8 +339,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         base = base.replace(partner_styles=partner_table)
     out = {"data": cfg.data, "device": str(device), "num_threads": threads, "seed": cfg.seed,
            "deterministic": not cfg.stochastic, "memory": cfg.memory or "as trained", "interval": cfg.interval,
-           "level": cfg.level,
-           "episodes_per_scenario": cfg.episodes_per_scenario, "k_trials": base.k_trials if base.trial_mode else 0,
+           "level": cfg.level, "episodes_per_scenario": cfg.episodes_per_scenario,
+           "k_trials": base.k_trials if base.trial_mode else 0,
            "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}
     for (style, values), mode in [(st, m) for st in styles for m in modes]:
         env_config, pack, notes = mode_env(mode, style_env_config(base, values), cfg.data, device, stream=True)
