@@ -19,7 +19,7 @@ from gpusim.wosac.scene import scene_from_proto
 from gpusim.wosac.sources import load_scenes
 from test_wosac import two_vehicle_proto
 from train.config import UserError
-from train.evaluate import EvalConfig, evaluate, main
+from train.evaluate import EvalConfig, evaluate, main, to_json
 
 
 def _braking_proto():
@@ -83,7 +83,7 @@ def test_bundled_tfrecord_end_to_end(tmp_path):
     sim = rollouts_for(scene, ids, states)
     fut = slice(C.CURRENT_TIME_INDEX + 1, C.TOTAL_STEPS)
     assert torch.allclose(sim[1, :, :, 0], torch.as_tensor(scene.x[:, fut]), atol=1e-4)
-    json.dumps(__import__("train.evaluate", fromlist=["to_json"]).to_json(res))  # JSON-ready
+    assert json.loads(json.dumps(to_json(res)))["runs"][0]["per_scenario"][0]["scenario"] == "637f20cafde22ff8"
 
 
 def test_skipped_scenario_counted_and_export_incomplete(braking_dir, tmp_path, capsys):
