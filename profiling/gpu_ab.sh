@@ -35,8 +35,8 @@ done
 
 echo "== train A/B"
 : >"$OUT/train_ab.txt"
-# this tree runs the GPU recipe (train/recipes.py: fused Adam + bf16 autocast in the update); round 1 also
-# runs it with one lever off at a time, and with the CPU recipe (the reference tree's trainer settings)
+# this tree runs the GPU recipe (train/recipes.py; the update levers off); round 1 also runs it with
+# one lever on at a time (see the bench calls below), and with the CPU recipe (the reference tree's trainer settings)
 bench() {  # bench TREE NAME ROUND [extra trainer flags...]
   local tree=$1 name=$2 round=$3; shift 3
   (cd "$tree" && PYTHONPATH=$(pwd)${PYTHONPATH:+:$PYTHONPATH} timeout 150 python3 profiling/bench_train.py --iters 3 --warmup 1 --json \
@@ -48,8 +48,8 @@ for round in 1 2; do
   bench "$REF" "$(basename "$REF")" $round
   if [ $round = 1 ] && [ -z "${SKIP_LEVERS:-}" ]; then
     bench . cpu_recipe 1 --recipe cpu
-    bench . no_bf16 1 --ppo.autocast off
-    bench . no_fused 1 --ppo.no-fused-adam
+    bench . bf16 1 --ppo.autocast bf16
+    bench . fused_adam 1 --ppo.fused-adam
   fi
 done
 python3 - "$OUT" "$REF" <<'EOF'
