@@ -108,8 +108,6 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
     times; not the breakdown); the row's ``graph`` says ``"captured"`` or why it stepped eagerly."""
     from gpusim.env import DriveEnv
 
-    from profiling.timers import KernelTimer, instrument_env
-
     env = DriveEnv(pack, num_worlds, config, device=device, seed=seed)
     stepper = env
     if graphed:
@@ -141,22 +139,7 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
     t_first = time.perf_counter() - t_first
     for _ in range(warmup):
         stepper.step(actions())
-    timer = time.process_time if clock == "cpu" else time.perf_counter
-    rates, per_step, agents = [], [], []
-    for _ in range(repeats):
-        count = torch.zeros((), dtype=torch.int64, device=env.device)
-        acts = [actions() for _ in range(steps)]
-        _sync(env.device)
-        t0 = timer()
-        for a in acts:
-            count += env.state.slot_active.sum()  # the agents that act in this step
-            stepper.step(a)
-        _sync(env.device)
-        dt = timer() - t0
-        n = int(count)
-        rates.append(n / dt)
-        per_step.append(dt / steps)
-        agents.append(n / steps)
+    rates, per_step, agents = _timed_repeats(env, stepper, actions, steps, repeats, clock)
     best = min(range(repeats), key=lambda i: per_step[i])  # --stat min: the fastest repeat
     pick = (lambda xs: xs[best]) if stat == "min" else statistics.median
     ms = 1000 * pick(per_step)
@@ -179,21 +162,61 @@ def bench(pack, config, num_worlds: int, steps: int, repeats: int, warmup: int, 
     if episode_end:
         row.update(_episode_end_times(stepper, actions, repeats))
     if breakdown:
-        clock_fn = time.perf_counter  # wall clock, as KernelTimer's per-stage times
-        ktimer = KernelTimer(sync_cuda=env.device.type == "cuda")
-        acts = [actions() for _ in range(steps)]
-        with instrument_env(ktimer, env):  # per-stage times (gpusim.sim.pipeline.PIPELINE)
-            _sync(env.device)
-            t0 = clock_fn()
-            for a in acts:
-                env.step(a)
-            _sync(env.device)
-            total = 1000 * (clock_fn() - t0) / steps
-        rep = ktimer.report(steps)
-        rep["other"] = max(0.0, total - sum(rep.values()))
-        row["breakdown_ms"] = rep
-        row["breakdown_total_ms"] = total
+        row.update(_stage_breakdown(env, actions, steps))
     return row
+
+
+def _timed_repeats(env, stepper, actions, steps: int, repeats: int, clock: str):
+    """Time ``repeats`` runs of ``steps`` steps of ``stepper`` (``env`` itself or its GraphedEnv),
+    the actions drawn by ``actions()`` before each run's clock starts. ``clock``: ``"wall"``
+    (``time.perf_counter``) or ``"cpu"`` (``time.process_time``). Synchronised on CUDA.
+
+    Returns:
+        ``(rates, per_step, agents)``: per repeat, controlled-agent-steps per second (active slots
+        summed over the steps), seconds per step and active agents per step.
+    """
+    timer = time.process_time if clock == "cpu" else time.perf_counter
+    rates, per_step, agents = [], [], []
+    for _ in range(repeats):
+        count = torch.zeros((), dtype=torch.int64, device=env.device)
+        acts = [actions() for _ in range(steps)]
+        _sync(env.device)
+        t0 = timer()
+        for a in acts:
+            count += env.state.slot_active.sum()  # the agents that act in this step
+            stepper.step(a)
+        _sync(env.device)
+        dt = timer() - t0
+        n = int(count)
+        rates.append(n / dt)
+        per_step.append(dt / steps)
+        agents.append(n / steps)
+    return rates, per_step, agents
+
+
+def _stage_breakdown(env, actions, steps: int) -> dict:
+    """Milliseconds per step in each pipeline stage over ``steps`` eager steps of ``env`` (the
+    stage hook of ``profiling.timers.instrument_env``, wall clock as
+    :class:`profiling.timers.KernelTimer`), plus ``other`` (total minus the stages, at least 0).
+
+    Returns:
+        ``{"breakdown_ms": {stage: ms per step, ..., "other": ms}, "breakdown_total_ms": ms per step}``.
+    """
+    from profiling.timers import KernelTimer, instrument_env
+
+    clock_fn = time.perf_counter  # wall clock, as KernelTimer's per-stage times
+    ktimer = KernelTimer(sync_cuda=env.device.type == "cuda")
+    acts = [actions() for _ in range(steps)]
+    with instrument_env(ktimer, env):  # per-stage times (gpusim.sim.pipeline.PIPELINE)
+        _sync(env.device)
+        t0 = clock_fn()
+        for a in acts:
+            env.step(a)
+        _sync(env.device)
+        total = 1000 * (clock_fn() - t0) / steps
+    rep = ktimer.report(steps)
+    rep["other"] = max(0.0, total - sum(rep.values()))
+    return {"breakdown_ms": rep, "breakdown_total_ms": total}
 
 
 def pick_round(rounds: list[dict], stat: str) -> dict:

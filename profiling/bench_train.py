@@ -131,23 +131,21 @@ def compare(args) -> dict:
     return {"this": a, "ref": b, "ratio": a["sps"] / b["sps"], "runs": runs, "load": (load_before, load_after)}
 
 
-def main(argv=None) -> dict:
-    """Run the benchmark; print a table (or JSON) and return the result dict."""
-    args = parse_args(argv)
-    if args.compare:
-        return compare(args)
+def _build(cfg) -> dict:
+    """The trainer's pieces for ``cfg`` (a parsed ``train.config`` config), as ``train/run.py`` builds them.
+
+    Seeds torch, sets the thread count, builds the env, the policy on ``cfg.device``, the optimizer,
+    the experience hook, the rollout buffer, the policy's KV cache (``W x C`` rows, horizon ``H``)
+    and the update's generator. Returns them in a dict (keys ``device``, ``env``, ``policy``,
+    ``optimizer``, ``hook``, ``buffer``, ``cache``, ``gen``, ``R`` = ``W x C`` policy rows, ``H``).
+    """
     from policy.actor_critic import ActorCritic
     from policy.encoders import ObsDims
     import train.ppo as ppo_mod
-    from train.config import parse_args as train_parse
     from train.experience import hook_context, make_hook
-    from train.rollout import RolloutBatch, collect_rollout
-    from train.run import update_policy
+    from train.rollout import RolloutBatch
     from train.setup import make_env
 
-    from profiling.timers import KernelTimer
-
-    cfg = train_parse(args.train_argv + ["--quiet"])
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
@@ -158,13 +156,44 @@ def main(argv=None) -> dict:
     policy = ActorCritic(dims, env.num_actions, continuous, cfg.policy).to(device)
     optimizer = ppo_mod.make_optimizer(policy.parameters(), cfg.learning_rate, cfg.adam_eps, fused=cfg.ppo.fused_adam)
     hook = make_hook(cfg.experience, cfg.experience_arg, hook_context(env, cfg.ppo.gamma))
-    W, C, H = env.num_worlds, env.num_slots, env.horizon
-    R = W * C
-    buffer = RolloutBatch.for_env(env, continuous, device)
-    cache = policy.init_cache(R, H, device)
+    R, H = env.num_worlds * env.num_slots, env.horizon
     gen = torch.Generator(device=device)
     gen.manual_seed(cfg.seed)
+    return {"device": device, "env": env, "policy": policy, "optimizer": optimizer, "hook": hook,
+            "buffer": RolloutBatch.for_env(env, continuous, device), "cache": policy.init_cache(R, H, device),
+            "gen": gen, "R": R, "H": H}
 
+
+def _iteration_row(timer, counts: dict, R: int, H: int, t0: float, t1: float, t2: float) -> dict:
+    """The record of one timed iteration: agent-steps (active slots x ``H``, or all ``R`` rows when
+    the update reports none active), seconds, agent-steps/s and the split of :data:`PHASES` in
+    seconds (``t0``/``t1``/``t2``: ``time.perf_counter`` at the rollout's start, the update's start
+    and the update's end; ``timer``: the :class:`profiling.timers.KernelTimer` of the iteration)."""
+    sec = dict(timer.seconds)
+    steps = (counts["active_slots"] if counts["active_slots"] > 0 else R) * H
+    rollout = t1 - t0
+    update = t2 - t1
+    return {
+        "agent_steps": steps, "seconds": t2 - t0, "sps": steps / (t2 - t0),
+        "env_step": sec.get("env_step", 0.0), "policy_rollout": sec.get("policy_rollout", 0.0),
+        "rollout_other": rollout - sec.get("env_step", 0.0) - sec.get("policy_rollout", 0.0),
+        "advantage": sec.get("advantage", 0.0), "ppo_update": update - sec.get("advantage", 0.0),
+        "optimizer_steps": counts["optimizer_steps"], "rows_per_minibatch": counts["rows_per_minibatch"],
+    }
+
+
+def _timed_iterations(cfg, parts: dict, warmup: int, iters: int) -> list[dict]:
+    """Run ``warmup`` untimed then ``iters`` timed iterations (``collect_rollout`` + ``update_policy``)
+    on the pieces of :func:`_build`, with timers wrapped around ``env.step``, the policy's rollout
+    calls and ``train.ppo.advantage`` (restored afterwards). Returns one :func:`_iteration_row` per
+    timed iteration. On CUDA the device is synchronised at each boundary."""
+    import train.ppo as ppo_mod
+    from train.rollout import collect_rollout
+    from train.run import update_policy
+
+    from profiling.timers import KernelTimer
+
+    device, env, policy = parts["device"], parts["env"], parts["policy"]
     timer = KernelTimer(sync_cuda=device.type == "cuda")
     env.step = timer.wrap("env_step", env.step)
     for name in ("forward_eval", "sample", "log_prob"):
@@ -172,54 +201,33 @@ def main(argv=None) -> dict:
     saved_adv = ppo_mod.advantage
     ppo_mod.advantage = timer.wrap("advantage", saved_adv)
     obs = env.reset(seed=cfg.seed)
-    iters = []
+    rows = []
     try:
-        for it in range(args.warmup + args.iters):
+        for it in range(warmup + iters):
             timer.reset()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             policy.eval()
-            obs, batch = collect_rollout(env, policy, obs, buffer, cache)
+            obs, batch = collect_rollout(env, policy, obs, parts["buffer"], parts["cache"])
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t1 = time.perf_counter()
             policy.log_prob = policy.log_prob.__wrapped__  # the PPO loss calls it too: time it there as update
-            _, counts = update_policy(policy, optimizer, batch, hook, cfg.ppo, gen)
+            _, counts = update_policy(policy, parts["optimizer"], batch, parts["hook"], cfg.ppo, parts["gen"])
             policy.log_prob = timer.wrap("policy_rollout", policy.log_prob)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t2 = time.perf_counter()
-            if it < args.warmup:
-                continue
-            sec = dict(timer.seconds)
-            steps = (counts["active_slots"] if counts["active_slots"] > 0 else R) * H
-            rollout = t1 - t0
-            update = t2 - t1
-            iters.append({
-                "agent_steps": steps, "seconds": t2 - t0, "sps": steps / (t2 - t0),
-                "env_step": sec.get("env_step", 0.0), "policy_rollout": sec.get("policy_rollout", 0.0),
-                "rollout_other": rollout - sec.get("env_step", 0.0) - sec.get("policy_rollout", 0.0),
-                "advantage": sec.get("advantage", 0.0), "ppo_update": update - sec.get("advantage", 0.0),
-                "optimizer_steps": counts["optimizer_steps"], "rows_per_minibatch": counts["rows_per_minibatch"],
-            })
+            if it >= warmup:
+                rows.append(_iteration_row(timer, counts, parts["R"], parts["H"], t0, t1, t2))
     finally:
         ppo_mod.advantage = saved_adv
-    med = {k: statistics.median(i[k] for i in iters) for k in iters[0]} if iters else {}
-    peak = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
-    if device.type == "cuda":
-        peak["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
-    meta = {"device": str(device), "threads": torch.get_num_threads(), "worlds": W, "slots": C, "horizon": H,
-            "policy_params": sum(p.numel() for p in policy.parameters()), "iters": args.iters,
-            "warmup": args.warmup, "train_argv": args.train_argv, "torch": torch.__version__,
-            "recipe": cfg.recipe, "autocast": cfg.ppo.autocast, "fused_adam": bool(optimizer.defaults.get("fused")),
-            "num_minibatches": cfg.ppo.num_minibatches, "update_epochs": cfg.ppo.update_epochs,
-            "d_model": cfg.policy.d_model}
-    result = {"meta": meta, "median": med, "iterations": iters, **peak}
-    if args.json:
-        json.dump(result, sys.stdout, indent=1)
-        print()
-        return result
+    return rows
+
+
+def _print_table(meta: dict, med: dict, peak: dict) -> None:
+    """Print the human-readable summary: agent-steps/s, the per-phase split and the peak memory."""
     print(f"# end-to-end training (train/run.py loop); {meta}")
     if med:
         print(f"SPS {med['sps']:,.0f} controlled-agent-steps/s ({med['agent_steps']:.0f} steps in {med['seconds']:.2f} s "
@@ -227,6 +235,37 @@ def main(argv=None) -> dict:
         for k in PHASES:
             print(f"  {k:<15} {med[k]:8.3f} s  {100 * med[k] / med['seconds']:5.1f}%")
     print(" ".join(f"{k} {v:.0f}" for k, v in peak.items()))
+
+
+def main(argv=None) -> dict:
+    """Run the benchmark; print a table (or JSON) and return the result dict."""
+    args = parse_args(argv)
+    if args.compare:
+        return compare(args)
+    from train.config import parse_args as train_parse
+
+    cfg = train_parse(args.train_argv + ["--quiet"])
+    parts = _build(cfg)
+    device, env, policy = parts["device"], parts["env"], parts["policy"]
+    iters = _timed_iterations(cfg, parts, args.warmup, args.iters)
+    med = {k: statistics.median(i[k] for i in iters) for k in iters[0]} if iters else {}
+    peak = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+    if device.type == "cuda":
+        peak["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
+    meta = {"device": str(device), "threads": torch.get_num_threads(), "worlds": env.num_worlds,
+            "slots": env.num_slots, "horizon": parts["H"],
+            "policy_params": sum(p.numel() for p in policy.parameters()), "iters": args.iters,
+            "warmup": args.warmup, "train_argv": args.train_argv, "torch": torch.__version__,
+            "recipe": cfg.recipe, "autocast": cfg.ppo.autocast,
+            "fused_adam": bool(parts["optimizer"].defaults.get("fused")),
+            "num_minibatches": cfg.ppo.num_minibatches, "update_epochs": cfg.ppo.update_epochs,
+            "d_model": cfg.policy.d_model}
+    result = {"meta": meta, "median": med, "iterations": iters, **peak}
+    if args.json:
+        json.dump(result, sys.stdout, indent=1)
+        print()
+        return result
+    _print_table(meta, med, peak)
     return result
 
 

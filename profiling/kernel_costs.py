@@ -206,33 +206,11 @@ def print_launch_table(pack_for, worlds: int, steps: int, base) -> None:
     print(f"\nMedian over {steps} steps after a reset, W = {worlds} (range in brackets).\n")
 
 
-def graphed_launch_counts(pack, config, worlds: int, seed: int = 0) -> dict:
-    """Launches outside the graph for the CUDA-graph rollout (``train/graphed_rollout.py``), and
-    the eager rollout's for comparison.
-
-    Runs :class:`train.graphed_rollout.GraphedRollout` with the trainer's default policy under the
-    Triton backend (GPU launch sizes) and a counting stand-in for the CUDA graph
-    (:class:`gpusim.cuda_graph.FakeGraphCapture`: a replay re-runs the captured step; here its
-    ops are subtracted and the replay counts as **one** launch, which is what a GPU issues). The
-    first rollout warms up and captures; the second, counted, is the steady state. Then an eager
-    rollout (:func:`train.rollout.begin_rollout` + :func:`train.rollout.rollout_step`, what
-    :func:`train.rollout.collect_rollout` runs) is counted step by step.
-
-    Returns:
-        ``{"replayed": launches of a replayed step (the replay + the copies outside it, median),
-        "before": launches before the first replay of the rollout (``begin_rollout`` and the copy
-        of the new episode's state into the static buffers), "end": the eager episode-end step,
-        "rollout": all launches of the graphed rollout outside the graph, "horizon": H,
-        "eager_begin", "eager_step" (median), "eager_end", "eager_rollout": the eager rollout's,
-        "captures", "replays"}``.
-    """
-    from gpusim.backend import gpu_launch_sizes, use_backend
+def _counting_capture():
+    """A :class:`gpusim.cuda_graph.FakeGraphCapture` that notes, in its ``marks`` list, the live op
+    count (Triton + torch launches of the ``counter`` set on it, a ``count_ops`` counter) at the
+    entry and exit of each replay; no marks while ``counter`` is None."""
     from gpusim.cuda_graph import FakeGraphCapture
-    from gpusim.env import DriveEnv
-    from policy.actor_critic import ActorCritic
-    from train.config import TrainConfig
-    from train.graphed_rollout import GraphedRollout
-    from train.rollout import RolloutBatch, begin_rollout, rollout_step
 
     class Counting(FakeGraphCapture):
         """Fake capture that notes the live op count at the entry and exit of each replay."""
@@ -253,19 +231,32 @@ def graphed_launch_counts(pack, config, worlds: int, seed: int = 0) -> dict:
             graph.replay = counted
             return graph
 
-    torch.manual_seed(seed)
-    env = DriveEnv(pack, worlds, config, seed=seed)
+    capture = Counting()
+    capture.marks = []
+    return capture
+
+
+def _default_policy(env, config):
+    """The trainer's default policy (``TrainConfig().policy``) for ``env``, in eval mode; its
+    ``max_roads`` limit is dropped when ``config`` has fewer roads (a smaller test config)."""
+    from policy.actor_critic import ActorCritic
+    from train.config import TrainConfig
+
     continuous = int(config.action_space) != 0
     pc = TrainConfig().policy
     if pc.max_roads is not None and pc.max_roads > config.num_roads:  # a smaller test config
         pc = dataclasses.replace(pc, max_roads=None)
-    policy = ActorCritic(env.obs_layout, env.num_actions, continuous, pc).eval()
-    R, H = worlds * env.num_slots, env.horizon
-    buf = RolloutBatch.for_env(env, continuous)
-    cache = policy.init_cache(R, H, env.device)
-    capture = Counting()
-    capture.marks = []
-    roll = GraphedRollout(env, policy, buf, cache, capture=capture)
+    return ActorCritic(env.obs_layout, env.num_actions, continuous, pc).eval()
+
+
+def _count_rollouts(env, roll, capture, buf, seed: int) -> tuple[int, list[int]]:
+    """Under the Triton backend (GPU launch sizes, no grad): a warm-up graphed rollout that
+    captures, a counted graphed rollout (``capture.marks`` filled), then an eager rollout counted
+    step by step. Returns (all launches of the counted graphed rollout, the eager rollout's
+    launches: ``begin_rollout`` then each of its ``H`` steps)."""
+    from gpusim.backend import gpu_launch_sizes, use_backend
+    from train.rollout import begin_rollout, rollout_step
+
     eager = []
     with use_backend("triton"), gpu_launch_sizes(), torch.no_grad():
         obs, _ = roll(env.reset(seed=seed))  # warm-up and capture
@@ -277,10 +268,47 @@ def graphed_launch_counts(pack, config, worlds: int, seed: int = 0) -> dict:
         with count_ops() as e:
             ego = begin_rollout(env, roll.actor, buf)  # the same policy.actor.Actor, eagerly
         eager.append(e["triton"] + e["torch"])
-        for t in range(H):
+        for t in range(env.horizon):
             with count_ops() as e:
                 obs = rollout_step(env, roll.actor, t, obs, buf, ego)
             eager.append(e["triton"] + e["torch"])
+    return total, eager
+
+
+def graphed_launch_counts(pack, config, worlds: int, seed: int = 0) -> dict:
+    """Launches outside the graph for the CUDA-graph rollout (``train/graphed_rollout.py``), and
+    the eager rollout's for comparison.
+
+    Runs :class:`train.graphed_rollout.GraphedRollout` with the trainer's default policy under the
+    Triton backend (GPU launch sizes) and a counting stand-in for the CUDA graph
+    (:class:`gpusim.cuda_graph.FakeGraphCapture`: a replay re-runs the captured step; here its
+    ops are subtracted and the replay counts as **one** launch, which is what a GPU issues). The
+    first rollout warms up and captures; the second, counted, is the steady state. Then an eager
+    rollout (:func:`train.rollout.begin_rollout` + :func:`train.rollout.rollout_step`, what
+    :func:`train.rollout.collect_rollout` runs) is counted step by step.
+
+    Returns:
+        ``{"replayed": launches of a replayed step (the replay + the copies outside it, median),
+        "before": launches before the first replay of the rollout (``begin_rollout`` and the copy
+        of the new episode's state into the static buffers), "end": the eager episode-end step,
+        "rollout": all launches of the graphed rollout outside the graph, "horizon": H,
+        "eager_begin", "eager_step" (median), "eager_end", "eager_rollout": the eager rollout's,
+        "captures", "replays"}``.
+    """
+    from gpusim.env import DriveEnv
+    from train.graphed_rollout import GraphedRollout
+    from train.rollout import RolloutBatch
+
+    torch.manual_seed(seed)
+    env = DriveEnv(pack, worlds, config, seed=seed)
+    continuous = int(config.action_space) != 0
+    policy = _default_policy(env, config)
+    R, H = worlds * env.num_slots, env.horizon
+    buf = RolloutBatch.for_env(env, continuous)
+    cache = policy.init_cache(R, H, env.device)
+    capture = _counting_capture()
+    roll = GraphedRollout(env, policy, buf, cache, capture=capture)
+    total, eager = _count_rollouts(env, roll, capture, buf, seed)
     if roll.fallback_reason is not None:
         raise RuntimeError(f"the graphed rollout fell back to eager: {roll.fallback_reason}")
     marks = capture.marks
