@@ -50,6 +50,8 @@ DT = 0.1
 WOMD_STEPS = 91
 #: Values of ``EnvConfig.ego_choice`` (gpusim/sim/roles.py).
 EGO_CHOICES = ("sdc", "random", "first")
+#: Values of ``DataConfig.control`` (gpusim/data/build.py :func:`select_agents`).
+CONTROL_RULES = ("vehicles_with_goal", "all_valid")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ class DataConfig:
         grid_k: road segments stored per cell (nearest to the cell centre first) = the number of
             road slots in observations.
         grid_edge_k: road-edge segments stored per cell for the offroad test.
+        control: which objects are controllable (:mod:`gpusim.data.build`): ``"vehicles_with_goal"``
+            (default: vehicles valid at ``init_steps``, not ``mark_as_expert``, goal farther than
+            ``goal_min_distance``) or ``"all_valid"`` (every object valid at ``init_steps``, of
+            any type, expert-marked or not, goal or not; objects not valid there are left out; the
+            evaluator's ``wosac`` mode).
     """
 
     max_agents: int = 64
@@ -80,8 +87,11 @@ class DataConfig:
     grid_margin: float = 60.0
     grid_k: int = 128
     grid_edge_k: int = 32
+    control: str = "vehicles_with_goal"
 
     def __post_init__(self):
+        if self.control not in CONTROL_RULES:
+            raise ValueError(f"DataConfig.control must be one of {CONTROL_RULES}, got {self.control!r}")
         if self.max_agents < 1:
             raise ValueError(f"DataConfig.max_agents must be >= 1, got {self.max_agents}")
         if not 1 <= self.max_controlled <= self.max_agents:

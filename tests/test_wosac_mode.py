@@ -5,6 +5,7 @@ gets a one-line error (exit code 2) or a counted skip."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -76,7 +77,8 @@ def test_bundled_tfrecord_end_to_end(tmp_path):
     assert meta["log_replay"] > meta["expert"] > meta["constant_speed"] + 0.3
     assert 0.80 < meta["log_replay"] < 0.85 and 0.78 < meta["expert"] < 0.83  # 0.825 / 0.806 at 2 rollouts
     row = runs["expert"]["per_scenario"][0]
-    assert (row["sim_agents"], row["replayed"]) == (50, 22)  # the env drives 28 of the 50 sim agents
+    # control="all_valid": the env drives all 50 sim agents, none is log-replayed (22 were before)
+    assert (row["sim_agents"], row["replayed"], row["evaluated_replayed"]) == (50, 0, 0)
     # the export of log_replay round-trips to the logged future of every sim agent
     (scene,), _ = load_scenes(["data/womd_tfrecord"])
     ids, states = read_submission(out)["637f20cafde22ff8"]
@@ -125,3 +127,23 @@ def test_not_a_training_eval_mode():
 
     with pytest.raises(UserError, match="--eval-mode wosac: not available during training"):
         get_mode("wosac").check(ModeOptions(flag="--eval-mode"))
+
+
+def test_all_valid_control_selects_every_object_valid_at_init():
+    from gpusim.config import DataConfig
+    from gpusim.data.build import build_scenario, select_agents
+    from gpusim.data.parse import read_scenario
+
+    raw = read_scenario("data/womd_sample/b5f53fa2db40a6b4.json.xz")
+    base = DataConfig(max_agents=256, max_controlled=256, init_steps=10)
+    at_init = raw.valid[:, 10]
+    order, nc, _ = select_agents(raw, dataclasses.replace(base, control="all_valid"))
+    # every object valid at step 10 is controlled (any type), and nothing else is packed
+    assert nc == len(order) == int(at_init.sum()) and sorted(order.tolist()) == at_init.nonzero()[0].tolist()
+    assert len(set(raw.obj_type[order].tolist())) > 1  # not only vehicles
+    old, old_nc, _ = select_agents(raw, base)  # the default rule controls fewer and replays the rest
+    assert old_nc < nc and len(old) > old_nc
+    data = build_scenario(raw, DataConfig(max_agents=256, max_controlled=256, init_steps=10, control="all_valid"))
+    assert data.num_controlled == nc and bool(data.traj_valid[:, 10].all())
+    with pytest.raises(ValueError, match="DataConfig.control must be one of"):
+        DataConfig(control="everything")

@@ -11,6 +11,9 @@ Rules (DESIGN.md section 3, parameters in :class:`~gpusim.config.DataConfig`):
   than ``goal_min_distance`` from their position at ``init_steps``. The self-driving car
   (``metadata.sdc_track_index``) comes first when it is controllable, then file order; at most
   ``max_controlled`` (the rest become experts, counted as ``controllable_over_cap``).
+  With ``control="all_valid"`` every object valid at ``init_steps`` is controllable (any type,
+  ``mark_as_expert`` or not, goal kept as logged however near), and objects not valid at
+  ``init_steps`` are not packed at all (the sim-agents challenge's protocol).
 * Experts: every other kept object, up to ``max_agents`` slots in total. When more exist, the ones
   valid at ``init_steps`` and nearest (at ``init_steps``) to the controlled agents' centroid are
   kept first, then the others by the distance of their first valid position; the rest are
@@ -130,7 +133,8 @@ def select_agents(raw: RawScenario, config: DataConfig) -> tuple[np.ndarray, int
     at_init = raw.valid[:, t0] if n else np.zeros(0, dtype=bool)
     start = raw.pos[:, t0] if n else np.zeros((0, 2))
     goal_dist = np.hypot(*(raw.goal - start).T) if n else np.zeros(0)
-    controllable = (
+    all_valid = config.control == "all_valid"
+    controllable = at_init if all_valid else (
         (raw.obj_type == int(ObjectType.VEHICLE)) & at_init & ~raw.expert & (goal_dist > config.goal_min_distance)
     )
     cand = list(np.flatnonzero(controllable))
@@ -152,7 +156,7 @@ def select_agents(raw: RawScenario, config: DataConfig) -> tuple[np.ndarray, int
         return np.array([], dtype=np.int64), 0, stats
     is_ctrl = np.zeros(n, dtype=bool)
     is_ctrl[ctrl] = True
-    experts = np.flatnonzero(ever & ~is_ctrl)
+    experts = np.flatnonzero((at_init if all_valid else ever) & ~is_ctrl)
     room = config.max_agents - len(ctrl)
     if experts.size > room:
         centroid = start[ctrl].mean(axis=0)

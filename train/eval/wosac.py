@@ -5,8 +5,10 @@ Protocol, per scenario WOSAC can score (:func:`gpusim.wosac.sources.load_scenes`
 skipped with a one-line reason and counted):
 
 * a pack of that one scenario with ``init_steps 10`` (history = log steps 0-10, 1.1 s) and every
-  vehicle valid at step 10 controllable (``max_agents`` / ``max_controlled`` raised to the
-  scenario's object count, ``goal_min_distance 0``);
+  object valid at step 10 controlled by the policy, whatever its type, goal or expert mark
+  (``DataConfig.control = "all_valid"``; objects not valid at step 10 are absent; ``max_agents``
+  / ``max_controlled`` raised to the scenario's object count); each keeps its logged goal (its
+  last valid position), however near;
 * ``rollouts`` worlds (32 in the challenge) of that scenario in one batch, 80 steps
   (``scenario_length 81``, so no auto-reset lands in the record), actions sampled (checkpoints:
   ``deterministic=False``; each world draws its own samples), torch seeded per scenario;
@@ -17,9 +19,10 @@ skipped with a one-line reason and counted):
   scene's sim agents by :func:`gpusim.wosac.rollouts.assemble_rollouts` and scored by
   :func:`gpusim.wosac.metrics.score`.
 
-**Not the challenge's protocol for every object**: the env's data selection only makes vehicles
-with a goal controllable; pedestrians, cyclists and expert-marked vehicles are log-replayed by the
-env (counted per scenario as ``replayed`` / ``evaluated_replayed``), which flatters every driver.
+No sim agent is log-replayed (``replayed`` / ``evaluated_replayed`` count any that were, e.g. a
+scenario whose objects exceed the slot limits). Pedestrians and cyclists move with the env's
+vehicle dynamics (the action space of ``base``). An object whose logged goal lies within 1 mm of
+its step-10 position and that does not move stops there (it stays put, as in the log).
 Goal-conditioned policies (checkpoints, ``steer_to_goal``) see the log's endpoint, future
 information: their figures compare with PufferDrive's / GPUDrive's self-play figures, not with the
 leaderboard. ``log_replay`` is the logged future itself (no simulator), the upper reference.
@@ -39,9 +42,9 @@ from gpusim.wosac import config as C
 LOG_POLICIES = ("log_replay",)
 
 #: The caveat printed with every wosac table.
-CAVEAT = ("not challenge figures: objects the env cannot control (pedestrians, cyclists, vehicles without a "
-          "goal) are log-replayed (column replayed); goal-conditioned policies use the log's endpoint "
-          "(future information), so compare with self-play figures (PufferDrive, GPUDrive), not the leaderboard")
+CAVEAT = ("every object valid at step 10 is driven by the policy (pedestrians and cyclists with the vehicle "
+          "dynamics); goal-conditioned policies use the log's endpoint (future information), so compare with "
+          "self-play figures (PufferDrive, GPUDrive), not the leaderboard")
 
 
 def source_files(sources) -> dict:
@@ -111,7 +114,7 @@ def simulate(scene, path, make_driver: Callable, base, rollouts: int = C.N_ROLLO
 
     agents = max(64, int(scene.valid.any(axis=1).sum()) + 8)
     cfg = wosac_env_config(base, agents, min(agents, max(scene.num_objects, 1)))
-    pack = ScenarioPack.from_json([path], cfg.data_config(goal_min_distance=0.0), on_error="raise").to(device)
+    pack = ScenarioPack.from_json([path], cfg.data_config(goal_min_distance=0.0, control="all_valid"), on_error="raise").to(device)
     env = DriveEnv(pack, rollouts, cfg, seed=seed, device=device)
     driver = make_driver(env)
     torch.manual_seed(seed)
