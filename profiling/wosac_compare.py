@@ -34,12 +34,10 @@ from gpusim.wosac import config as C
 TOL_META, TOL_COMPONENT = 0.01, 0.03
 
 
-def _prepare(args) -> int:
-    from gpusim.data.proto_export import write_submission
-    from gpusim.data.tfrecord import write_records
-    from gpusim.wosac.baselines import BASELINES
-    from gpusim.wosac.rollouts import proto_payloads
-    from gpusim.wosac.scene import stack_scenes
+def _scorable_scenes(args) -> list:
+    """The scenes of ``args.sources`` (at most ``args.limit``) that can be scored; each skipped one
+    is named on stderr with its reason, and an empty list comes with an error line (the caller
+    exits 2)."""
     from gpusim.wosac.sources import load_scenes
 
     scenes, skipped = load_scenes(args.sources, limit=args.limit)
@@ -47,6 +45,18 @@ def _prepare(args) -> int:
         print(f"skipped: {name}: {why}", file=sys.stderr)
     if not scenes:
         print("error: no scenario can be scored", file=sys.stderr)
+    return scenes
+
+
+def _prepare(args) -> int:
+    from gpusim.data.proto_export import write_submission
+    from gpusim.data.tfrecord import write_records
+    from gpusim.wosac.baselines import BASELINES
+    from gpusim.wosac.rollouts import proto_payloads
+    from gpusim.wosac.scene import stack_scenes
+
+    scenes = _scorable_scenes(args)
+    if not scenes:
         return 2
     write_records(args.scenarios_out, proto_payloads(args.sources, {s.scenario_id for s in scenes}))
     rollouts = {}
@@ -129,13 +139,9 @@ def _bench(args) -> int:
     from gpusim.wosac.baselines import BASELINES
     from gpusim.wosac.metrics import score
     from gpusim.wosac.scene import stack_scenes
-    from gpusim.wosac.sources import load_scenes
 
-    scenes, skipped = load_scenes(args.sources, limit=args.limit)
-    for name, why in skipped:
-        print(f"skipped: {name}: {why}", file=sys.stderr)
+    scenes = _scorable_scenes(args)
     if not scenes:
-        print("error: no scenario can be scored", file=sys.stderr)
         return 2
     dev = torch.device(args.device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
