@@ -47,7 +47,7 @@ from gpusim.config import WOMD_STEPS, RoadType
 from gpusim.data.errors import ScenarioError
 from gpusim.data.parse import parse_scenario, read_json
 from gpusim.data.signals import SignalState
-from gpusim.data.womd_proto import messages
+from gpusim.data.womd_proto import build_messages, messages
 
 SUBMISSION_PACKAGE = "gpusim.wosac_submission"
 #: ``SimAgentsChallengeSubmission.submission_type`` of a sim-agents submission.
@@ -80,27 +80,9 @@ _SUBMISSION_SCHEMA: dict[str, list[tuple]] = {
 @functools.lru_cache(maxsize=1)
 def submission_messages() -> dict[str, type]:
     """The submission message classes by name (``"SimAgentsChallengeSubmission"``, ...), built
-    once per process in a private descriptor pool (repeated floats packed)."""
-    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-    fdp = descriptor_pb2.FileDescriptorProto(name="gpusim_wosac_submission.proto", package=SUBMISSION_PACKAGE,
-                                             syntax="proto2")
-    F = descriptor_pb2.FieldDescriptorProto
-    for msg_name, flds in _SUBMISSION_SCHEMA.items():
-        msg = fdp.message_type.add(name=msg_name)
-        for name, number, label, typ, ref in flds:
-            f = msg.field.add(name=name, number=number, label=getattr(F, "LABEL_" + label),
-                              type=getattr(F, "TYPE_" + typ))
-            if ref is not None:
-                f.type_name = f".{SUBMISSION_PACKAGE}.{ref}"
-            if label == "REPEATED" and typ == "FLOAT":
-                f.options.packed = True
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fdp)
-    get = getattr(message_factory, "GetMessageClass", None)
-    if get is None:  # pragma: no cover - older protobuf
-        get = message_factory.MessageFactory(pool).GetPrototype
-    return {name: get(pool.FindMessageTypeByName(f"{SUBMISSION_PACKAGE}.{name}")) for name in _SUBMISSION_SCHEMA}
+    once per process (:func:`gpusim.data.womd_proto.build_messages`; repeated floats packed)."""
+    return build_messages("gpusim_wosac_submission.proto", SUBMISSION_PACKAGE, _SUBMISSION_SCHEMA,
+                          packed_floats=True)
 
 
 def submission_message(rollouts: dict, *, method: str = "gpusim", description: str = ""):

@@ -91,35 +91,58 @@ def _import_protobuf():
     return descriptor_pb2, descriptor_pool, message_factory
 
 
-@functools.lru_cache(maxsize=1)
-def messages() -> dict[str, type]:
-    """The message classes of the schema, by name (``"Scenario"``, ``"Track"``, ...).
+def build_messages(file_name: str, package: str, schema: dict, oneofs: dict | None = None,
+                   packed_floats: bool = False) -> dict[str, type]:
+    """Message classes from a schema table, built in a private descriptor pool (so they never clash
+    with another definition of the same protos loaded in the same process).
 
-    Built once per process in a private descriptor pool (so they never clash with another
-    definition of Waymo's protos loaded in the same process).
+    Args:
+        file_name, package: the ``.proto`` file name and package the descriptors are declared in.
+        schema: ``{message name: [(field name, number, label, type, referenced message or None)]}``
+            with ``label`` in ``OPTIONAL``/``REPEATED``/... and ``type`` in ``FLOAT``/``MESSAGE``/...
+        oneofs: ``{message name: (one-of name, field names)}``: fields grouped into one one-of.
+        packed_floats: declare repeated float fields packed (proto2 default: unpacked).
+
+    Returns:
+        ``{message name: class}``.
 
     Raises:
         ImportError: with a one-line install hint if ``protobuf`` is missing.
     """
     descriptor_pb2, descriptor_pool, message_factory = _import_protobuf()
-    fdp = descriptor_pb2.FileDescriptorProto(name="gpusim_womd_scenario.proto", package=PACKAGE, syntax="proto2")
+    fdp = descriptor_pb2.FileDescriptorProto(name=file_name, package=package, syntax="proto2")
     F = descriptor_pb2.FieldDescriptorProto
-    for msg_name, fields in _SCHEMA.items():
+    for msg_name, fields in schema.items():
         msg = fdp.message_type.add(name=msg_name)
         for name, number, label, typ, ref in fields:
             f = msg.field.add(name=name, number=number, label=getattr(F, "LABEL_" + label),
                               type=getattr(F, "TYPE_" + typ))
             if ref is not None:
-                f.type_name = f".{PACKAGE}.{ref}"
-        if msg_name == "MapFeature":  # the feature kinds form a one-of, as in map.proto
-            msg.oneof_decl.add(name="feature_data")
+                f.type_name = f".{package}.{ref}"
+            if packed_floats and label == "REPEATED" and typ == "FLOAT":
+                f.options.packed = True
+        if msg_name in (oneofs or {}):
+            oneof_name, members = oneofs[msg_name]
+            msg.oneof_decl.add(name=oneof_name)
             for f in msg.field:
-                if f.name in FEATURE_KINDS:
-                    f.oneof_index = 0
+                if f.name in members:
+                    f.oneof_index = len(msg.oneof_decl) - 1
     pool = descriptor_pool.DescriptorPool()
     fd = pool.Add(fdp)
     fd = pool.FindFileByName(fdp.name) if fd is None else fd
     get = getattr(message_factory, "GetMessageClass", None)  # protobuf >= 4.22
     if get is None:  # pragma: no cover - older protobuf
         get = message_factory.MessageFactory(pool).GetPrototype
-    return {name: get(pool.FindMessageTypeByName(f"{PACKAGE}.{name}")) for name in _SCHEMA}
+    return {name: get(pool.FindMessageTypeByName(f"{package}.{name}")) for name in schema}
+
+
+@functools.lru_cache(maxsize=1)
+def messages() -> dict[str, type]:
+    """The message classes of the schema, by name (``"Scenario"``, ``"Track"``, ...), built once per
+    process (:func:`build_messages`; the map feature kinds form a one-of, as in map.proto).
+
+    Raises:
+        ImportError: with a one-line install hint if ``protobuf`` is missing.
+    """
+    return build_messages("gpusim_womd_scenario.proto", PACKAGE, _SCHEMA,
+                          oneofs={"MapFeature": ("feature_data", FEATURE_KINDS)})
