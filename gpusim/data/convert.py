@@ -42,26 +42,48 @@ COUNTERS = ("never_valid_objects", "controllable", "controllable_over_cap", "dro
             "signals", "signal_stop_points_moved", "unknown_signal_states", "signals_without_lane")
 
 
+#: Name endings of documentation files that data folders carry next to their scenarios.
+DOC_SUFFIXES = (".md", ".txt", ".rst", ".html", ".pdf")
+
+
 def is_source_file(path) -> bool:
     """A JSON scenario file or a TFRecord file (by name)."""
     return is_scenario_file(path) or is_tfrecord_file(path)
 
 
-def expand_sources(paths) -> tuple[list[str], list[dict]]:
+def is_documentation_file(path) -> bool:
+    """True for a file that documents a data folder rather than holding scenarios: a name starting
+    with ``README`` or ``LICENSE`` (any case) or ending in one of :data:`DOC_SUFFIXES`, and not a
+    scenario or TFRecord name. A shell glob such as ``convert data/womd_tfrecord/*`` passes such
+    files along with the data; :func:`expand_sources` leaves them out without an error."""
+    name = pathlib.Path(path).name.lower()
+    if is_source_file(path):
+        return False
+    return name.startswith(("readme", "license")) or name.endswith(DOC_SUFFIXES)
+
+
+def expand_sources(paths, ignored: list | None = None) -> tuple[list[str], list[dict]]:
     """Expand files, directories (their JSON and TFRecord files, not recursive) and glob patterns
-    into a sorted, de-duplicated file list.
+    into a sorted, de-duplicated file list. Documentation files named directly or matched by a
+    pattern (:func:`is_documentation_file`: ``README*``, ``*.md``, ...) are left out quietly; other
+    files named directly are kept whatever their name (read as JSON unless TFRecord-named).
 
     Args:
         paths: one path-like / string or a sequence of them.
+        ignored: optional list that receives the documentation files left out (as given); when
+            nothing but documentation was given, each is an error instead.
 
     Returns:
         ``(files, errors)``: errors are ``{"file", "reason"}`` for sources that match nothing.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
-    files, errors, seen = [], [], set()
+    files, errors, seen, docs = [], [], set(), []
 
     def add(p):
+        if is_documentation_file(p):
+            docs.append(str(p))
+            return
         key = os.path.abspath(p)
         if key not in seen:
             seen.add(key)
@@ -80,12 +102,16 @@ def expand_sources(paths) -> tuple[list[str], list[dict]]:
             add(src)
         elif any(ch in src for ch in "*?["):
             found = [c for c in sorted(_glob.glob(src)) if os.path.isfile(c)]
-            if not found:
-                errors.append({"file": src, "reason": "pattern matches no file"})
+            if not any(not is_documentation_file(c) for c in found):
+                errors.append({"file": src, "reason": "pattern matches no scenario file"})
             for c in found:
                 add(c)
         else:
             errors.append({"file": src, "reason": "no such file or directory"})
+    if not files and not errors:  # only documentation was given: say so rather than convert nothing
+        errors = [{"file": d, "reason": "a documentation file, not a scenario (.json*, .tfrecord*)"} for d in docs]
+    elif ignored is not None:
+        ignored.extend(docs)
     return files, errors
 
 
@@ -197,7 +223,8 @@ def convert_sources(paths, config: DataConfig = DataConfig(), *, on_error: str =
     Returns:
         ``(scenarios, stats)`` with ``stats``: ``files``, ``records`` (TFRecord records met, bad
         ones included),
-        ``converted``, ``empty_files`` (files of 0 bytes, also listed in ``errors``), ``errors`` /
+        ``converted``, ``empty_files`` (files of 0 bytes, also listed in ``errors``),
+        ``ignored_files`` (documentation files left out, see :func:`expand_sources`), ``errors`` /
         ``skipped`` (lists of ``{"file", "reason"[, "record"]}``; the reason reads
         ``"<field>: <problem>"``), summed :data:`COUNTERS`, ``ignored_objects`` /
         ``unknown_road_types`` (counts by name), ``limit_reached`` and ``seconds``.
@@ -212,10 +239,12 @@ def convert_sources(paths, config: DataConfig = DataConfig(), *, on_error: str =
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     t_start = time.perf_counter()
-    files, errors = expand_sources(paths)
+    ignored_files: list[str] = []
+    files, errors = expand_sources(paths, ignored_files)
     if errors and on_error == "raise":
         raise ScenarioError(errors[0]["file"], "", errors[0]["reason"])
     stats: dict = {"files": len(files), "records": 0, "converted": 0, "errors": list(errors), "skipped": [],
+                   "ignored_files": ignored_files,
                    **{c: 0 for c in COUNTERS}, "ignored_objects": {}, "unknown_road_types": {},
                    "limit_reached": False}
     total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
