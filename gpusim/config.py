@@ -149,7 +149,7 @@ class EnvConfig:
             raised at the next ``DriveEnv.metrics()`` / ``check_errors()``, the bad slot's action
             applied as a no-op; ``gpusim/sim/actions.py``), ``"auto"`` (default: sync on the CPU,
             async on CUDA).
-        ego_slots, ego_fraction: roles of the controlled slots (population play, issue 15;
+        ego_slots, ego_fraction: roles of the controlled slots (population play;
             ``gpusim/sim/roles.py``). Ego slots per world: ``ego_slots`` if > 0, else
             ``ceil(ego_fraction * controlled)`` (at least 1) if ``ego_fraction`` > 0, else every
             controlled slot (0 / 0.0, the default: no co-players, today's behaviour bit for bit).

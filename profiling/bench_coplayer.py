@@ -1,4 +1,4 @@
-"""Training throughput with 0, 1 and 4 frozen partner checkpoints (population play, issue 15).
+"""Training throughput with 0, 1 and 4 frozen partner checkpoints (population play).
 
 Runs the trainer's own pieces (``train.setup.make_env``, ``train.rollout.collect_rollout`` with a
 :class:`train.coplayer.CoplayerPool`, ``train.run.update_policy``) on the configuration

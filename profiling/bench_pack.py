@@ -1,5 +1,5 @@
 """Bytes per scenario of a scenario pack, by tensor: the format-2 layout (grid tables [S, NC, K]
-int32, padded to the largest grid) against the compact layout (issue 21; ``gpusim.data.layout``).
+int32, padded to the largest grid) against the compact layout (``gpusim.data.layout``).
 
     python profiling/bench_pack.py /tmp/pack                 # a saved pack (any format)
     python profiling/bench_pack.py data/womd_sample          # WOMD JSON / TFRecord sources

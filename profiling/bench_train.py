@@ -28,7 +28,7 @@ Usage (from the repository root)::
     python profiling/bench_train.py                          # default train/run.py config, table
     python profiling/bench_train.py --iters 3 --json
     python profiling/bench_train.py -- --num-worlds 64 --env.max-controlled 8
-    python profiling/bench_train.py --compare 04b2ebc --rounds 2 -- --num-threads 1
+    python profiling/bench_train.py --compare HEAD~5 --rounds 2 -- --num-threads 1
 
 The trainer flags are parsed as ``train/run.py`` parses them, recipe included (``train/recipes.py``):
 on a CUDA device the GPU recipe applies unless ``-- --recipe cpu`` is given. Its update levers are

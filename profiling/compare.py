@@ -1,4 +1,4 @@
-"""Same-run A/B speed comparison for ``profiling/bench_env.py --compare REF`` (issue 20).
+"""Same-run A/B speed comparison for ``profiling/bench_env.py --compare REF``.
 
 A is this working tree, B is ``REF``: ``.`` (this tree again, e.g. with ``--ref-backend``), a
 directory holding another checkout, or a git commit-ish of this repository (exported once with

@@ -1,4 +1,4 @@
-"""Red-light violation rate of logged (expert) driving (docs/signals.md, issue 18).
+"""Red-light violation rate of logged (expert) driving (docs/signals.md).
 
 Two measurements on the scenarios given (only those with signals count):
 

@@ -1,4 +1,4 @@
-"""Gymnasium and TorchRL adapters (gpusim/adapters, issue 17 item 7): thin views of DriveEnv
+"""Gymnasium and TorchRL adapters (gpusim/adapters): thin views of DriveEnv
 (same numbers as the native [W, C] API, stepped in lockstep), TorchRL's check_env_specs, the
 documented autoreset semantics, and the README examples. Skipped with the reason when the
 optional package is not installed (CI installs both through the dev extra)."""

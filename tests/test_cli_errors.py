@@ -1,4 +1,4 @@
-"""User-facing behaviour of `train/run.py` (issue 17 items 1, 2, 4, 5, 6, 7): packs built with
+"""User-facing behaviour of `train/run.py`: packs built with
 other settings are adopted or named, skipped data files are listed, unreadable checkpoints and
 packs give one line naming the file, user errors exit 2 without a traceback, invalid env configs
 are refused with the reason, and `--config FILE` replays a saved run."""

@@ -1,4 +1,4 @@
-"""Compact packs (issue 21): the int16, unpadded grid tables give the same simulation as the
+"""Compact packs: the int16, unpadded grid tables give the same simulation as the
 format-2 layout ([S, NC, K] int32 padded to the largest grid), bit for bit, on the real bundled
 scenarios, with the torch reference and with the Triton kernels (interpreter on CPU).
 
@@ -44,7 +44,7 @@ def test_compact_layout_is_smaller_and_round_trips(pack, tmp_path):
 
 
 def test_format2_file_loads_compact(pack, tmp_path):
-    """A pack file written before issue 21 (padded int32 tables, format 2) still loads, compacted."""
+    """A pack file of format 2 (padded int32 tables, before the compact layout) still loads, compacted."""
     padded = pack.padded()
     meta = {"format_version": 2, "scenario_ids": list(pack.scenario_ids), "source_files": list(pack.source_files),
             "config": dataclasses.asdict(pack.config), "stats": {}}

@@ -1,7 +1,7 @@
 """Contract tests written against the public DriveEnv API (reset / step / metrics / StepResult,
-``obs_layout``) on crafted scenes, so they hold whatever the internals look like (issue 17 item 8).
+``obs_layout``) on crafted scenes, so they hold whatever the internals look like.
 
-Each was checked by breaking the code once and watching it fail (see the report of issue 17):
+Each was checked by breaking the code once and watching it fail:
 
 * the expert replay clock restarts at every trial (breaking it: log index ``init_steps + step``
   instead of the trial-relative ``init_steps + (step - trial_start)``);

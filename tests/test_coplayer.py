@@ -1,4 +1,4 @@
-"""Population play (issue 15): roles, frozen partner policies, masking of co-player steps, ego/co-player
+"""Population play: roles, frozen partner policies, masking of co-player steps, ego/co-player
 metrics, trial restarts with co-players. Crafted scenarios (tests/synthetic.py) on the torch backend."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Multi-process training (issue 19, ``train/distributed.py``): 2 gloo ranks on the CPU.
+"""Multi-process training (``train/distributed.py``): 2 gloo ranks on the CPU.
 
 Ranks are started with ``torch.multiprocessing`` (spawn) and the torchrun environment variables
 (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), so ``train()`` joins

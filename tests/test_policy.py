@@ -99,7 +99,7 @@ def test_outputs_independent_of_removed_contents():
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nan_in_removed_step_does_not_spread(bad):
-    """Issue 17 item 8: NaN/inf in a removed step's observation must not reach any output of
+    """NaN/inf in a removed step's observation must not reach any output of
     `forward` or `forward_eval` (formerly 0 x NaN in the attention spread it to every later step)."""
     model = _model()
     B, T = 3, 19

@@ -1,5 +1,5 @@
-"""The policy's fast paths compute the same function as the plain ones (issue 16, "Faster
-training"): the compacted slot max-pool (:func:`policy.encoders.slot_max`) against the dense one and
+"""The policy's fast paths compute the same function as the plain ones (docs/training.md,
+"Policy"): the compacted slot max-pool (:func:`policy.encoders.slot_max`) against the dense one and
 against :meth:`SlotEncoder.reference` (values, arg-max slots, gradients, NaN in invalid slots,
 holes inside the valid prefix, tokens without a valid slot), and the once-per-update observation
 preparation (:meth:`ActorCritic.prepare_obs`) against the plain forward and PPO loss."""

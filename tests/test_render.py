@@ -133,7 +133,7 @@ def test_log_gif_has_expected_frames(pack, tmp_path):
 
 
 def test_video_format_from_extension_never_silently_gif(tmp_path):
-    """Issue 17 item 6: .mp4/.webm are written by ffmpeg or refused with what to install; other
+    """The video format follows the extension: .mp4/.webm are written by ffmpeg or refused with what to install; other
     extensions are refused (formerly .mp4 fell back to GIF and .webm got GIF bytes)."""
     frames = [np.full((16, 16, 3), v, np.uint8) for v in (0, 128, 255)]
     for ext in (".mp4", ".webm"):

@@ -1,4 +1,4 @@
-"""`--resume` (issue 17 item 3): same run directory and JSONL without duplicated or missing
+"""`--resume`: same run directory and JSONL without duplicated or missing
 updates, continued `time` and metric state (EMA slots), conflicting flags refused, nothing-to-do
 said, stale temporary files cleaned; and a SIGKILL-at-random-moments run (slow)."""
 

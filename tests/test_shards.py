@@ -1,4 +1,4 @@
-"""Sharded packs on disk (issue 21): conversion round-trips, one shard loads without reading the
+"""Sharded packs on disk: conversion round-trips, one shard loads without reading the
 others, a corrupt shard is named and skipped, the CLI writes and describes them."""
 
 from __future__ import annotations

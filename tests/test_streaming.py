@@ -1,4 +1,4 @@
-"""Streaming scenario pool (issue 21): a pool smaller than the dataset visits every scenario of a
+"""Streaming scenario pool: a pool smaller than the dataset visits every scenario of a
 sharded pack (counted), the same seed gives the same sequence, a corrupt shard is named and
 skipped with the rest still used, and DriveEnv swaps pools at episode boundaries."""
 

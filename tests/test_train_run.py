@@ -149,7 +149,7 @@ class FakeEnv:
 
 @pytest.fixture(autouse=True)
 def _restore_threads():
-    """train() sets torch's thread count (num_threads=1 here); give the session its own back."""
+    """train() sets torch's thread count (num_threads=1 here); give the test process its own back."""
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
@@ -249,7 +249,7 @@ def test_train_resume_continues_from_saved_step_and_weights(tmp_path):
         assert torch.equal(ck2["model"][k], v), k
     adam_steps = [s["step"].item() for s in ck2["optimizer"]["state"].values()]
     assert all(b > a for a, b in zip(saved_adam_steps, adam_steps))  # optimizer state continued
-    # the same run directory and JSONL continue (issue 17 item 3; formerly a new directory)
+    # the same run directory and JSONL continue (formerly a new directory)
     assert out2["run_dir"] == out["run_dir"] and not (tmp_path / "runs" / "ignored").exists()
     lines = [json.loads(x) for x in (tmp_path / "runs" / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in lines] == [2, 3]

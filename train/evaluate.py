@@ -9,7 +9,7 @@ trial mode also per-trial scores and ``ada_delta_trial_k_minus_0``) and a per-sc
 ``--json PATH`` writes all of it as JSON. Details and measured baselines: docs/evaluation.md.
 
 A sharded pack directory as ``--data`` (``python -m gpusim.data convert ... --shard-size N``) is
-streamed (issue 21): whole shards in chunks of at most ``--chunk-size`` scenarios are on the device
+streamed: whole shards in chunks of at most ``--chunk-size`` scenarios are on the device
 one at a time (the next read on a background thread), each scenario still runs exactly
 ``--episodes-per-scenario`` times, and the report is the same as for the data held in memory.
 
@@ -17,7 +17,7 @@ Env settings: those of the first checkpoint in ``--policy`` (the policy was trai
 else the training defaults of ``train/run.py`` (``TrainConfig().env``); ``--k-trials K`` switches
 to trial mode with K trials; ``--mode human_replay`` controls one agent per world; ``--mode coplayer``
 controls one ego per world and lets frozen partner checkpoints (``--coplayer PATH ...``) drive the
-other controlled agents (population play, issue 15). Reported figures are the egos'.
+other controlled agents (population play). Reported figures are the egos'.
 
 Examples::
 

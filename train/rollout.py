@@ -16,7 +16,7 @@ Time alignment (docs/contracts.md, binding): column ``t`` holds ``obs[t]`` (the 
 The policy's memory (KV cache) is cleared for every slot at the row start and per slot after a
 terminal step; a truncation (trial boundary) keeps it.
 
-Roles (population play, issue 15; ``EnvState.ego``): the rows of co-player slots are driven by
+Roles (population play; ``EnvState.ego``): the rows of co-player slots are driven by
 frozen partners (``coplayers``, a :class:`train.coplayer.CoplayerPool`) whose actions replace the
 ego policy's in the executed action tensor; those rows get ``loss_mask = 0`` and
 ``slot_active = False``, so they never enter the loss, the advantage normalisation, the

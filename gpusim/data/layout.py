@@ -1,4 +1,4 @@
-"""Compact grid-table layout of a :class:`~gpusim.data.pack.ScenarioPack` (issue 21).
+"""Compact grid-table layout of a :class:`~gpusim.data.pack.ScenarioPack`.
 
 Format 2 stored the nearest-segment tables as ``[S, NC, K]`` int32, every scenario padded to the
 largest grid of the pack: 75% of a pack's bytes on the 72 shared scenarios were that padding and

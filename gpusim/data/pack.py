@@ -226,7 +226,7 @@ class ScenarioPack:
 
     def padded(self) -> "ScenarioPack":
         """The same pack with format-2 grid tables ([S, NC, K] int32, padded to the largest grid,
-        ``grid_start = None``): what packs held before issue 21, for comparisons."""
+        ``grid_start = None``): the pack format before the compact layout, for comparisons."""
         if not self.is_compact:
             return self
         return dataclasses.replace(

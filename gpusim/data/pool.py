@@ -1,4 +1,4 @@
-"""Streaming scenario pool (issue 21): a resident pool of P scenarios on the device, refreshed
+"""Streaming scenario pool: a resident pool of P scenarios on the device, refreshed
 from a dataset (a sharded pack directory, or any pack) by a background loader.
 
 Order of scenarios (seeded, reproducible): epoch ``e`` visits the shards in a permutation drawn

@@ -1,4 +1,4 @@
-"""Sharded scenario packs on disk (issue 21): many compact packs of at most N scenarios each, plus
+"""Sharded scenario packs on disk: many compact packs of at most N scenarios each, plus
 an index with per-scenario metadata, so that a dataset larger than memory can be converted with
 bounded memory and read one shard at a time.
 

@@ -78,7 +78,7 @@ class SimContext:
     obs_written: torch.Tensor | None = None
     obs_scratch: dict = field(default_factory=dict)  # the torch observation path's contiguous buffer
     coplayer_metrics: object = None
-    pool: object = None  # gpusim.data.pool.ScenarioPool when streaming (issue 21), else None
+    pool: object = None  # gpusim.data.pool.ScenarioPool when streaming, else None
     pack_facts: tuple = (None, {})  # (pack, {name: value}): host facts of the pack (pack_fact)
     last_checked: tuple = (None, None)  # (state, pack) of the last eager built-in step (step_checked)
     config_facts: dict = field(default_factory=dict)  # {name: value} derived from the config (cached)

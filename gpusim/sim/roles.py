@@ -1,4 +1,4 @@
-"""Roles of the controlled slots (population play, issue 15): *ego* or *co-player*.
+"""Roles of the controlled slots (population play): *ego* or *co-player*.
 
 An ego slot is driven by the learning (or evaluated) policy; a co-player slot by a frozen partner
 policy (``train/coplayer.py``). The role is the state field ``EnvState.ego`` [W, C] bool, set once

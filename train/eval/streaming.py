@@ -1,4 +1,4 @@
-"""Streaming evaluation over a large (sharded) dataset (issue 21): every scenario exactly
+"""Streaming evaluation over a large (sharded) dataset: every scenario exactly
 ``episodes`` times per sweep, with at most ``chunk_size`` scenarios on the device at a time.
 
 The dataset's readable shards are taken in index order and grouped into chunks of whole shards
