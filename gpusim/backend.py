@@ -1,6 +1,6 @@
 """Which implementation of a computation runs: ``"torch"`` (reference), ``"triton"`` or ``"c"``.
 
-Rules (DESIGN.md section 2):
+Rules (docs/design.md section 3):
 
 * CUDA tensors run the Triton kernels (and CuPy kernels where a module provides them and CuPy is
   importable); CPU tensors run the vectorised torch reference.
@@ -37,7 +37,7 @@ def normalize_device(device) -> torch.device:
     """The canonical form of ``device``: ``cpu`` (no index) or ``cuda:<index>`` (index filled in
     from the current CUDA device). Tensors report these forms, while ``torch.device("cuda") !=
     torch.device("cuda:0")`` and ``torch.device("cpu:0") != torch.device("cpu")``: compare
-    normalised devices only (DESIGN.md section 2)."""
+    normalised devices only (docs/design.md section 3)."""
     d = torch.device(device)
     if d.type == "cpu":
         return torch.device("cpu")

@@ -131,7 +131,7 @@ class EnvConfig:
         offroad_box_scale: the offroad test uses the logged box times this factor (1.0: the real
             outline must cross a road edge).
         k_trials: trials per episode in trial mode.
-        log_ema_alpha: smoothing of the per-agent EMA metric slots (DESIGN.md section 8).
+        log_ema_alpha: smoothing of the per-agent EMA metric slots (docs/design.md section 13).
         num_partners, partner_radius: partner slots in observations and their range (m).
         num_roads, road_radius: road-segment slots in observations (must equal the pack's
             ``grid_k``) and their range (m).

@@ -1,4 +1,4 @@
-"""`DriveEnv`: the vectorised multi-agent driving environment (DESIGN.md section 4).
+"""`DriveEnv`: the vectorised multi-agent driving environment (docs/design.md sections 6 to 8).
 
 Each of W worlds runs one scenario of a :class:`~gpusim.data.ScenarioPack`; world ``w`` has
 C = ``config.max_controlled`` policy slots (slot ``c`` = agent slot ``c``). All state is an
@@ -36,7 +36,7 @@ __all__ = ["DriveEnv", "StepResult"]
 
 
 class DriveEnv:
-    """W synchronous worlds running scenarios of ``pack`` (DESIGN.md section 4, docs/contracts.md).
+    """W synchronous worlds running scenarios of ``pack`` (docs/design.md section 7, docs/contracts.md).
 
     Args:
         pack: scenarios (moved to ``device``), or a :class:`~gpusim.data.pool.ScenarioPool`
@@ -252,7 +252,7 @@ class DriveEnv:
         """Metrics of finished agent-episodes (``episode_return``, ``episode_length``,
         ``goal_reached``, ``collided``, ``offroad``, ``score``; see ``gpusim/metrics.py``).
 
-        ``kind="ema"`` (default, DESIGN.md section 8): each of the W x C slots keeps an EMA
+        ``kind="ema"`` (default, docs/design.md section 13): each of the W x C slots keeps an EMA
         (``config.log_ema_alpha``) of the episodes that finished in it; returns the mean over the
         slots with data plus ``n`` = their number, never resets, ``{}`` while no slot has data.
         ``kind="mean"``: plain mean over the agent-episodes finished since the last ``"mean"``

@@ -1,4 +1,4 @@
-"""Episode metrics of finished agent-episodes, kept on the device (DESIGN.md sections 4 and 8).
+"""Episode metrics of finished agent-episodes, kept on the device (docs/design.md section 13).
 
 Metrics of one agent-episode, in the column order of :data:`METRIC_NAMES`:
 
@@ -15,7 +15,7 @@ lengths and flags only where the agent was in play (``loss_mask``).
 
 :class:`EpisodeMetrics` keeps two device-side logs fed from the same per-episode values:
 
-* the **per-agent EMA** of DESIGN.md section 8 (reported by ``DriveEnv.metrics()``): each of the
+* the **per-agent EMA** of docs/design.md section 13 (reported by ``DriveEnv.metrics()``): each of the
   N = W x C policy slots keeps an exponential moving average of the metrics of the agent-episodes
   that finished in it (first completion seeds it; later ones blend
   ``slot = alpha * slot + (1 - alpha) * episode`` with ``alpha = EnvConfig.log_ema_alpha``) and a
@@ -53,7 +53,7 @@ def trial_metric_names(k_trials: int) -> tuple[str, ...]:
     """Names of the per-trial columns of trial mode: ``("trial_0_score", ..., "trial_{k-1}_score",
     "trial_0_clean_score", ..., "trial_{k-1}_clean_score")``.
 
-    ``trial_k_score`` = goal reached in trial k (DESIGN.md section 5; ``ada_delta`` is computed from
+    ``trial_k_score`` = goal reached in trial k (docs/design.md section 9; ``ada_delta`` is computed from
     it); ``trial_k_clean_score`` = goal reached in trial k without a collision or offroad event in
     that trial (the stricter figure).
 
@@ -103,7 +103,7 @@ def _add_derived(out: dict[str, float]) -> dict[str, float]:
 
 
 class EpisodeMetrics:
-    """Device-side logs of finished agent-episodes: per-slot EMA (DESIGN.md section 8) and plain means.
+    """Device-side logs of finished agent-episodes: per-slot EMA (docs/design.md section 13) and plain means.
 
     Args:
         num_worlds: W. num_slots: C (policy slots per world); the EMA has N = W x C rows.

@@ -1,4 +1,4 @@
-"""`EnvState`: the whole simulator state as device tensors (DESIGN.md section 4).
+"""`EnvState`: the whole simulator state as device tensors (docs/design.md section 5).
 
 Axes: W worlds, A = ``max_agents`` agent slots, C = ``max_controlled`` policy slots, K =
 ``k_trials`` trial slots. Policy slot ``c`` is agent slot ``c`` (controlled agents come first in a

@@ -1,5 +1,5 @@
 """The memory policy: observation encoders and the KV-cache causal-transformer actor-critic
-(DESIGN.md section 6). Depends on ``gpusim.kernels.episode_mask`` only."""
+(docs/design.md section 11). Depends on ``gpusim.kernels.episode_mask`` only."""
 
 from policy.actor_critic import ActorCritic, PolicyConfig
 from policy.encoders import ObsDims, ObsEncoder

@@ -1,6 +1,6 @@
 """Actor-critic with episodic memory: observation encoder -> causal transformer -> policy/value heads.
 
-DESIGN.md section 6. The policy sees, at every step, all earlier steps of the current episode (an
+docs/design.md section 11. The policy sees, at every step, all earlier steps of the current episode (an
 episode may hold several trials in trial mode, so the memory spans trials) except steps taken while
 the agent was removed (limbo), which are hidden from every other step.
 

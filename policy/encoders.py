@@ -3,7 +3,7 @@
 The observation vector (docs/contracts.md, ``obs_layout``) is
 ``[ego (ego_dim) | partners (P x partner_dim, row-major) | roads (K x road_dim, row-major)]`` and the
 last feature of every partner and road slot is its valid flag (1 valid, 0 padding). The encoder
-(DESIGN.md section 6) is
+(docs/design.md section 11) is
 
 * ego MLP,
 * partner encoder: a linear layer + ReLU applied to each slot, a max-pool over the *valid* slots,

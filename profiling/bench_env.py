@@ -3,7 +3,7 @@
 Reports, for every (worlds, max_controlled) pair of the sweep:
 
 * ``agent_steps_per_s``: controlled-agent-steps per second. Only controlled agents in active slots
-  count (DESIGN.md section 9): a world whose scenario has 3 controlled agents adds 3 per step even
+  count (docs/design.md section 15): a world whose scenario has 3 controlled agents adds 3 per step even
   though it has C = ``max_controlled`` slots;
 * ``world_steps_per_s``, ``ms_per_step`` and ``us_per_agent_step`` (the cost of one agent-step);
 * ``breakdown_ms`` (with ``--breakdown``): milliseconds per step in each stage of the step

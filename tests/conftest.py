@@ -1,7 +1,7 @@
 """Test setup: without a CUDA device, Triton kernels run through Triton's CPU interpreter.
 
 ``TRITON_INTERPRET`` must be set before any ``@triton.jit`` function is defined, hence before
-gpusim is imported (DESIGN.md section 2). With a GPU, tests that force the Triton backend run it on
+gpusim is imported (docs/design.md section 3). With a GPU, tests that force the Triton backend run it on
 CUDA tensors: ``synthetic.KERNEL_DEVICE`` (also the ``kernel_device`` fixture) names that device.
 """
 

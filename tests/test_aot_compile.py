@@ -1,7 +1,7 @@
 """Every Triton kernel of gpusim compiles ahead of time for sm_80 and sm_90, without spilling.
 
 The kernels run under Triton's CPU interpreter everywhere else in the suite, and the interpreter
-accepts code the compiler rejects (DESIGN.md section 2). Here:
+accepts code the compiler rejects (docs/design.md section 3). Here:
 
 1. the launchers run on small inputs (the env on sample scenarios in four configurations,
    expert actions, metrics, advantage, episode mask) on ``synthetic.KERNEL_DEVICE`` (CPU tensors

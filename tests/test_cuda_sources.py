@@ -1,4 +1,4 @@
-"""CUDA C sources of the CuPy kernels, checked without a GPU (DESIGN.md section 2):
+"""CUDA C sources of the CuPy kernels, checked without a GPU (docs/design.md section 3):
 
 (a) every ``.cu`` compiles with ``nvcc -ptx`` for sm_80 and sm_90 with the loader's own options and
     defines the kernels the loader looks up;

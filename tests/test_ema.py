@@ -1,4 +1,4 @@
-"""Per-agent EMA logging (DESIGN.md section 8): semantics on the torch reference and the Triton
+"""Per-agent EMA logging (docs/design.md section 13): semantics on the torch reference and the Triton
 kernels (interpreter on CPU), Triton vs reference, EmaLog, bad input."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Import layering (DESIGN.md section 1), checked on the source with ``ast`` (no imports run):
+"""Import layering (docs/design.md section 2), checked on the source with ``ast`` (no imports run):
 
 * the simulator package ``gpusim`` never imports the trainer (``train``) or the policy (``policy``);
 * kernels (``gpusim/kernels``) import nothing of the project but ``gpusim.backend``, the leaf enum

@@ -1,4 +1,4 @@
-"""Per-agent EMA metrics of DriveEnv (DESIGN.md section 8, gpusim/metrics.py).
+"""Per-agent EMA metrics of DriveEnv (docs/design.md section 13, gpusim/metrics.py).
 
 An independent oracle rebuilds every agent-episode from the public StepResult fields (reward,
 loss_mask, info flags, terminal) and folds it into a Python EMA per (world, slot); the env's

@@ -1,6 +1,6 @@
 """Smoke tests of the profiling scripts: tiny sweeps, output parses, numbers positive.
 
-No timing is asserted (benchmarks are scripts, DESIGN.md section 9)."""
+No timing is asserted (benchmarks are scripts, docs/design.md section 15)."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""No host sync in ``DriveEnv.step`` / ``expert_actions`` on the Triton path (DESIGN.md §2).
+"""No host sync in ``DriveEnv.step`` / ``expert_actions`` on the Triton path (docs/design.md section 3).
 
 A :class:`TorchDispatchMode` watches every aten op while the env steps with
 ``check_actions="async"`` on the Triton backend (on ``synthetic.KERNEL_DEVICE``: CUDA tensors and

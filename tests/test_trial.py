@@ -1,4 +1,4 @@
-"""Trial mode (DESIGN.md section 5): the trial state machine kernel (Triton interpreter against the
+"""Trial mode (docs/design.md section 9): the trial state machine kernel (Triton interpreter against the
 torch reference) and the DriveEnv contract on crafted and real scenarios, on both backends."""
 
 import math

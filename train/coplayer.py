@@ -1,4 +1,4 @@
-"""Co-player population play (DESIGN.md section 5): frozen partner policies drive the
+"""Co-player population play (docs/design.md section 10): frozen partner policies drive the
 co-player slots of every world while the ego policy learns (or is evaluated).
 
 * **Roles** come from the env (``EnvState.ego`` [W, C], ``gpusim/sim/roles.py``): with

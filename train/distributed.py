@@ -1,4 +1,4 @@
-"""Multi-process training on ``torch.distributed``: DDP under ``torchrun`` (DESIGN.md section 7).
+"""Multi-process training on ``torch.distributed``: DDP under ``torchrun`` (docs/design.md section 12).
 
 ``torchrun --nproc-per-node N train/run.py ...`` starts N copies of the trainer; each is one *rank*
 of a process group (``nccl`` when the device is CUDA, ``gloo`` on the CPU) and trains the same

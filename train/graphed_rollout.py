@@ -1,4 +1,4 @@
-"""CUDA-graph capture of the steady-state rollout step (DESIGN.md section 2).
+"""CUDA-graph capture of the steady-state rollout step (docs/design.md section 3).
 
 On a GPU a rollout step is launch-bound: about 100 small env kernels plus the policy's
 (docs/performance.md). :class:`GraphedRollout` collects the same rollout as

@@ -5,7 +5,7 @@ Reads each run's ``metrics.jsonl`` (written by ``train/run.py``, one record per 
 metric with one line per run (runs overlaid, labelled by their directory name):
 
 * ``goal_reached`` (goal), ``collided`` (collision), ``offroad``, ``episode_return`` (return) —
-  the per-agent EMA population means of the training reports (DESIGN.md section 8);
+  the per-agent EMA population means of the training reports (docs/design.md section 13);
 * in trial mode also a panel of the per-trial scores (``trial_k_score``, one line per run and
   trial k) and one of ``ada_delta_trial_k_minus_0``.
 

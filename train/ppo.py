@@ -1,4 +1,4 @@
-"""Masked PPO update over whole rollout rows (DESIGN.md section 7).
+"""Masked PPO update over whole rollout rows (docs/design.md section 12).
 
 Loss (Schulman et al. 2017, "Proximal Policy Optimization Algorithms", with the clipped value loss
 of the OpenAI baselines / CleanRL implementations), each term averaged over the steps with

@@ -1,4 +1,4 @@
-"""Rollout collection into device buffers shaped [rows, horizon] (DESIGN.md section 7).
+"""Rollout collection into device buffers shaped [rows, horizon] (docs/design.md section 12).
 
 One row is one episode of one agent slot: ``rows = W * C`` (row ``w * C + c`` is slot ``c`` of world
 ``w``) and ``horizon = env.horizon``. The env's episodes are synchronous and last exactly

@@ -11,7 +11,7 @@ Keys (shapes after the batch ``[W, C]``):
   ``done = terminated | truncated``.
 
 Resets: DriveEnv's episodes are synchronous and the step that reaches the horizon already returns
-the first observation of the next episode (DESIGN.md section 4). A full :meth:`reset` (no
+the first observation of the next episode (docs/design.md section 7). A full :meth:`reset` (no
 ``_reset`` entry, or one that is all True) starts a new episode everywhere. A *partial* reset
 (TorchRL's rollout asks for one where ``done`` is set) never restarts a single slot: it returns
 the current observation with ``done`` False: after the horizon step that is already the next

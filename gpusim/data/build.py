@@ -3,7 +3,7 @@
 Padding many of them into a :class:`~gpusim.data.pack.ScenarioPack` is in :mod:`gpusim.data.pack`,
 batch conversion of files in :mod:`gpusim.data.convert`; this module imports neither.
 
-Rules (DESIGN.md section 3, parameters in :class:`~gpusim.config.DataConfig`):
+Rules (docs/design.md section 4, parameters in :class:`~gpusim.config.DataConfig`):
 
 * Objects of unknown type are ignored by the parser (counted); objects never valid in the log are
   dropped (counted as ``never_valid_objects``).

@@ -1,7 +1,7 @@
 """Advantage estimation: GAE with optional V-trace-style importance clipping, cut by ``bootstrap_stop``.
 
-Rows are independent ``[T]`` sequences (one rollout row = one agent slot's episode, DESIGN.md
-section 7); the recursion runs backward over time inside each row.
+Rows are independent ``[T]`` sequences (one rollout row = one agent slot's episode, docs/design.md
+section 12); the recursion runs backward over time inside each row.
 
 Plain GAE (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
 Estimation"), with ``s_t = bootstrap_stop[t]`` and ``V_T = last_value``::

@@ -1,6 +1,6 @@
 """Vehicle dynamics: the action grid, the kinematic bicycle and its closed-loop inverse.
 
-Actions (DESIGN.md section 4; values as in PufferDrive's classic env):
+Actions (docs/design.md section 8; values as in PufferDrive's classic env):
 
 * ``ACCEL_VALUES``: 7 accelerations, -4 ... 4 m/s^2 (-4, -2.667, -1.333, 0, 1.333, 2.667, 4).
 * ``STEER_VALUES``: 13 steering angles evenly spaced over -1 ... 1 rad (step 1/6 rad). The
@@ -80,7 +80,7 @@ _TABLES: dict[torch.device, dict[str, torch.Tensor]] = {}
 
 def action_tables(device: torch.device) -> dict[str, torch.Tensor]:
     """The action-grid constants as float32 tensors on ``device``, built once per device and cached
-    (no host-to-device copy per step; DESIGN.md section 2).
+    (no host-to-device copy per step; docs/design.md section 3).
 
     Returns:
         ``{"accel": [7], "steer": [13]}`` (the grid values, m/s^2 and rad) and

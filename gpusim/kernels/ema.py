@@ -1,4 +1,4 @@
-"""Per-agent EMA metric slots (DESIGN.md section 8): update on episode completion, population report.
+"""Per-agent EMA metric slots (docs/design.md section 13): update on episode completion, population report.
 
 Each controlled slot (a row of ``slots [N, M]``, N = worlds x controlled slots, M = metrics) keeps a
 smoothed log of the metrics of the episodes it finished. On its first completion the row is set to
@@ -275,7 +275,7 @@ def ema_report(slots: torch.Tensor, has_data: torch.Tensor) -> tuple[torch.Tenso
 
 
 class EmaLog:
-    """Device-resident per-agent EMA log of episode metrics (DESIGN.md section 8).
+    """Device-resident per-agent EMA log of episode metrics (docs/design.md section 13).
 
     Args:
         num_slots: N, number of agent slots (e.g. worlds x controlled slots).

@@ -16,7 +16,7 @@ step ``t`` is its index within its episode: ``t - start`` with ``start`` the fir
 episode (a cumulative maximum over the episode starts). Removed steps keep their place in the
 count, exactly as the step-by-step KV cache counts them.
 
-Layout per DESIGN.md section 2: torch reference, Triton kernel, launcher, public dispatcher.
+Layout per docs/design.md section 3: torch reference, Triton kernel, launcher, public dispatcher.
 """
 
 from __future__ import annotations

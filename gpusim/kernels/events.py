@@ -1,5 +1,5 @@
 """Events of one step: goals, rewards, contact behaviours, STOP invalid steps, early truncation and
-terminal flags, as one computation (DESIGN.md section 4).
+terminal flags, as one computation (docs/design.md sections 7 and 8).
 
 Inputs describe the state after the step's motion and contact tests; ``in_play[w, a]`` says that
 controlled agent ``a`` acted in this step (active slot, not stopped, not removed, world not done).

@@ -6,7 +6,7 @@ takes ``traj_pos[s, a, i]``, ``traj_heading[s, a, i]`` and speed ``|traj_vel[s, 
 is not valid there (before it appears, after its log ends) it leaves the scene: ``present =
 False``, speed 0, position and heading kept from the input (so they stay finite). Slots that are
 not replayed are copied unchanged. The env calls it with
-``log_index = init_steps + (step - trial_start)`` (docs/contracts.md, DESIGN.md section 4):
+``log_index = init_steps + (step - trial_start)`` (docs/contracts.md, docs/design.md section 6):
 :func:`replay_state`, which derives ``replayed`` and the log index from the state's fields.
 
 Backends (``backend=``): the torch reference, the Triton kernel and the C kernels of ``replay.c``

@@ -27,7 +27,7 @@ simulator does not invent signal states (docs/signals.md).
   window and the heading condition (docs/signals.md discusses the difference).
 
 Each has the torch reference (``*_reference``), the Triton kernel, the launcher and the public
-dispatcher (DESIGN.md section 2); the red-light test also has the C kernel of ``signals.c``
+dispatcher (docs/design.md section 3); the red-light test also has the C kernel of ``signals.c``
 (:func:`red_light_cpu`, stage ``signals`` on the CPU: identical booleans).
 """
 

@@ -1,4 +1,4 @@
-"""Trial mode: the per-step trial state machine of one world (DESIGN.md section 5).
+"""Trial mode: the per-step trial state machine of one world (docs/design.md section 9).
 
 In trial mode (``goal_behavior = TRIAL``) an *episode* is ``k_trials`` trials of the same scenario.
 This kernel runs once per env step, after the events kernel, and decides per world ``w``:
@@ -16,7 +16,7 @@ This kernel runs once per env step, after the events kernel, and decides per wor
   - ``step - trial_start >= per_trial_timeout`` (``step`` counted after this step);
   - the events kernel truncated the world early in this step (STOP behaviours:
     ``stop_truncate_fraction`` of its controlled agents are contact-stopped). In trial mode an
-    early truncation ends the *trial*, not the episode (a choice where DESIGN.md is silent: the
+    early truncation ends the *trial*, not the episode (docs/design.md section 9: the
     crash is exactly what a later trial should learn to avoid);
   - ``episode_end`` (step H reached; with H = ``k_trials * per_trial_timeout`` it always
     coincides with the last trial's timeout at the latest).

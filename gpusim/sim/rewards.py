@@ -1,7 +1,7 @@
 """Stage ``rewards``: the reward of the step, goals reached, contact behaviours and the episode
 flags (``kernels.events``).
 
-**The reward** (DESIGN.md section 4) is computed here, per controlled slot that was in play::
+**The reward** (docs/design.md section 8) is computed here, per controlled slot that was in play::
 
     reward = reward_goal      * goal reached now (within goal_radius)
            + reward_collision * collided now

@@ -1,4 +1,4 @@
-"""Stage ``trial``: the per-world trial clock of trial mode (DESIGN.md section 5, docs/trial.md).
+"""Stage ``trial``: the per-world trial clock of trial mode (docs/design.md section 9, docs/trial.md).
 
 Kernel ``kernels.trial.trial_step``: agents reaching their goal are removed, a trial ends when all
 active agents are removed or ``scenario_length`` steps have passed; the episode ends after
@@ -49,7 +49,7 @@ def trial(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         per_trial_timeout=cfg.scenario_length,
         k_trials=cfg.k_trials,
     )
-    # goal reached in the trial that ended (DESIGN.md section 5's trial_k_score; the kernel's
+    # goal reached in the trial that ended (docs/design.md section 9's trial_k_score; the kernel's
     # trial_score is the stricter clean score): a few elementwise ops, no sync
     reached = state.trial_goal | (slots(step.goal_now, C) & state.slot_active)
     # one-hot of the trial index by comparison (torch's one_hot checks its input range on the host)

@@ -5,7 +5,7 @@ column). Reported metrics (:data:`METRICS`, labels in brackets):
 
 * ``goal_reached`` (goal), ``collided`` (collision), ``offroad`` (offroad), ``score`` (goal
   reached without collision or offroad), ``episode_return`` (return), as in ``gpusim/metrics.py``;
-* trial mode: ``trial_k_score`` (goal reached in trial k, DESIGN.md section 5),
+* trial mode: ``trial_k_score`` (goal reached in trial k, docs/design.md section 9),
   ``trial_k_clean_score`` (goal in trial k without collision/offroad — what the env's training
   metrics call ``trial_k_score`` today) and ``ada_delta_trial_k_minus_0`` = the mean over
   agent-episodes of ``trial_k_score - trial_0_score`` (paired, so its interval is that of the

@@ -1,4 +1,4 @@
-// Per-agent EMA slots (DESIGN.md section 8), shared by the CUDA kernels (ema.cu) and the host
+// Per-agent EMA slots (docs/design.md section 13), shared by the CUDA kernels (ema.cu) and the host
 // library used in the tests (host_abi.cpp). Semantics: gpusim/kernels/ema.py.
 #pragma once
 #include "common.cuh"

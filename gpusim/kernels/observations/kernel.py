@@ -166,5 +166,5 @@ def _observations_kernel(
 
 
 #: The kernel under its public name, what the launcher imports; the function itself keeps the
-#: ``_<name>_kernel`` name of DESIGN.md section 2, which the launch counters report.
+#: ``_<name>_kernel`` name of docs/design.md section 3, which the launch counters report.
 observations_kernel = _observations_kernel
