@@ -7,6 +7,7 @@ import pathlib
 
 import pytest
 
+from train import plot
 from train.plot import load_records, main, plot_runs
 
 
@@ -32,14 +33,15 @@ def test_plot_writes_png_with_one_line_per_run(tmp_path):
     fig = plot_runs([str(a), str(b)], out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     axes = {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
-    assert set(axes) == {"goal", "collision", "offroad", "return", "per-trial score (goal in trial k)",
-                         "ada_delta_trial_k_minus_0"}
-    for title in ("goal", "collision", "offroad", "return"):
+    ada = "ada_delta (score of trial k minus trial 0)"
+    assert set(axes) == {"goal reached", "collision", "offroad", "episode return", "per-trial score (goal in trial k)",
+                         ada}
+    for title in ("goal reached", "collision", "offroad", "episode return"):
         assert len(axes[title].lines) == 2, title  # runs overlaid
         assert [ln.get_label() for ln in axes[title].lines] == ["a", "b"]
     assert len(axes["per-trial score (goal in trial k)"].lines) == 2  # run b: trials 0 and 1 (clean score left out)
-    assert len(axes["ada_delta_trial_k_minus_0"].lines) == 1
-    xs, ys = axes["goal"].lines[1].get_data()
+    assert len(axes[ada].lines) == 1
+    xs, ys = axes["goal reached"].lines[1].get_data()
     assert list(xs) == [1000.0, 2000.0, 3000.0] and list(ys) == pytest.approx([0.0, 0.1, 0.2])
 
 
@@ -75,3 +77,68 @@ def test_load_records_skips_records_without_step(tmp_path):
     (d / "metrics.jsonl").write_text('{"note": 1}\n{"global_step": 5, "goal_reached": 0.5}\n')
     assert load_records(d) == [{"global_step": 5, "goal_reached": 0.5}]
     assert load_records(d / "metrics.jsonl") == load_records(d)
+
+
+# ------------------------------------------------------------------ readable at any run length
+def _tick_texts(fig, ax):
+    fig.canvas.draw()
+    lo, hi = ax.get_xlim()
+    return [t.get_text() for t, v in zip(ax.get_xticklabels(), ax.get_xticks()) if lo <= v <= hi]
+
+
+def _assert_readable(fig):
+    """Every visible panel: x tick labels do not overlap, every legend entry's line has data and a
+    single-point line has a marker; axes carry units."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in (a for a in fig.axes if a.get_visible()):
+        lo, hi = ax.get_xlim()
+        boxes = sorted((t.get_window_extent(renderer) for t, v in zip(ax.get_xticklabels(), ax.get_xticks())
+                        if lo <= v <= hi and t.get_text()), key=lambda b: b.x0)
+        assert 2 <= len(boxes) <= plot.MAX_X_TICKS
+        for left, right in zip(boxes, boxes[1:]):
+            assert left.x1 < right.x0, ax.get_title()  # labels do not run together
+        assert ax.get_xlabel() == plot.X_LABEL and ax.get_ylabel()
+        legend = ax.get_legend()
+        assert legend is not None
+        by_label = {ln.get_label(): ln for ln in ax.lines}
+        for text in legend.get_texts():
+            ln = by_label[text.get_text()]
+            xs, _ = ln.get_data()
+            assert len(xs) >= 1
+            if len(xs) == 1:
+                assert ln.get_marker() not in (None, "None", "", " ") and ln.get_markersize() > 0
+
+
+def test_step_label_engineering_suffixes():
+    assert [plot.step_label(v) for v in (0, 800, 12_500, 250_000, 1_000_000, 1_500_000, 2_000_000_000, -500_000)] == \
+        ["0", "800", "12.5K", "250K", "1M", "1.5M", "2G", "-500K"]
+
+
+def test_single_report_run_draws_a_point(tmp_path):
+    one = _run(tmp_path, "one", steps=(65_536,))
+    many = _run(tmp_path, "many", steps=tuple(range(20_000, 2_000_001, 20_000)))  # 100 reports
+    fig = plot_runs([str(one), str(many)])
+    _assert_readable(fig)
+    goal = fig.axes[0]
+    first, second = goal.lines
+    assert first.get_label() == "one" and list(first.get_xdata()) == [65_536.0] and first.get_marker() == "o"
+    assert second.get_marker() in (None, "None", "")  # 100 reports: a plain line
+    assert _tick_texts(fig, goal) == ["0", "500K", "1M", "1.5M", "2M"]
+    assert goal.get_ylabel() == "fraction of episodes" and fig.axes[3].get_ylabel().startswith("reward")
+
+
+def test_short_run_ticks_do_not_run_together(tmp_path):
+    """Three reports below 1M steps (a CPU smoke run): round K ticks, no scientific notation."""
+    run = _run(tmp_path, "short", steps=(196_608, 393_216, 589_824), trial=True)
+    fig = plot_runs([str(run)])
+    _assert_readable(fig)
+    texts = _tick_texts(fig, fig.axes[0])
+    assert texts == ["200K", "300K", "400K", "500K", "600K"]
+
+
+def test_single_report_alone(tmp_path):
+    run = _run(tmp_path, "solo", steps=(4096,))
+    fig = plot_runs([str(run)], tmp_path / "solo.png")
+    _assert_readable(fig)
+    assert all(ln.get_marker() == "o" for ax in fig.axes if ax.get_visible() for ln in ax.lines)

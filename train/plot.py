@@ -13,6 +13,11 @@ A metric logged as ``ego/<name>`` (co-player runs) is used when ``<name>`` itsel
 Records without a metric are skipped in that panel; a partial last line (a run killed mid-write)
 is ignored. Matplotlib runs with the non-interactive Agg backend (no display needed).
 
+Readable at any run length: the x ticks are at most :data:`MAX_X_TICKS` round numbers written
+with a unit suffix (``0, 250K, 500K, 1.5M, 2G``; :func:`step_label`), and a run with at most
+:data:`MARKER_MAX_POINTS` reports is drawn with point markers, so a run with a single report still
+shows a dot for its legend entry. Every panel names its quantity and unit on the y axis.
+
 Errors (one line, exit code 2): a run directory or file that does not exist, has no
 ``metrics.jsonl``, or has no record with ``global_step``.
 """
@@ -32,8 +37,38 @@ import tyro
 from train.config import UserError
 
 METRICS_FILE = "metrics.jsonl"
-#: (metric, panel title) of the main panels, in order.
-PANELS = (("goal_reached", "goal"), ("collided", "collision"), ("offroad", "offroad"), ("episode_return", "return"))
+#: (metric, panel title, y-axis label with unit) of the main panels, in order.
+PANELS = (("goal_reached", "goal reached", "fraction of episodes"),
+          ("collided", "collision", "fraction of episodes"),
+          ("offroad", "offroad", "fraction of episodes"),
+          ("episode_return", "episode return", "reward per episode (sum)"))
+#: (panel title, y-axis label) of the trial-mode panels.
+TRIAL_PANEL = ("per-trial score (goal in trial k)", "fraction of trials")
+ADA_PANEL = ("ada_delta (score of trial k minus trial 0)", "score difference")
+X_LABEL = "controlled-agent steps (global_step)"
+#: At most this many x ticks per panel (labels never run together on a 5-inch panel).
+MAX_X_TICKS = 6
+#: Series with at most this many reports are drawn with point markers (one report = one dot).
+MARKER_MAX_POINTS = 30
+
+
+def step_label(x: float, _pos=None) -> str:
+    """Tick text of an agent-step count with an engineering suffix and at most 3 significant
+    digits: ``0``, ``800``, ``12.5K``, ``250K``, ``1.5M``, ``2G`` (K = 10^3, M = 10^6, G = 10^9).
+    ``_pos`` is matplotlib's tick index (unused; the signature of a ``FuncFormatter``)."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "K")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}" if x else "0"
+
+
+def _style_x_axis(ax) -> None:
+    """Round x ticks (at most :data:`MAX_X_TICKS`) labelled by :func:`step_label`."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=MAX_X_TICKS - 1, steps=[1, 2, 2.5, 5, 10]))
+    ax.xaxis.set_major_formatter(FuncFormatter(step_label))
+    ax.set_xlabel(X_LABEL)
 
 
 def load_records(run: str | pathlib.Path) -> list[dict]:
@@ -105,7 +140,8 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
             extension, e.g. ``.png``, ``.pdf``, ``.svg``). title: figure title.
 
     Returns:
-        The matplotlib ``Figure`` (axes in panel order; one ``Line2D`` per run and metric).
+        The matplotlib ``Figure`` (axes in panel order; one ``Line2D`` per run and metric, with
+        point markers when the run has at most :data:`MARKER_MAX_POINTS` reports).
 
     Raises:
         UserError: see :func:`load_records`; no run given; an unknown image extension.
@@ -119,27 +155,29 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
         raise UserError("give at least one run directory")
     data = [load_records(r) for r in runs]
     labels = _labels(list(runs))
-    panels = [(name, label, [name]) for name, label in PANELS]
+    panels = [(title, ylabel, [name]) for name, title, ylabel in PANELS]
     trial_scores = sorted({n for recs in data for n in _trial_names(recs, "trial_", "_score")},
                           key=lambda n: int(n.split("_")[1]))
     deltas = sorted({n for recs in data for n in _trial_names(recs, "ada_delta_trial_", "_minus_0")},
                     key=lambda n: int(n.split("_")[3]))
     if trial_scores:
-        panels.append(("trial", "per-trial score (goal in trial k)", trial_scores))
+        panels.append((*TRIAL_PANEL, trial_scores))
     if deltas:
-        panels.append(("ada_delta", "ada_delta_trial_k_minus_0", deltas))
+        panels.append((*ADA_PANEL, deltas))
     cols = 2 if len(panels) <= 4 else 3
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.0 * cols, 3.4 * rows), squeeze=False)
-    for ax, (_, ptitle, names) in zip(axes.flat, panels):
+    for ax, (ptitle, ylabel, names) in zip(axes.flat, panels):
         for label, recs in zip(labels, data):
             for name in names:
                 xs, ys = _series(recs, name)
                 if xs:
                     suffix = f" {name.replace('_score', '').replace('ada_delta_', '')}" if len(names) > 1 else ""
-                    ax.plot(xs, ys, label=label + suffix)
+                    marker = "o" if len(xs) <= MARKER_MAX_POINTS else None
+                    ax.plot(xs, ys, label=label + suffix, marker=marker, markersize=4 if len(xs) == 1 else 2.5)
         ax.set_title(ptitle)
-        ax.set_xlabel("agent-steps")
+        ax.set_ylabel(ylabel)
+        _style_x_axis(ax)
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize="small")
