@@ -36,7 +36,7 @@ class PolicyConfig:
     """Sizes of the policy.
 
     Attributes:
-        d_model: token width of the transformer (DESIGN default 128; smaller is faster on CPU).
+        d_model: token width of the transformer (default 128; smaller is faster on CPU).
         n_layers: transformer blocks.
         n_heads: attention heads (must divide ``d_model``).
         hidden: width of the ego / partner / road encoder MLPs.

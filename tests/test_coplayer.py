@@ -343,7 +343,7 @@ def test_train_run_with_coplayers_logs_roles_and_keeps_partners(tmp_path, monkey
 
 def test_trial_score_is_goal_reached_and_clean_score_excludes_contacts():
     """A car that drives through a parked car (collisions ignored) and then reaches its goal:
-    trial_0_score 1 (goal reached in the trial, DESIGN section 5), trial_0_clean_score 0."""
+    trial_0_score 1 (goal reached in the trial, docs/design.md section 9), trial_0_clean_score 0."""
     pack = synthetic_pack([{"agents": [driver(0, 0, 0.0, 5.0, (30.0, 0.0)), parked(15, 0)], "num_controlled": 1,
                             "roads": lane()}], small_config())
     env = DriveEnv(pack, 1, env_cfg(goal_behavior="trial", k_trials=1, scenario_length=70))
