@@ -30,8 +30,8 @@ def _observations_kernel(
     """One program per policy slot: ego block, nearest partners, nearest road segments.
 
     Long (~140 lines) on purpose: the three blocks share the slot's pose and ego frame, and one
-    kernel keeps them in registers instead of three launches re-reading them (docs/design.md section 3, few
-    launches). Semantics: the torch reference ``naive.observations_reference``.
+    kernel keeps them in registers instead of three launches re-reading them (few launches,
+    docs/design.md section 3). Semantics: the torch reference ``naive.observations_reference``.
     """
     if HAS_ROWS:  # program i computes the listed slot rows[i]
         pid = tl.load(rows_ptr + tl.program_id(0)).to(tl.int64)
