@@ -3,9 +3,9 @@
 The simulator's renderer (:mod:`gpusim.render`) never imports the trainer or the policy; this
 module builds the policy callable from a checkpoint (:func:`checkpoint_policy`) and hands it to
 :func:`gpusim.render.render_from_args`, so the command line is ``python -m gpusim.render``'s plus
-``--checkpoint`` (required) and ``--sample``::
+``--policy`` (required; ``--checkpoint`` is the old spelling), ``--sample`` and ``--style``::
 
-    python -m train.render --checkpoint runs/x/checkpoint.pt --data data/womd_sample \
+    python -m train.render --policy runs/x/checkpoint.pt --data data/womd_sample \
         --scenario ID --out rollout.gif [--ego-view --agent 0] [--steps N] [--sample]
 
 The env is built with the checkpoint's :class:`~gpusim.config.EnvConfig` (``--set KEY=VALUE``
@@ -78,11 +78,13 @@ def env_config_from_checkpoint(path) -> EnvConfig:
 
 
 def build_train_parser():
-    """:func:`gpusim.render.build_parser` plus ``--checkpoint`` and ``--sample``."""
+    """:func:`gpusim.render.build_parser` plus ``--policy`` (also spelled ``--checkpoint``, as
+    ``train/evaluate.py`` once did), ``--sample`` and ``--style``."""
     p = build_parser(prog="python -m train.render",
                      description="Render a WOMD scenario top-down with the agents driven by a trained checkpoint; "
                                  "optionally with one agent's ego view.")
-    p.add_argument("--checkpoint", required=True, help="training checkpoint (train/checkpoint.py) driving the agents")
+    p.add_argument("--policy", "--checkpoint", dest="checkpoint", metavar="CHECKPOINT", required=True,
+                   help="training checkpoint (train/checkpoint.py) driving the agents (--checkpoint: old spelling)")
     p.add_argument("--sample", action="store_true", help="sample actions instead of argmax / mean")
     p.add_argument("--style", default=None,
                    help="driving style of a reward-conditioned checkpoint's agents: cautious, default, aggressive "
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
     """Command line (see the module docstring). Returns 0, or 2 after a one-line error."""
     args = build_train_parser().parse_args(argv)
     if args.log or args.expert or args.random:
-        print("train.render: error: --checkpoint drives the agents; for --log/--expert/--random use "
+        print("train.render: error: --policy drives the agents; for --log/--expert/--random use "
               "python -m gpusim.render", file=sys.stderr)
         return 2
     try:
@@ -116,6 +118,11 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"train.render: error: {e}", file=sys.stderr)
         return 2
+    from train.eval.settings import evaluation_config
+
+    cfg, notes = evaluation_config(cfg)  # the evaluation rule: log start, logged goals
+    for note in notes:
+        print(f"train.render: {note}", file=sys.stderr)
     if cfg.reward_conditioning or args.style:  # a fixed style (the title names it); refused when unconditioned
         try:
             cfg = _with_style(cfg, args.style)

@@ -115,11 +115,11 @@ def main(argv=None) -> int:
     --out FILE [--ego-view --agent K] [--steps N]``.
 
     Returns 0 on success; prints a one-line error and returns 2 for bad input (missing data or
-    scenario, bad arguments, ``--checkpoint``, which is ``python -m train.render``'s).
+    scenario, bad arguments, ``--policy`` / ``--checkpoint``, which are ``python -m train.render``'s).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a == "--checkpoint" or a.startswith("--checkpoint=") for a in argv):
-        print("gpusim.render: error: --checkpoint is rendered by the trainer: python -m train.render --checkpoint ...",
+    if any(a.split("=")[0] in ("--policy", "--checkpoint") for a in argv):
+        print("gpusim.render: error: a trained policy is rendered by the trainer: python -m train.render --policy ...",
               file=sys.stderr)
         return 2
     return render_from_args(build_parser().parse_args(argv))
