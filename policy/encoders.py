@@ -17,7 +17,7 @@ last feature of every partner and road slot is its valid flag (1 valid, 0 paddin
 The slot encoders pool *between* their two layers (PointNet-style: per-slot features, symmetric
 pool, then a layer on the pooled set; Qi et al. 2017, "PointNet"): the second layer then runs once
 per token instead of once per slot. With 31 partner and 32 road slots this is what made the PPO
-update 2-3x cheaper (docs/performance.md, "Training speed"); the slot inputs have 10-11 features,
+update 2-3x cheaper (CHANGELOG.md, 2026-11-22); the slot inputs have 10-11 features,
 so the per-slot work is now a narrow 11 -> ``hidden`` layer. Checkpoints written before this
 change (slot MLPs named ``partner``/``road``) are refused by ``load_state_dict`` (missing keys)
 rather than silently computing another function.
@@ -134,7 +134,7 @@ def slot_max(x: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor, with_in
     is a running ``torch.maximum`` over per-slot prefixes of contiguous [k_s, H] rows. The
     observation pads partners and roads at the end (valid slots first), so the work drops to the
     valid slots: 28% of the partner, 53% of the road and 0% of the signal slots of a default
-    training batch on the bundled sample (docs/performance.md, "Training speed"). Invalid slots
+    training batch on the bundled sample (docs/performance.md, "Training on the CPU"). Invalid slots
     inside an extent are set to ``-inf`` after the GEMM, so the result never depends on them.
     Small inputs (fewer than :data:`COMPACT_MIN_ROWS` slot rows) and non-CPU tensors take the dense
     path: the compaction reads the slot counts to the host, which would stall a GPU stream and

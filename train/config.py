@@ -83,7 +83,8 @@ class TrainConfig:
             rate for the whole CPU budget (docs/training.md).
         policy: model sizes. ppo: PPO hyper-parameters (entropy coefficient 0.001 by default here:
             with 0.005, three seeds evaluated at goal 0.72 / contacts 0.22 on the sample, with
-            0.001 at 0.84 / 0.10; docs/training.md "Tuning and recipes").
+            0.001 at 0.84 / 0.10; docs/training.md, "Reward shaping and the entropy
+            coefficient").
         num_worlds: parallel worlds W (rows per rollout = W * max_controlled).
         pool_size: P > 0 streams the data (``gpusim.data.pool``): worlds draw from a resident pool
             of P scenarios, a quarter of which is replaced every ``resample_every`` episodes by a
@@ -111,8 +112,8 @@ class TrainConfig:
             ``progress``: potential-based shaping toward the goal,
             ``F = 3 * (d_t - gamma * d_{t+1})`` with ``d`` the goal distance / 100 m
             (:class:`train.experience.ProgressShaping`); the env's rewards are unchanged. On the
-            bundled sample the 2M-step run reaches goal 0.837 with it (mean of seeds 1-3) and 0.415
-            without it (docs/training.md);
+            bundled sample one 2M-step seed reached goal 0.415 without it and 0.902 with it
+            (docs/training.md, "Reward shaping");
             ``--experience identity`` trains on the env's rewards alone. With the memory task
             (``--env.goal-candidates`` >= 2) the default is ``candidate_progress`` (toward the
             nearest candidate) and ``progress`` is refused (it would point at the true goal).

@@ -8,7 +8,7 @@ started with ``--config FILE`` takes its defaults from the file alone (a saved `
 records every field, so it replays the run whatever the device).
 
 * ``cpu``: :class:`TrainConfig`'s own defaults, tuned for the 2-core development machine
-  (docs/training.md, "CPU defaults and measurements"). A CPU run is exactly what it was before
+  (docs/training.md, "CPU defaults"). A CPU run is exactly what it was before
   recipes existed.
 * ``gpu``: the values below, taken from the H100 measurements in docs/gpu.md ("Training"): at the
   CPU defaults (32 worlds) the GPU trained at 30.8K agent-steps/s with the PPO update 84% of the

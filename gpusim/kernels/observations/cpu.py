@@ -1,7 +1,7 @@
 """Hand-written C kernel of the observations for the CPU (``cpu.c``), built at first use.
 
 The torch backend's observation stage calls :func:`observations_cpu` by default
-(``EnvConfig.cpu_kernels``, docs/performance.md "C observation kernel (CPU)"). It computes what
+(``EnvConfig.cpu_kernels``, docs/performance.md "The CPU step"). It computes what
 the torch reference (:func:`.naive.observations_reference`) computes, operation for operation, in
 one loop nest per slot row (OpenMP over rows): same sort keys, hence the same partner and road
 order, and bit-identical values (tests/test_observations_c.py).
