@@ -126,8 +126,9 @@ class EnvConfig:
         stop_truncate_fraction: when at least this fraction of a world's controlled agents are
             stopped by a contact (STOP behaviour), the world's episode ends early.
         collision_box_scale: collision boxes are the logged length/width times this factor
-            (0.7 as in GPUDrive and PufferDrive: logged WOMD boxes are generous, and 41% of the
-            default-controlled agents' full-size logged boxes overlap another object at some step).
+            (0.7 as in GPUDrive and PufferDrive: logged WOMD boxes are generous; on the 72 shared
+            scenarios 1.1% of the default-controlled agents' full-size logged boxes overlap another
+            object at some valid step, 0.5% at 0.7; docs/design.md section 8).
         offroad_box_scale: the offroad test uses the logged box times this factor (1.0: the real
             outline must cross a road edge).
         k_trials: trials per episode in trial mode.
