@@ -17,7 +17,7 @@ Steps (each one's result goes into the report, a failing step does not stop the 
    ``profiling/bench_train.py`` for the env step / policy / update split.
 
 Output: ``--out DIR`` receives ``gpu_check.json`` (everything) and ``gpu_check.md`` (tables for
-the README and docs/performance.md).
+the README and docs/benchmarks.md).
 
 Usage (from the repository root)::
 

@@ -4,9 +4,10 @@ Nested groups become flag prefixes: ``--env.*`` (:class:`gpusim.config.EnvConfig
 lower-case name, e.g. ``--env.goal-behavior stop``), ``--policy.*`` (:class:`policy.PolicyConfig`)
 and ``--ppo.*`` (:class:`train.ppo.PPOConfig`).
 
-Defaults are tuned for the 2-core CPU development machine (see docs/training.md): they finish in
-well under 15 minutes and visibly learn on ``data/womd_sample``. On a GPU, scale up with flags
-(``--num-worlds``, ``--policy.d-model 128``, ``--total-timesteps``).
+The defaults written here are the CPU recipe, tuned for a 2-core CPU (docs/training.md): the
+default run takes about 10-13 minutes and learns to drive on ``data/womd_sample``. On a CUDA
+device the GPU recipe (:mod:`train.recipes`: 1024 worlds, 40M steps) replaces some of them;
+flags given explicitly win over both.
 """
 
 from __future__ import annotations
