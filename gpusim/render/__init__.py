@@ -15,7 +15,9 @@ What is drawn (all in the scenario-centred frame of the pack, metres, equal aspe
 * goals of controlled agents: a dashed circle of ``goal_radius`` and a faint line from the agent;
   reached goals are drawn in green;
 * short trails: the last few positions of every agent, kept by a :class:`TrailRecorder`
-  (the env keeps no history).
+  (the env keeps no history);
+* an in-image legend listing what the frame shows (:func:`legend_entries`; on by default,
+  ``legend=False`` or ``--no-legend`` leaves it out).
 
 Entry points: :func:`render_log_frame` (a logged scene, needs only a :class:`ScenarioPack`),
 :func:`render_frame` (a world of a running :class:`gpusim.env.DriveEnv`), :func:`render_episode`
@@ -34,7 +36,8 @@ Package layout (one concern per module, all re-exported here): ``frame`` (colour
 :class:`TrailRecorder`, frames from the log or an env), ``draw`` (matplotlib drawing,
 :func:`render_log_frame`, :func:`render_frame`, :class:`SceneCanvas`), ``video`` (:func:`write_video`,
 :func:`render_episode`, :func:`render_log_episode`), ``ego`` (:func:`decode_ego_observation`,
-:func:`render_ego_view`), ``cli`` (:func:`main`; ``python -m gpusim.render`` runs ``__main__``).
+:func:`render_ego_view`), ``legend`` (:func:`legend_entries`, :func:`draw_legend`),
+``cli`` (:func:`main`; ``python -m gpusim.render`` runs ``__main__``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from gpusim.render.cli import build_parser, main, render_from_args, select_scena
 from gpusim.render.draw import SceneCanvas, draw_frame, figure_to_array, render_frame, render_log_frame
 from gpusim.render.ego import EGO_NEEDS, PARTNER_NEEDS, ROAD_NEEDS, decode_ego_observation, render_ego_view
 from gpusim.render.frame import COLORS, FrameData, TrailRecorder, frame_from_env, frame_from_log, scene_extent
+from gpusim.render.legend import LEGEND_LABELS, draw_legend, legend_entries
 from gpusim.render.video import render_episode, render_log_episode, write_video
 
 __all__ = [
@@ -60,6 +64,9 @@ __all__ = [
     "render_ego_view",
     "decode_ego_observation",
     "write_video",
+    "LEGEND_LABELS",
+    "legend_entries",
+    "draw_legend",
     "draw_frame",
     "figure_to_array",
     "select_scenario",

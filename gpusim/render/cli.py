@@ -105,6 +105,8 @@ def build_parser(prog: str = "python -m gpusim.render", description: str | None 
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--size", type=float, default=6.0, help="panel size in inches (x dpi = pixels)")
     p.add_argument("--dpi", type=int, default=100)
+    p.add_argument("--no-legend", action="store_true",
+                   help="leave out the in-image legend of the top-down view (docs/render.md)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                    help="EnvConfig override, repeatable (e.g. --set goal_behavior=stop)")
     return p
@@ -146,6 +148,7 @@ def render_from_args(args: argparse.Namespace, *, config=None, make_policy: Call
 
     out = pathlib.Path(args.out)
     still = out.suffix.lower() == ".png"
+    legend = not getattr(args, "no_legend", False)
     try:
         overrides = _parse_overrides(args.set)
         cfg = (config.replace(**overrides) if overrides else config) if config is not None else EnvConfig(**overrides)
@@ -155,11 +158,11 @@ def render_from_args(args: argparse.Namespace, *, config=None, make_policy: Call
                 raise ValueError("--ego-view needs an env mode (--expert or --random), not --log")
             if still:
                 t = pack.config.init_steps + (args.steps or 0)
-                img = render_log_frame(pack, 0, t, figsize=args.size, dpi=args.dpi)
+                img = render_log_frame(pack, 0, t, figsize=args.size, dpi=args.dpi, legend=legend)
                 _write_png(out, img)
             else:
                 _, out = render_log_episode(pack, 0, steps=args.steps, out=out, fps=args.fps, figsize=args.size,
-                                            dpi=args.dpi)
+                                            dpi=args.dpi, legend=legend)
             print(f"wrote {out}")
             return 0
         from gpusim.env import DriveEnv
@@ -172,11 +175,11 @@ def render_from_args(args: argparse.Namespace, *, config=None, make_policy: Call
         ego = args.agent if args.ego_view else None
         if still:
             frames, _ = render_episode(env, policy, steps=args.steps or 0, out=None, seed=args.seed, ego_agent=ego,
-                                       figsize=args.size, dpi=args.dpi)
+                                       figsize=args.size, dpi=args.dpi, legend=legend)
             _write_png(out, frames[-1])
         else:
             _, out = render_episode(env, policy, steps=args.steps, out=out, fps=args.fps, seed=args.seed,
-                                    ego_agent=ego, figsize=args.size, dpi=args.dpi)
+                                    ego_agent=ego, figsize=args.size, dpi=args.dpi, legend=legend)
         print(f"wrote {out}")
         return 0
     except (FileNotFoundError, KeyError, ValueError, RuntimeError, IndexError, ImportError) as e:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpusim.config import ObjectType
 from gpusim.render.frame import (
     COLORS, OTHER_ROAD_STYLE, ROAD_STYLE, FrameData, TrailRecorder, frame_from_env, frame_from_log,
+)
+from gpusim.render.legend import (
+    ARROW_STATES, EDGE_STYLE, FLASHING_STATES, SIGNAL_COLOR_KEYS, agent_color_keys, agent_edge_keys, draw_legend,
 )
 
 
@@ -91,31 +93,11 @@ def _draw_roads(ax, road_seg: np.ndarray, road_type: np.ndarray, extent: tuple) 
                                          capstyle="butt", joinstyle="round"))
 
 
-def _agent_colors(f: FrameData) -> list:
-    cols = []
-    for a in range(len(f.pos)):
-        if f.collided[a]:
-            cols.append(COLORS["collided"])
-        elif f.offroad[a]:
-            cols.append(COLORS["offroad"])
-        elif f.controlled[a] and f.coplayer is not None and f.coplayer[a]:
-            cols.append(COLORS["coplayer"])
-        elif f.controlled[a]:
-            cols.append(COLORS["sdc"] if f.sdc[a] else COLORS["controlled"])
-        elif f.agent_type[a] == int(ObjectType.PEDESTRIAN):
-            cols.append(COLORS["expert_pedestrian"])
-        elif f.agent_type[a] == int(ObjectType.CYCLIST):
-            cols.append(COLORS["expert_cyclist"])
-        else:
-            cols.append(COLORS["expert_vehicle"])
-    return cols
-
-
 def _draw_agents(ax, f: FrameData) -> None:
     from matplotlib.collections import LineCollection, PolyCollection
     from matplotlib.patches import Circle
 
-    cols = np.array(_agent_colors(f), dtype=object)
+    cols = np.array([COLORS[k] for k in agent_color_keys(f)], dtype=object)
     vis = f.visible.copy()
     # Trails.
     if f.trails is not None and len(f.trails) >= 2:
@@ -146,20 +128,9 @@ def _draw_agents(ax, f: FrameData) -> None:
     if vis.any():
         idx = np.nonzero(vis)[0]
         corners = box_corners(f.pos[idx], f.heading[idx], f.length[idx], f.width[idx])
-        ever_c = f.ever_collided if f.ever_collided is not None else np.zeros(len(f.pos), bool)
-        ever_o = f.ever_offroad if f.ever_offroad is not None else np.zeros(len(f.pos), bool)
-        edge, lws = [], []
-        for a in idx:
-            if f.collided[a] and f.offroad[a]:
-                edge.append(COLORS["offroad"]); lws.append(1.6)
-            elif f.stopped[a]:
-                edge.append("#000000"); lws.append(1.6)
-            elif ever_c[a] and not f.collided[a]:
-                edge.append(COLORS["collided"]); lws.append(1.6)
-            elif ever_o[a] and not f.offroad[a]:
-                edge.append(COLORS["offroad"]); lws.append(1.6)
-            else:
-                edge.append("#303030"); lws.append(0.5)
+        edge_keys = agent_edge_keys(f)
+        edge = [EDGE_STYLE[edge_keys[a]][0] for a in idx]
+        lws = [EDGE_STYLE[edge_keys[a]][1] for a in idx]
         ax.add_collection(PolyCollection(corners, facecolors=list(cols[idx]), edgecolors=edge, linewidths=lws,
                                          zorder=6))
         st = [a for a in idx if f.stopped[a]]
@@ -187,11 +158,6 @@ def _draw_agents(ax, f: FrameData) -> None:
                                          zorder=9))
 
 
-#: Signal state code -> colour key (unknown / red / yellow / green, as the observation's groups).
-_SIGNAL_COLOR = {0: "signal_unknown", 1: "signal_stop", 2: "signal_caution", 3: "signal_go", 4: "signal_stop",
-                 5: "signal_caution", 6: "signal_go", 7: "signal_stop", 8: "signal_caution"}
-
-
 def _draw_signals(ax, f: FrameData) -> None:
     """Traffic signals: the stop line (3.5 m across the lane) in the state's colour and a marker at
     the stop point (circle; triangle pointing along the lane for an arrow state; hollow when
@@ -200,40 +166,21 @@ def _draw_signals(ax, f: FrameData) -> None:
         return
     from matplotlib.collections import LineCollection
 
-    cols = [COLORS[_SIGNAL_COLOR.get(int(c), "signal_unknown")] for c in f.signal_state]
+    cols = [COLORS[SIGNAL_COLOR_KEYS.get(int(c), "signal_unknown")] for c in f.signal_state]
     perp = np.stack([-f.signal_dir[:, 1], f.signal_dir[:, 0]], 1) * 1.75
     lines = np.stack([f.signal_pos - perp, f.signal_pos + perp], 1)
     ax.add_collection(LineCollection(lines, colors=cols, linewidths=2.2, zorder=6))
     for p, d, c, code in zip(f.signal_pos, f.signal_dir, cols, f.signal_state):
-        arrow, flashing = int(code) in (1, 2, 3), int(code) in (7, 8)
+        arrow, flashing = int(code) in ARROW_STATES, int(code) in FLASHING_STATES
         marker = (3, 0, float(np.degrees(np.arctan2(d[1], d[0]))) - 90.0) if arrow else "o"
         ax.plot([p[0]], [p[1]], marker=marker, markersize=4.5, color=c, markerfacecolor="none" if flashing else c,
                 markeredgewidth=1.0, linestyle="none", zorder=7)
 
 
-def _draw_legend(ax) -> None:
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    items = [Patch(color=COLORS[k], label=lab) for k, lab in (
-        ("controlled", "controlled"), ("sdc", "SDC (controlled)"), ("coplayer", "co-player"),
-        ("expert_vehicle", "expert vehicle"),
-        ("expert_pedestrian", "pedestrian"), ("expert_cyclist", "cyclist"), ("collided", "collided"),
-        ("offroad", "offroad"))]
-    items += [Patch(facecolor=COLORS["controlled"], edgecolor="#ffffff", hatch="///", label="stopped"),
-              Patch(facecolor="none", edgecolor=COLORS["controlled"], linestyle="dashed", label="removed"),
-              Line2D([], [], color=COLORS["goal"], marker="+", linestyle="none", label="goal"),
-              Line2D([], [], color=COLORS["road_edge"], label="road edge"),
-              Line2D([], [], color=COLORS["road_line"], linestyle=(0, (4, 3)), label="road line"),
-              Line2D([], [], color=COLORS["lane"], label="lane centre")]
-    items += [Line2D([], [], color=COLORS[k], marker="o", linewidth=2.2, label=lab) for k, lab in (
-        ("signal_stop", "signal: stop"), ("signal_caution", "signal: caution"), ("signal_go", "signal: go"),
-        ("signal_unknown", "signal: unknown"))]
-    ax.legend(handles=items, loc="lower left", fontsize=5, framealpha=0.85, ncol=2, handlelength=1.5)
-
-
-def draw_frame(f: FrameData, ax, legend: bool = False) -> None:
-    """Draw a :class:`FrameData` into a matplotlib ``Axes`` (cleared first); ``legend`` adds a key."""
+def draw_frame(f: FrameData, ax, legend: bool = False, legend_loc: str | None = None) -> None:
+    """Draw a :class:`FrameData` into a matplotlib ``Axes`` (cleared first); ``legend`` adds the
+    in-image legend of what the frame shows (:func:`gpusim.render.legend.draw_legend`), in corner
+    ``legend_loc`` (default: the frame's least crowded corner)."""
     ax.clear()
     ax.set_facecolor(COLORS["background"])
     _draw_roads(ax, f.road_seg, f.road_type, f.extent)
@@ -248,10 +195,10 @@ def draw_frame(f: FrameData, ax, legend: bool = False) -> None:
     if f.title:
         ax.set_title(f.title, fontsize=7)
     if legend:
-        _draw_legend(ax)
+        draw_legend(ax, f, legend_loc)
 
 
-def _image_of(f: FrameData, ax, figsize: float, dpi: int, legend: bool = False) -> np.ndarray:
+def _image_of(f: FrameData, ax, figsize: float, dpi: int, legend: bool = True) -> np.ndarray:
     if ax is None:
         fig = new_figure(figsize, dpi)
         ax = fig.add_axes((0.01, 0.01, 0.98, 0.89))
@@ -261,7 +208,7 @@ def _image_of(f: FrameData, ax, figsize: float, dpi: int, legend: bool = False) 
 
 def render_log_frame(pack, scenario: int = 0, t: int = 0, ax=None, trail: TrailRecorder | None = None,
                      extent: tuple | None = None, figsize: float = 6.0, dpi: int = 100,
-                     legend: bool = False) -> np.ndarray:
+                     legend: bool = True) -> np.ndarray:
     """Picture of the logged scene of ``scenario`` at log step ``t`` (no env needed).
 
     Args:
@@ -272,7 +219,7 @@ def render_log_frame(pack, scenario: int = 0, t: int = 0, ax=None, trail: TrailR
         extent: (xmin, xmax, ymin, ymax) in metres; default :func:`scene_extent`.
         figsize, dpi: size of a new figure (inches, dots per inch): the image is
             ``round(figsize * dpi)`` pixels square.
-        legend: draw a colour key.
+        legend: draw the in-image legend of what the frame shows (docs/render.md).
 
     Returns:
         [H, W, 3] uint8 RGB image.
@@ -284,7 +231,7 @@ def render_log_frame(pack, scenario: int = 0, t: int = 0, ax=None, trail: TrailR
 
 
 def render_frame(env, world: int = 0, ax=None, trail: TrailRecorder | None = None, extent: tuple | None = None,
-                 highlight: int = -1, figsize: float = 6.0, dpi: int = 100, legend: bool = False,
+                 highlight: int = -1, figsize: float = 6.0, dpi: int = 100, legend: bool = True,
                  partner: str = "") -> np.ndarray:
     """Top-down picture of one world of a running :class:`gpusim.env.DriveEnv`.
 
@@ -302,7 +249,7 @@ def render_frame(env, world: int = 0, ax=None, trail: TrailRecorder | None = Non
             scenario.
         highlight: agent slot to outline (e.g. the agent of an ego view), -1 for none.
         figsize, dpi: size of a new figure (inches, dots per inch).
-        legend: draw a colour key.
+        legend: draw the in-image legend of what the frame shows (docs/render.md).
         partner: name of the partner policy driving the world's co-players (shown in the title;
             co-players are coloured apart from the egos whenever the env has co-players).
 

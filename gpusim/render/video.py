@@ -17,6 +17,7 @@ import torch
 from gpusim.render.draw import SceneCanvas, draw_frame
 from gpusim.render.ego import render_ego_view
 from gpusim.render.frame import TrailRecorder, frame_from_env, frame_from_log, scene_extent
+from gpusim.render.legend import quiet_corner
 
 
 #: Output formats by file extension: name -> (ffmpeg codec or None for GIF, what it needs).
@@ -97,10 +98,18 @@ def _random_actions(env, generator: torch.Generator | None) -> torch.Tensor:
     return torch.randint(0, int(env.num_actions), (W, C), generator=generator, device="cpu").to(env.device)
 
 
+def _video_legend_corner(pack, scenario: int, extent: tuple) -> str:
+    """One legend corner for a whole video: the corner covering the fewest logged agent positions
+    and controlled goals of ``scenario`` (so the legend does not jump between frames)."""
+    valid = pack.traj_valid[scenario].cpu()
+    pts = [pack.traj_pos[scenario].cpu()[valid], pack.agent_goal[scenario, : int(pack.num_controlled[scenario])].cpu()]
+    return quiet_corner(torch.cat([p.reshape(-1, 2) for p in pts]).numpy(), extent)
+
+
 def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps: int | None = None,
                    out=None, fps: int = 10, seed: int | None = None, trail_length: int = 10,
                    ego_agent: int | None = None, figsize: float = 6.0,
-                   dpi: int = 100) -> tuple[list, pathlib.Path | None]:
+                   dpi: int = 100, legend: bool = True) -> tuple[list, pathlib.Path | None]:
     """Reset an env, roll it forward and record world ``world`` as a GIF/MP4.
 
     Args:
@@ -121,6 +130,8 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
         ego_agent: also draw the ego view of this policy slot in a second panel (and outline the
             agent in the top-down view).
         figsize, dpi: panel size (inches, dots per inch).
+        legend: draw the in-image legend of the top-down view (what each frame shows, so entries
+            such as ``collided now`` appear with the first frame that has them; docs/render.md).
 
     Returns:
         (frames, path): the [H, W, 3] uint8 frames and the path written (None without ``out``).
@@ -143,6 +154,7 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
     obs = env.reset(seed=seed)
     s = int(env.state.scenario[world])
     extent = scene_extent(env.pack, s)
+    loc = _video_legend_corner(env.pack, s, extent)
     trail = TrailRecorder(trail_length)
     canvas = SceneCanvas(ego=ego_agent is not None, figsize=figsize, dpi=dpi)
     layout = env.obs_layout if ego_agent is not None else None
@@ -152,7 +164,7 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
         f = frame_from_env(env, world, trail=trail, extent=extent)
         if ego_agent is not None:
             f.highlight = ego_agent
-        draw_frame(f, canvas.ax)
+        draw_frame(f, canvas.ax, legend, loc)
         if ego_agent is not None:
             render_ego_view(obs_now[world, ego_agent], layout, ax=canvas.ego_ax,
                             title=f"ego view, slot {ego_agent}", partner_radius=env.config.partner_radius,
@@ -175,14 +187,15 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
 
 
 def render_log_episode(pack, scenario: int = 0, steps: int | None = None, out=None, fps: int = 10,
-                       trail_length: int = 10, figsize: float = 6.0, dpi: int = 100) -> tuple[list, pathlib.Path | None]:
+                       trail_length: int = 10, figsize: float = 6.0, dpi: int = 100,
+                       legend: bool = True) -> tuple[list, pathlib.Path | None]:
     """Video of the logged scenario (every agent follows its log; no env needed).
 
     Args:
         pack: :class:`gpusim.data.ScenarioPack`. scenario: scenario index.
         steps: log steps after the first; default all (``num_steps - 1 - init_steps``). Frames
             written = ``steps + 1``, starting at log step ``pack.config.init_steps``.
-        out, fps, trail_length, figsize, dpi: as :func:`render_episode`.
+        out, fps, trail_length, figsize, dpi, legend: as :func:`render_episode`.
 
     Returns:
         (frames, path) as :func:`render_episode`.
@@ -197,13 +210,14 @@ def render_log_episode(pack, scenario: int = 0, steps: int | None = None, out=No
     if not 0 <= steps <= max_steps:
         raise ValueError(f"render_log_episode: steps must be in [0, {max_steps}], got {steps}")
     extent = scene_extent(pack, scenario)
+    loc = _video_legend_corner(pack, scenario, extent)
     trail = TrailRecorder(trail_length)
     canvas = SceneCanvas(figsize=figsize, dpi=dpi)
     if out is not None:
         video_format(out)  # fail before rendering
     frames = []
     for t in range(t0, t0 + steps + 1):
-        draw_frame(frame_from_log(pack, scenario, t, trail=trail, extent=extent), canvas.ax)
+        draw_frame(frame_from_log(pack, scenario, t, trail=trail, extent=extent), canvas.ax, legend, loc)
         frames.append(canvas.image())
     path = write_video(frames, out, fps) if out is not None else None
     return frames, path
