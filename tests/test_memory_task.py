@@ -7,11 +7,12 @@ the env without it, and bad input gets one clear message."""
 from __future__ import annotations
 
 import pytest
+import numpy as np
 import torch
 
 from gpusim import DriveEnv
 from gpusim.config import EnvConfig
-from gpusim.sim.candidates import candidate_pool
+from gpusim.sim.candidates import REACH_SEPARATION, START_LATERAL, candidate_pool, lane_successors, reachable_places
 from train.packs import load_pack
 
 CFG = dict(max_controlled=8, goal_behavior="trial", k_trials=2, reward_collision=0.0, reward_offroad=0.0)
@@ -39,7 +40,7 @@ def test_candidates_constant_across_trials_and_redrawn_next_episode(pack):
     # the true goal is one of the candidates, and the two candidates of a slot are apart
     picked = first[0].gather(2, first[1][..., None, None].expand(-1, -1, 1, 2))[:, :, 0]
     assert torch.equal(picked[active], first[2][active])
-    assert bool(((first[0][:, :, 0] - first[0][:, :, 1]).norm(dim=-1)[active] >= 6.0).all())
+    assert bool(((first[0][:, :, 0] - first[0][:, :, 1]).norm(dim=-1)[active] >= REACH_SEPARATION).all())
     gen = torch.Generator().manual_seed(0)
     saw_trial_1 = False
     for _ in range(env.horizon - 1):
@@ -297,3 +298,60 @@ def test_graphed_rollout_equals_eager_on_the_memory_task(pack, memory):
         for k in a:
             assert torch.equal(a[k], b[k]), k
     assert any(bool(r["truncation"].any()) for r in eager)
+
+
+def _polyline(points, step=5.0):
+    """[n, 4] segments of the polyline through ``points`` cut every ``step`` m."""
+    out = []
+    for (x0, y0), (x1, y1) in zip(points[:-1], points[1:]):
+        n = max(1, int(round(np.hypot(x1 - x0, y1 - y0) / step)))
+        for k in range(n):
+            a, b = k / n, (k + 1) / n
+            out.append((x0 + a * (x1 - x0), y0 + a * (y1 - y0), x0 + b * (x1 - x0), y0 + b * (y1 - y0)))
+    return out
+
+
+def test_reachable_places_follow_the_lane_graph():
+    """Hand-built map: a lane east from (0, 0) that forks at x = 20 (straight on, or a 90-degree left
+    turn up x = 20), a neighbouring eastbound lane at y = 3.7, an unconnected westbound lane at
+    y = -3.7 and a lane that starts 3 m past the end of the first (not joined). From (0, 0) heading
+    east at driving distance 30 m the places are (30, 0), (24, 14 - 4 sqrt 2) and (30, 3.7): one per route, the
+    other direction and the gap never."""
+    seg = np.array(_polyline([(0, 0), (20, 0)]) + _polyline([(20, 0), (60, 0)])
+                   + _polyline([(20, 0), (24, 4), (24, 40)]) + _polyline([(0, 3.7), (60, 3.7)])
+                   + _polyline([(60, -3.7), (0, -3.7)]) + _polyline([(0, 20), (20, 20)])
+                   + _polyline([(23, 20), (60, 20)]), dtype=np.float64)
+    succ = lane_successors(seg)
+    got = reachable_places(seg, succ, np.array([0.0, 0.0]), 0.0, 30.0)
+    want = np.array([[30.0, 0.0], [24.0, 14.0 - 32 ** 0.5], [30.0, 3.7]])
+    assert len(got) == 3
+    for w in want:
+        assert np.min(np.linalg.norm(got - w, axis=1)) < 1e-4, (w, got)
+    # from the unjoined lane: its own end is as far as a route goes (no place at 30 m)
+    assert len(reachable_places(seg, succ, np.array([0.0, 20.0]), 0.0, 30.0)) == 0
+
+
+def test_pool_prefers_reachable_places_on_real_scenarios(pack):
+    """On the bundled sample an agent with >= 2 lane-graph places gets exactly those (between r/2
+    and r <= 60 m (+ the start's distance from its lane) from its start in a straight line); every agent has >= 2 places."""
+    from gpusim.config import RoadType
+    from gpusim.sim.candidates import _driving_distance
+
+    cfg = EnvConfig(**CFG, goal_candidates=2)
+    places, count = candidate_pool(pack, cfg)
+    used = 0
+    for s in range(pack.num_scenarios):
+        lane = pack.road_type[s] == int(RoadType.LANE)
+        seg = pack.road_seg[s, lane].numpy().astype(np.float64)
+        succ = lane_successors(seg)
+        for c in range(int(pack.num_controlled[s])):
+            start = pack.traj_pos[s, c, 0].numpy()
+            r = _driving_distance(pack.traj_pos[s, c].numpy(), pack.traj_valid[s, c].numpy())
+            reach = reachable_places(seg, succ, start, float(pack.traj_heading[s, c, 0]), r)
+            assert int(count[s, c]) >= 2
+            if len(reach) >= 2:
+                used += 1
+                assert np.allclose(places[s, c, : int(count[s, c])].numpy(), reach)
+                dist = np.linalg.norm(reach - start, axis=1)
+                assert (dist >= r / 2 - 1e-3).all() and (dist <= r + START_LATERAL).all()  # from the lane, not the start
+    assert used >= 20  # most agents of the sample have a lane-graph choice
