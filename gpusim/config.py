@@ -175,6 +175,17 @@ class EnvConfig:
             end), one of them the true goal (drawn per agent per episode); reaching another one
             stops the agent for the rest of the trial. 0 or 1 (default 0): off, bit for bit.
             Not with ``new_goal`` (its new goals would replace the true one).
+        random_start_steps: random start, a training randomisation (docs/training.md
+            "Generalisation options", ``gpusim/sim/random_start.py``): each world starts its
+            episode at log step ``init_steps + u``, ``u`` uniform in ``[0, N]`` drawn per world per
+            episode; the episode is shortened so no world runs past the log: ``scenario_length``
+            is at most ``91 - init_steps - N`` (the default; a longer one, e.g. the full-log 91 of
+            a default config, is shortened to it). 0 (default): off, bit for bit.
+        goal_resample: goal resampling, a training randomisation (``gpusim/sim/goal_resample.py``):
+            at every episode start each controlled agent's goal becomes a lane place drawn
+            uniformly from its candidate pool (``gpusim.sim.candidates.candidate_pool``: ahead, at
+            a distance like its logged goal's). False (default): the logged goals, bit for bit.
+            Not with ``goal_candidates >= 2`` (the memory task draws its own goals).
     """
 
     max_agents: int = 64
@@ -213,6 +224,8 @@ class EnvConfig:
     style: tuple | None = None
     partner_styles: tuple | None = None
     goal_candidates: int = 0
+    random_start_steps: int = 0
+    goal_resample: bool = False
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -223,17 +236,21 @@ class EnvConfig:
             ("offroad_behavior", ContactBehavior),
         ):
             object.__setattr__(self, name, enum_cls.parse(getattr(self, name)))
-        if self.scenario_length is None:
-            object.__setattr__(self, "scenario_length", WOMD_STEPS - self.init_steps)
-        # Reuse DataConfig's checks for the shared fields.
-        self.data_config()
+        self.data_config()  # DataConfig's checks of the shared fields (init_steps first)
+        if not isinstance(self.random_start_steps, int) or isinstance(self.random_start_steps, bool) \
+                or not 0 <= self.random_start_steps <= WOMD_STEPS - 2 - self.init_steps:
+            raise ValueError(f"EnvConfig.random_start_steps must be an integer in "
+                             f"[0, {WOMD_STEPS - 2 - self.init_steps}] (0: off), got {self.random_start_steps!r}")
+        longest = WOMD_STEPS - self.init_steps - self.random_start_steps
+        if self.scenario_length is None or (self.random_start_steps > 0 and self.scenario_length > longest):
+            object.__setattr__(self, "scenario_length", longest)  # random start shortens the episode
         if self.scenario_length < 1:
             raise ValueError(f"EnvConfig.scenario_length must be >= 1, got {self.scenario_length}")
-        if self.init_steps + self.scenario_length > WOMD_STEPS:
+        if self.init_steps + self.random_start_steps + self.scenario_length > WOMD_STEPS:
             raise ValueError(
-                f"EnvConfig.scenario_length={self.scenario_length} with init_steps={self.init_steps} runs past the "
-                f"{WOMD_STEPS}-step log (the experts would have no log to replay); use at most "
-                f"{WOMD_STEPS - self.init_steps}"
+                f"EnvConfig.scenario_length={self.scenario_length} with init_steps={self.init_steps} and "
+                f"random_start_steps={self.random_start_steps} runs past the {WOMD_STEPS}-step log (the experts "
+                f"would have no log to replay); use at most {WOMD_STEPS - self.init_steps - self.random_start_steps}"
             )
         if self.goal_radius <= 0:
             raise ValueError(f"EnvConfig.goal_radius must be > 0, got {self.goal_radius}")
@@ -278,6 +295,11 @@ class EnvConfig:
         if self.goal_candidates >= 2 and self.goal_behavior == GoalBehavior.NEW_GOAL:
             raise ValueError("EnvConfig.goal_candidates >= 2 does not work with goal_behavior new_goal "
                              "(a new goal would replace the true candidate); use trial or stop")
+        if not isinstance(self.goal_resample, bool):
+            raise ValueError(f"EnvConfig.goal_resample must be True or False, got {self.goal_resample!r}")
+        if self.goal_resample and self.goal_candidates >= 2:
+            raise ValueError("EnvConfig.goal_resample does not work with goal_candidates >= 2 (the memory task "
+                             "draws its own goals); drop --env.goal-resample or --env.goal-candidates")
 
     @property
     def style_ranges(self) -> tuple:
@@ -313,5 +335,10 @@ class EnvConfig:
         )
 
     def replace(self, **changes) -> "EnvConfig":
-        """A copy with ``changes`` applied (validated again)."""
+        """A copy with ``changes`` applied (validated again). A ``scenario_length`` equal to its
+        derived default (``91 - init_steps - random_start_steps``) is derived again unless
+        ``changes`` sets it, so it follows a change of ``init_steps`` or ``random_start_steps``."""
+        if "scenario_length" not in changes and \
+                self.scenario_length == WOMD_STEPS - self.init_steps - self.random_start_steps:
+            changes = {**changes, "scenario_length": None}
         return dataclasses.replace(self, **changes)

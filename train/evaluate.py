@@ -55,6 +55,7 @@ from train.eval.report import scenario_table, summary_table
 from train.eval.sweep import (CallableDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
                               sweep_plan)
 from train.eval.streaming import first_pack, local_records, streaming_sweep
+from train.eval.settings import evaluation_config
 from train.eval.styles import eval_styles, partner_styles, style_env_config
 
 
@@ -197,16 +198,17 @@ def _load_policies(specs: list[str], device, extra: tuple = ()) -> list[dict]:
 
 
 def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
-    """``(env_config, notes)``: the env settings of the first checkpoint, else the training
-    defaults, with ``--k-trials`` applied; a note for every later checkpoint trained with other
-    settings (it is evaluated under the first one's)."""
+    """``(env_config, notes)``: the env settings of the first checkpoint under the evaluation rule
+    (:func:`train.eval.settings.evaluation_config`: training randomisations dropped, with a note),
+    else the training defaults, with ``--k-trials`` applied; a note for every later checkpoint
+    trained with other settings (it is evaluated under the first one's)."""
     from train.config import TrainConfig
 
     ckpts = [p for p in policies if p["kind"] == "checkpoint"]
     env_config = env_config_from_dict(ckpts[0]["ckpt"]["env_config"]) if ckpts else TrainConfig().env
-    notes = []
+    env_config, notes = evaluation_config(env_config)
     for other in ckpts[1:]:
-        theirs = env_config_from_dict(other["ckpt"]["env_config"])
+        theirs = evaluation_config(env_config_from_dict(other["ckpt"]["env_config"]))[0]
         diff = [f"{f.name}={getattr(theirs, f.name)}" for f in dataclasses.fields(env_config)
                 if getattr(theirs, f.name) != getattr(env_config, f.name)]
         if diff:

@@ -13,6 +13,8 @@ import torch
 from gpusim.kernels.reset import reset_agents
 from gpusim.sim.candidates import draw_candidates
 from gpusim.sim.context import SimContext, StepVars
+from gpusim.sim.goal_resample import resample_goals
+from gpusim.sim.random_start import start_state
 from gpusim.sim.roles import assign_roles
 from gpusim.sim.styles import draw_styles
 from gpusim.state import TRIAL_KEEP, EnvState
@@ -67,9 +69,12 @@ def begin_episode(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
     (``gpusim.sim.roles.assign_roles``) and, with reward conditioning, the agents' styles
     (``gpusim.sim.styles.draw_styles``) and, in the memory task, the candidate goals
     (``gpusim.sim.candidates.draw_candidates``), remembers the start state (``ctx.start``, for trial
-    restarts) and returns a copy of it to run."""
+    restarts) and returns a copy of it to run. With the training randomisations on, each world
+    first moves to its random start step (``gpusim.sim.random_start.start_state``) and the goals
+    are redrawn last (``gpusim.sim.goal_resample.resample_goals``); off, neither draws."""
     ctx.t = 0
-    ctx.start = draw_candidates(ctx, draw_styles(ctx, assign_roles(ctx, initial_state(ctx, scenario))))
+    state = assign_roles(ctx, start_state(ctx, initial_state(ctx, scenario)))
+    ctx.start = resample_goals(ctx, draw_candidates(ctx, draw_styles(ctx, state)))
     return ctx.start.clone()
 
 

@@ -17,6 +17,7 @@ from gpusim.config import GoalBehavior, RoadType
 from gpusim.kernels.new_goal import new_goal
 from gpusim.kernels.reset import reset_agents
 from gpusim.sim.context import SimContext, StepVars
+from gpusim.sim.random_start import respawn_pose
 from gpusim.state import EnvState
 
 #: NEW_GOAL: a new goal is the midpoint of a lane segment whose midpoint lies between these
@@ -39,7 +40,10 @@ def goals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
 
 
 def respawn(ctx: SimContext, state: EnvState, mask: torch.Tensor) -> dict:
-    """Agents in ``mask`` [W, A] take their pose at log index ``init_steps``."""
+    """Agents in ``mask`` [W, A] take their pose at log index ``init_steps`` (with random start:
+    their pose at the episode's start, :func:`gpusim.sim.random_start.respawn_pose`)."""
+    if ctx.config.random_start_steps > 0:
+        return respawn_pose(ctx, state, mask)
     p = ctx.pack
     pos, heading, speed, _ = reset_agents(
         mask=mask,

@@ -28,6 +28,7 @@ from gpusim.config import Dynamics
 from gpusim.kernels import dynamics
 from gpusim.kernels.motion import bind_move_slots
 from gpusim.sim.context import SimContext, StepVars, bound_op, slots
+from gpusim.sim.random_start import log_origin
 from gpusim.state import EnvState
 
 
@@ -79,7 +80,7 @@ def expert_actions(ctx: SimContext, state: EnvState) -> torch.Tensor:
     """
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     T = p.num_steps
-    nxt = (cfg.init_steps + (state.step - state.trial_start) + 1).to(torch.int64)
+    nxt = (cfg.init_steps + (state.step - log_origin(ctx, state)) + 1).to(torch.int64)
     i = nxt.clamp(max=T - 1)[:, None]
     w = state.scenario[:, None]
     c = torch.arange(C, device=ctx.device)[None, :]

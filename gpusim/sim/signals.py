@@ -24,12 +24,14 @@ import torch
 
 from gpusim.kernels.signals import bind_red_light_state
 from gpusim.sim.context import SimContext, StepVars, bound_op, slots
+from gpusim.sim.random_start import log_origin
 from gpusim.state import EnvState
 
 
 def signal_log_index(ctx: SimContext, state: EnvState) -> torch.Tensor:
-    """[W] int32 log index of each world's signals: ``init_steps + (step - trial_start)``."""
-    return ctx.config.init_steps + (state.step - state.trial_start)
+    """[W] int32 log index of each world's signals: ``init_steps + (step - trial_start)`` (plus
+    ``start_offset`` with random start, :func:`gpusim.sim.random_start.log_origin`)."""
+    return ctx.config.init_steps + (state.step - log_origin(ctx, state))
 
 
 def no_signal_pack(pack) -> bool:
@@ -49,5 +51,5 @@ def signals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     now = bound_op(ctx, step, "red_light", lambda backend, check: bind_red_light_state(
         backend, check, ctx.config.init_steps, p.signal_pos, p.signal_dir, p.signal_state, p.signal_valid,
         p.num_signals))(state.pos_before, state.pos, state.heading, step.loss_mask, state.scenario, state.step,
-                        state.trial_start)
+                        log_origin(ctx, state))
     return {"red_light_now": now}

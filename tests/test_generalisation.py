@@ -1,0 +1,179 @@
+"""The generalisation options (training randomisations) on the bundled sample scenarios: random
+start (``EnvConfig.random_start_steps``) and goal resampling (``EnvConfig.goal_resample``), both off
+by default with nothing drawn, and the evaluation rule that drops them
+(``train.eval.settings.evaluation_config``) for every checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpusim import DriveEnv
+from gpusim.config import WOMD_STEPS, EnvConfig
+from gpusim.sim.goal_resample import goal_pool
+from train.eval.settings import evaluation_config
+from train.packs import load_pack
+
+CFG = dict(max_agents=64, max_controlled=8)
+N = 10
+
+
+@pytest.fixture(scope="module")
+def pack(sample_dir):
+    return load_pack(str(sample_dir), EnvConfig(**CFG))
+
+
+def _env(pack, W=8, seed=5, **kw):
+    return DriveEnv(pack, num_worlds=W, config=EnvConfig(**{**CFG, **kw}), seed=seed)
+
+
+# ---------------------------------------------------------------- off: nothing drawn, log start, log goals
+def test_off_draws_nothing_and_starts_at_the_log(pack):
+    env = _env(pack)
+    twin = torch.Generator().manual_seed(5)
+    scen = torch.randint(pack.num_scenarios, (env.num_worlds,), generator=twin)
+    assert torch.equal(env.state.scenario, scen)
+    assert torch.equal(env.generator.get_state(), twin.get_state())  # the scenario draw only
+    st = env.state
+    assert int(st.start_offset.abs().sum()) == 0
+    assert torch.equal(st.goal, pack.agent_goal[st.scenario])
+    assert torch.equal(st.pos, pack.traj_pos[st.scenario, :, 0])
+    assert env.config.scenario_length == WOMD_STEPS
+
+
+# ---------------------------------------------------------------- random start
+def test_random_start_poses_are_the_log_at_each_worlds_start_step(pack):
+    env = _env(pack, W=16, random_start_steps=N)
+    st = env.state
+    u = st.start_offset.to(torch.int64)
+    assert bool(((u >= 0) & (u <= N)).all()) and len(set(u.tolist())) > 3  # per world, varied
+    s, a = st.scenario[:, None], torch.arange(st.num_agents)[None, :]
+    i = u[:, None]
+    valid = pack.traj_valid[s, a, i] & pack.agent_exists[st.scenario]
+    assert torch.equal(st.present, valid)
+    assert torch.equal(st.pos[valid], pack.traj_pos[s, a, i][valid])
+    assert torch.equal(st.heading[valid], pack.traj_heading[s, a, i][valid])
+    # controlled agents not valid at their start step are out of play (not controlled this episode)
+    assert not bool((st.controlled & ~st.present).any())
+    # the horizon stays within the log: the last step of a world starting at u = N is log step 90
+    assert env.horizon == WOMD_STEPS - N and int(u.max()) + env.horizon <= WOMD_STEPS
+
+
+def test_random_start_experts_replay_from_the_start_step(pack):
+    env = _env(pack, W=16, random_start_steps=N)
+    u = env.state.start_offset.to(torch.int64)
+    k = 7
+    for _ in range(k):
+        env.step(env.expert_actions())
+    st = env.state
+    s, a, i = st.scenario[:, None], torch.arange(st.num_agents)[None, :], (u + k)[:, None]
+    expert = ~st.controlled & pack.traj_valid[s, a, i] & pack.agent_exists[st.scenario]
+    assert int(expert.sum()) > 50
+    assert torch.equal(st.pos[expert], pack.traj_pos[s, a, i][expert])
+    # controlled agents driven by the expert actions follow their log from their own start step
+    ctrl = st.controlled & st.present & pack.traj_valid[s, a, i]
+    err = (st.pos - pack.traj_pos[s, a, i]).norm(dim=-1)[ctrl]
+    assert float(err.max()) < 1.0
+
+
+def test_random_start_redrawn_each_episode_and_kept_across_trials(pack):
+    env = _env(pack, W=16, random_start_steps=N, goal_behavior="trial", k_trials=2)
+    first = env.state.start_offset.clone()
+    pos0 = env.state.pos.clone()
+    restarted = torch.zeros(env.num_worlds, dtype=torch.bool)
+    for _ in range(env.horizon - 1):  # a world starting its second trial is back at its start step
+        env.step(env.expert_actions())
+        st = env.state
+        now = (st.step == st.trial_start) & (st.trial_count == 1)
+        assert torch.equal(st.start_offset, first)
+        assert torch.equal(st.pos[now], pos0[now])
+        restarted |= now
+    assert int(restarted.sum()) >= 8
+    env.step(env.expert_actions())  # the next episode draws new start steps
+    assert not torch.equal(env.state.start_offset, first)
+
+
+def test_random_start_bad_values_refused():
+    with pytest.raises(ValueError, match="random_start_steps"):
+        EnvConfig(random_start_steps=-1)
+    with pytest.raises(ValueError, match="random_start_steps"):
+        EnvConfig(random_start_steps=WOMD_STEPS)
+    # the episode is shortened so that no world runs past the log, a full-log length included
+    assert EnvConfig(random_start_steps=N, scenario_length=WOMD_STEPS).scenario_length == WOMD_STEPS - N
+    assert EnvConfig(random_start_steps=N, scenario_length=30).scenario_length == 30
+    assert EnvConfig(init_steps=10, random_start_steps=N).scenario_length == WOMD_STEPS - 10 - N
+
+
+# ---------------------------------------------------------------- goal resampling
+def test_goal_resample_goals_are_pool_places_redrawn_each_episode(pack):
+    env = _env(pack, W=16, goal_resample=True)
+    places, count = goal_pool(pack, env.config)
+    st = env.state
+    C, act = env.num_slots, env.state.slot_active
+    g = st.goal[:, :C]
+    pool = places[st.scenario]  # [W, C, M, 2]
+    listed = torch.arange(places.shape[2]) < count[st.scenario][..., None]
+    member = ((pool - g[:, :, None]).norm(dim=-1) == 0) & listed
+    assert bool(member.any(dim=-1)[act].all())
+    logged = pack.agent_goal[st.scenario][:, :C]
+    assert float(((g - logged).norm(dim=-1) > 5.0)[act].float().mean()) > 0.3  # often not the log's endpoint
+    assert torch.equal(st.goal[:, C:], pack.agent_goal[st.scenario][:, C:])  # experts keep theirs
+    # a driving-like distance ahead of the start
+    rel = g - st.pos[:, :C]
+    d = rel.norm(dim=-1)[act]
+    ahead = (rel[..., 0] * torch.cos(st.heading[:, :C]) + rel[..., 1] * torch.sin(st.heading[:, :C]))[act]
+    assert float(d.min()) >= 5.0 and float(d.max()) <= 120.0 and float((ahead > 0).float().mean()) > 0.9
+    before = (st.scenario.clone(), g.clone())
+    for _ in range(env.horizon):
+        env.step(env.expert_actions())
+    same = env.state.scenario == before[0]
+    assert bool(same.any())
+    changed = (env.state.goal[:, :C] != before[1]).any(dim=-1) & env.state.slot_active & same[:, None]
+    assert bool(changed.any())  # the same scenario gets new goals in the next episode
+
+
+def test_goal_resample_deterministic_per_seed(pack):
+    a, b, c = (_env(pack, W=16, seed=s, goal_resample=True) for s in (9, 9, 10))
+    assert torch.equal(a.state.goal, b.state.goal)
+    a.reset(seed=4)
+    b.reset(seed=4)
+    assert torch.equal(a.state.goal, b.state.goal)
+    assert not torch.equal(a.state.goal, c.state.goal)
+
+
+def test_goal_resample_not_with_the_memory_task():
+    with pytest.raises(ValueError, match="goal_resample does not work with goal_candidates"):
+        EnvConfig(goal_resample=True, goal_candidates=2, goal_behavior="trial")
+
+
+# ---------------------------------------------------------------- the evaluation rule
+def test_evaluation_drops_training_randomisations_and_keeps_task_options():
+    trained = EnvConfig(**CFG, random_start_steps=N, goal_resample=True, goal_behavior="trial", k_trials=3,
+                        reward_conditioning=True)
+    cfg, notes = evaluation_config(trained)
+    assert (cfg.random_start_steps, cfg.goal_resample, cfg.scenario_length) == (0, False, WOMD_STEPS)
+    assert (cfg.trial_mode, cfg.k_trials, cfg.reward_conditioning) == (True, 3, True)
+    assert len(notes) == 1 and "random_start_steps=10" in notes[0] and "goal_resample=True" in notes[0]
+    plain = EnvConfig(**CFG)
+    assert evaluation_config(plain) == (plain, [])
+    memory = EnvConfig(**CFG, goal_candidates=2, goal_behavior="trial")
+    assert evaluation_config(memory)[0].goal_candidates == 2
+
+
+def test_checkpoint_trained_with_them_evaluates_at_log_start_with_log_goals(pack, sample_dir):
+    from train.config import TrainConfig
+    from train.eval.live import LiveEvaluator
+    from train.evaluate import EvalConfig, base_env_config
+
+    trained = EnvConfig(**CFG, random_start_steps=N, goal_resample=True)
+    saved = TrainConfig(env=trained).to_dict()["env"]  # what a checkpoint records
+    entry = {"kind": "checkpoint", "label": "run", "ckpt": {"env_config": saved}}
+    cfg, notes = base_env_config([entry], EvalConfig(policy=("run",)))
+    assert (cfg.random_start_steps, cfg.goal_resample, cfg.scenario_length) == (0, False, WOMD_STEPS)
+    assert any("drops the training randomisations" in n for n in notes)
+    live = LiveEvaluator(trained, str(sample_dir), ["self_play"], (), "cpu")
+    env = live.items[0][1]
+    assert (env.config.random_start_steps, env.config.goal_resample) == (0, False)
+    st = env.state
+    assert torch.equal(st.goal, env.pack.agent_goal[st.scenario])
+    assert torch.equal(st.pos, env.pack.traj_pos[st.scenario, :, 0])
