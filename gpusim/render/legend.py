@@ -220,7 +220,7 @@ def frame_points(f: FrameData) -> np.ndarray:
 def draw_legend(ax, f: FrameData, loc: str | None = None):
     """Add the legend of :func:`legend_entries` to ``ax``: semi-transparent, in ``loc`` (default
     the corner :func:`quiet_corner` finds for the frame's agents, goals and signals; a video passes
-    one corner for all its frames), font scaled with the axes height (about 6.5 pt on the default
+    one corner for all its frames), font scaled with the axes height (about 7.5 pt on the default
     6-inch panel), two columns above six entries.
 
     Returns:
@@ -232,7 +232,7 @@ def draw_legend(ax, f: FrameData, loc: str | None = None):
     if loc is None:
         loc = quiet_corner(frame_points(f), f.extent)
     height_in = ax.get_position().height * ax.figure.get_size_inches()[1]
-    size = float(np.clip(1.25 * height_in, 4.0, 8.0))
+    size = float(np.clip(1.4 * height_in, 4.0, 8.0))
     return ax.legend(handles=[_handle(k) for k in keys], loc=loc, fontsize=size, framealpha=0.85,
                      ncol=2 if len(keys) > 6 else 1, handlelength=1.4, borderpad=0.4, labelspacing=0.3,
                      columnspacing=0.8)
