@@ -130,3 +130,21 @@ def test_drop_hook_drops_pedestrian_rows(control, all_valid_pack, default_pack):
     assert dropped == int(batch.loss_mask[ped].sum())
     assert (dropped > 0) == (want_rows > 0)
     assert not out.loss_mask[ped].any() and torch.equal(out.loss_mask[~ped], batch.loss_mask[~ped])
+
+
+def test_convert_control_flag_gives_training_packs_with_pedestrians(tmp_path, capsys):
+    """``python -m gpusim.data convert data/womd_extra --out DIR --control all_valid`` writes a pack
+    whose controlled agents include the pedestrians and the cyclist (``train/run.py --data DIR``
+    then trains on them and adopts ``max_controlled`` 32); a bad rule is a one-line error, exit 2."""
+    from gpusim.data.__main__ import main as data_main
+
+    out = tmp_path / "extra_all"
+    assert data_main(["convert", str(EXTRA), "--out", str(out), "--control", "all_valid", "--no-progress"]) == 0
+    pack = ScenarioPack.load(out)
+    assert pack.config.control == "all_valid" and pack.num_controlled.tolist() == [12, 32, 26]
+    types = torch.cat([pack.agent_type[s, :int(pack.num_controlled[s])] for s in range(3)])
+    assert int((types == int(ObjectType.PEDESTRIAN)).sum()) == 4 and int((types == int(ObjectType.CYCLIST)).sum()) == 1
+    capsys.readouterr()
+    assert data_main(["convert", str(EXTRA), "--out", str(tmp_path / "bad"), "--control", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "all_valid" in err[0]

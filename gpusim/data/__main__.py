@@ -2,7 +2,7 @@
 
     python -m gpusim.data convert SRC... --out DIR_OR_FILE.pt [--overwrite] [--limit N] [--workers N]
                                   [--no-progress] [--shard-size N] [--max-agents N] [--max-controlled N]
-                                  [--init-steps N] [--cell-size M] [...]
+                                  [--init-steps N] [--cell-size M] [--control all_valid] [...]
     python -m gpusim.data info PACK_DIR_OR_PT_OR_SHARDED_DIR_OR_SOURCES... [--no-verify | --verify]
 
 ``--shard-size N`` writes a sharded pack directory (``gpusim.data.shards``: shards of N scenarios
@@ -53,6 +53,7 @@ _CONFIG_FLAGS = {
     "grid_margin": float,
     "grid_k": int,
     "grid_edge_k": int,
+    "control": str,  # vehicles_with_goal or all_valid (pedestrians and cyclists controlled too)
 }
 
 
