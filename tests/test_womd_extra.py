@@ -106,7 +106,8 @@ def _rollout(pack, cfg):
     env = DriveEnv(pack, 3, config=cfg, device="cpu", seed=0)
     obs = env.reset(scenarios=torch.arange(3))
     torch.manual_seed(0)
-    pol = ActorCritic(env.obs_layout, env.num_actions, False, PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16))
+    small = PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16)
+    pol = ActorCritic(env.obs_layout, env.num_actions, False, small)
     R, H = env.num_worlds * env.num_slots, env.horizon
     buf = RolloutBatch.empty(R, H, env.obs_dim, False, 1, "cpu")
     _, batch = collect_rollout(env, pol, obs, buf, pol.init_cache(R, H))
