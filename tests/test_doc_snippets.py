@@ -41,14 +41,18 @@ def marked_blocks(path: pathlib.Path, root: pathlib.Path = REPO) -> list[tuple[s
     (errors name the page relative to ``root``).
 
     Raises:
-        ValueError: a marker not followed by a fence, a fence without a closing one, or a marked
-            block in a language the runner does not know (only ``python`` and ``bash``).
+        ValueError: a malformed marker, a marker not followed by a fence, a fence without a closing
+            one, or a marked block in a language the runner does not know (only ``python`` and
+            ``bash``).
     """
     lines = path.read_text(encoding="utf-8").split("\n")
     blocks = []
     for i, line in enumerate(lines):
         m = MARKER.match(line.strip())
         if not m:
+            if "<!--" in line and "snippet" in line:
+                raise ValueError(f"{path.relative_to(root)}:{i + 1}: malformed snippet marker {line.strip()!r} "
+                                 "(write <!-- snippet: run --> or <!-- snippet: run slow -->)")
             continue
         fence = FENCE.match(lines[i + 1].strip()) if i + 1 < len(lines) else None
         where = f"{path.relative_to(root)}:{i + 1}"
@@ -108,6 +112,7 @@ def sandbox(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(("lang", "code", "where"), _params())
 def test_snippet_runs(lang, code, where, sandbox):
+    """The block runs without an error (python: no exception; bash: every command exits 0)."""
     if lang == "python":  # tracebacks name the page and the block's first line (add the line shown - 1)
         exec(compile(code, where, "exec"), {"__name__": "__snippet__"})
         return
@@ -128,6 +133,7 @@ def test_the_pages_have_runnable_blocks():
 
 
 def test_marker_parsing(tmp_path):
+    """Markers, line numbers, continuation lines and comments are read as documented."""
     page = tmp_path / "p.md"
     page.write_text("text\n<!-- snippet: run -->\n```python\nx = 1\n```\n<!-- snippet: run slow -->\n```bash\n"
                     "python -c 'print(1)' \\\n    --flag  # note\n```\n```python\nnot marked\n```\n")
@@ -138,6 +144,9 @@ def test_marker_parsing(tmp_path):
         bash_commands("python a.py | head")
     page.write_text("<!-- snippet: run -->\n```\nplain\n```\n")
     with pytest.raises(ValueError, match="only python and bash"):
+        marked_blocks(page, tmp_path)
+    page.write_text("<!-- snippet: runs -->\n```python\nx = 1\n```\n")
+    with pytest.raises(ValueError, match="malformed snippet marker"):
         marked_blocks(page, tmp_path)
 
 
