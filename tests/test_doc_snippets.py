@@ -196,3 +196,12 @@ def test_old_spellings_still_parse():
     assert (old.grid_cell_size, old.grid_margin) == (new.grid_cell_size, new.grid_margin) == (8.0, 30.0)
     old = tyro.cli(EvalConfig, args=["--checkpoint", "a.pt", "--human-replay"], registry=cli_registry())
     assert old.checkpoint == "a.pt" and old.human_replay
+
+
+def test_simulator_renderer_points_a_policy_to_the_trainer(capsys):
+    """``python -m gpusim.render --policy X`` (either spelling) names ``python -m train.render``."""
+    from gpusim.render.cli import main
+
+    for flag in ("--policy", "--checkpoint", "--policy=a.pt"):
+        assert main(["--data", "d", "--out", "o.png", flag, "a.pt"]) == 2
+        assert "python -m train.render --policy" in capsys.readouterr().err
