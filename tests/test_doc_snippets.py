@@ -206,35 +206,3 @@ def test_simulator_renderer_points_a_policy_to_the_trainer(capsys):
         assert main(["--data", "d", "--out", "o.png", flag, "a.pt"]) == 2
         assert "python -m train.render --policy" in capsys.readouterr().err
 
-
-def heading_anchors(page: pathlib.Path) -> set[str]:
-    """The link anchors of ``page``'s headings as GitHub makes them: lower case, punctuation other
-    than ``-`` and ``_`` dropped, spaces to ``-``, ``-1``, ``-2``, ... appended to repeats; headings
-    inside code blocks are not headings."""
-    found, seen, in_code = set(), {}, False
-    for line in page.read_text(encoding="utf-8").split("\n"):
-        if line.strip().startswith("```"):
-            in_code = not in_code
-        m = None if in_code else re.match(r"^#{1,6}\s+(.*)$", line)
-        if m:
-            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
-            found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
-            seen[slug] = seen.get(slug, 0) + 1
-    return found
-
-
-def test_links_between_pages_resolve():
-    """Every relative link of README.md and docs/*.md names an existing file, and an anchor in a
-    Markdown page names one of its headings (a renamed heading breaks the links to it)."""
-    bad = []
-    for page in PAGES:
-        for m in re.finditer(r"\]\(([^)\s#]*)(?:#([^)\s]+))?\)", page.read_text(encoding="utf-8")):
-            target, anchor = m.group(1), m.group(2)
-            if re.match(r"^[a-z]+:", target):
-                continue
-            path = page.parent / target if target else page
-            if not path.exists():
-                bad.append(f"{page.relative_to(REPO)}: {target} does not exist")
-            elif anchor and path.suffix == ".md" and anchor not in heading_anchors(path):
-                bad.append(f"{page.relative_to(REPO)}: {target}#{anchor}: no such heading")
-    assert not bad, "\n".join(bad)
