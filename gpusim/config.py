@@ -178,9 +178,11 @@ class EnvConfig:
         random_start_steps: random start, a training randomisation (docs/training.md
             "Generalisation options", ``gpusim/sim/random_start.py``): each world starts its
             episode at log step ``init_steps + u``, ``u`` uniform in ``[0, N]`` drawn per world per
-            episode; the episode is shortened so no world runs past the log: ``scenario_length``
-            is at most ``91 - init_steps - N`` (the default; a longer one, e.g. the full-log 91 of
-            a default config, is shortened to it). 0 (default): off, bit for bit.
+            episode; no world runs past its log: a world's episode ends at the horizon or when its
+            log ends (after ``91 - init_steps - u`` steps), whichever comes first, and idles until
+            the synchronous reset; in trial mode the trials are shortened instead
+            (``scenario_length`` at most ``91 - init_steps - N``, a longer one is shortened to
+            it). 0 (default): off, bit for bit.
         goal_resample: goal resampling, a training randomisation (``gpusim/sim/goal_resample.py``):
             at every episode start each controlled agent's goal becomes a lane place drawn
             uniformly from its candidate pool (``gpusim.sim.candidates.candidate_pool``: ahead, at
@@ -241,16 +243,16 @@ class EnvConfig:
                 or not 0 <= self.random_start_steps <= WOMD_STEPS - 2 - self.init_steps:
             raise ValueError(f"EnvConfig.random_start_steps must be an integer in "
                              f"[0, {WOMD_STEPS - 2 - self.init_steps}] (0: off), got {self.random_start_steps!r}")
-        longest = WOMD_STEPS - self.init_steps - self.random_start_steps
+        longest = WOMD_STEPS - self.init_steps - (self.random_start_steps if self.trial_mode else 0)
         if self.scenario_length is None or (self.random_start_steps > 0 and self.scenario_length > longest):
-            object.__setattr__(self, "scenario_length", longest)  # random start shortens the episode
+            object.__setattr__(self, "scenario_length", longest)  # random start shortens the trials
         if self.scenario_length < 1:
             raise ValueError(f"EnvConfig.scenario_length must be >= 1, got {self.scenario_length}")
-        if self.init_steps + self.random_start_steps + self.scenario_length > WOMD_STEPS:
+        if self.init_steps + self.scenario_length > WOMD_STEPS:
             raise ValueError(
-                f"EnvConfig.scenario_length={self.scenario_length} with init_steps={self.init_steps} and "
-                f"random_start_steps={self.random_start_steps} runs past the {WOMD_STEPS}-step log (the experts "
-                f"would have no log to replay); use at most {WOMD_STEPS - self.init_steps - self.random_start_steps}"
+                f"EnvConfig.scenario_length={self.scenario_length} with init_steps={self.init_steps} runs past the "
+                f"{WOMD_STEPS}-step log (the experts would have no log to replay); use at most "
+                f"{WOMD_STEPS - self.init_steps}"
             )
         if self.goal_radius <= 0:
             raise ValueError(f"EnvConfig.goal_radius must be > 0, got {self.goal_radius}")
@@ -336,9 +338,10 @@ class EnvConfig:
 
     def replace(self, **changes) -> "EnvConfig":
         """A copy with ``changes`` applied (validated again). A ``scenario_length`` equal to its
-        derived default (``91 - init_steps - random_start_steps``) is derived again unless
-        ``changes`` sets it, so it follows a change of ``init_steps`` or ``random_start_steps``."""
-        if "scenario_length" not in changes and \
-                self.scenario_length == WOMD_STEPS - self.init_steps - self.random_start_steps:
+        derived default (``91 - init_steps``, minus ``random_start_steps`` in trial mode) is
+        derived again unless ``changes`` sets it, so it follows a change of ``init_steps``,
+        ``random_start_steps`` or the goal behaviour."""
+        shortened = self.random_start_steps if self.trial_mode else 0
+        if "scenario_length" not in changes and self.scenario_length == WOMD_STEPS - self.init_steps - shortened:
             changes = {**changes, "scenario_length": None}
         return dataclasses.replace(self, **changes)

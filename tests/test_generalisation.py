@@ -55,8 +55,25 @@ def test_random_start_poses_are_the_log_at_each_worlds_start_step(pack):
     assert torch.equal(st.heading[valid], pack.traj_heading[s, a, i][valid])
     # controlled agents not valid at their start step are out of play (not controlled this episode)
     assert not bool((st.controlled & ~st.present).any())
-    # the horizon stays within the log: the last step of a world starting at u = N is log step 90
-    assert env.horizon == WOMD_STEPS - N and int(u.max()) + env.horizon <= WOMD_STEPS
+
+def test_random_start_each_world_ends_with_its_log(pack):
+    env = _env(pack, W=16, random_start_steps=N)
+    assert env.horizon == WOMD_STEPS  # the horizon of the log start; worlds that start later end earlier
+    u = env.state.start_offset.to(torch.int64)
+    active = env.state.slot_active.clone()
+    end_step = torch.full_like(active, -1, dtype=torch.int64)
+    for t in range(1, env.horizon + 1):
+        r = env.step(env.expert_actions())
+        end_step = torch.where(r.terminal & (end_step < 0), t, end_step)
+        if t < env.horizon:
+            ended = env.state.world_done
+            assert torch.equal(ended, t >= WOMD_STEPS - u)  # done exactly when the log has no next step
+            assert not bool(r.loss_mask[ended & (t > WOMD_STEPS - u)].any())  # idle after its end
+    # every active slot's episode ended at its world's log end (or earlier, at a goal stop)
+    assert bool((end_step[active] >= 1).all())
+    assert bool((end_step <= (WOMD_STEPS - u)[:, None])[active].all())
+    # following the log from any start step, the logged goal is still reached in time
+    assert env.metrics("mean")["goal_reached"] >= 0.9
 
 
 def test_random_start_experts_replay_from_the_start_step(pack):
@@ -98,10 +115,13 @@ def test_random_start_bad_values_refused():
         EnvConfig(random_start_steps=-1)
     with pytest.raises(ValueError, match="random_start_steps"):
         EnvConfig(random_start_steps=WOMD_STEPS)
-    # the episode is shortened so that no world runs past the log, a full-log length included
-    assert EnvConfig(random_start_steps=N, scenario_length=WOMD_STEPS).scenario_length == WOMD_STEPS - N
-    assert EnvConfig(random_start_steps=N, scenario_length=30).scenario_length == 30
-    assert EnvConfig(init_steps=10, random_start_steps=N).scenario_length == WOMD_STEPS - 10 - N
+    assert EnvConfig(random_start_steps=N).scenario_length == WOMD_STEPS
+    # in trial mode the trials are shortened so that no world runs past the log
+    trial = dict(random_start_steps=N, goal_behavior="trial")
+    assert EnvConfig(**trial, scenario_length=WOMD_STEPS).scenario_length == WOMD_STEPS - N
+    assert EnvConfig(**trial, scenario_length=30).scenario_length == 30
+    assert EnvConfig(**trial, init_steps=10).scenario_length == WOMD_STEPS - 10 - N
+    assert EnvConfig(**trial).replace(random_start_steps=0).scenario_length == WOMD_STEPS
 
 
 # ---------------------------------------------------------------- goal resampling

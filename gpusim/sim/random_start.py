@@ -10,9 +10,14 @@ that read the log (experts' replay, traffic signals, the expert actions, goal RE
 kernels themselves are unchanged. A trial restart restores the episode's start state, offset
 included, so every trial of an episode starts at the same log step.
 
-Horizon: the episode is shortened, not clamped. The default ``scenario_length`` with random start
-is ``91 - init_steps - N`` (``EnvConfig``), so even ``u = N`` ends at the log's last step; a longer
-explicit ``scenario_length`` is refused by the config.
+Horizon: no world runs past its log. Outside trial mode a world's episode ends at the horizon
+(``scenario_length``, default ``91 - init_steps`` as without random start) or when its log ends,
+after ``91 - init_steps - u`` steps, whichever comes first (:func:`log_ended`, stage ``rewards``:
+``terminal`` for its active slots, then ``world_done``: it idles until the synchronous reset,
+like a world truncated early), so every world sees its log to the end and its logged goals keep
+the time the log took to reach them. In trial mode a trial cannot end per world at the log's end
+(the trial clock times trials out at ``scenario_length``), so there the trials are shortened: the
+config caps ``scenario_length`` at ``91 - init_steps - N``.
 
 Controlled agents not valid at their start step are out of play for the episode: their slot is
 not controlled (``controlled`` False: no action, no loss, no agent-episode in the metrics), and
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import torch
 
+from gpusim.config import WOMD_STEPS
 from gpusim.sim.context import SimContext
 from gpusim.state import EnvState
 
@@ -78,6 +84,16 @@ def log_origin(ctx: SimContext, state: EnvState) -> torch.Tensor:
     if ctx.config.random_start_steps <= 0:
         return state.trial_start
     return (state.trial_start - state.start_offset).contiguous()
+
+
+def log_ended(ctx: SimContext, state: EnvState) -> torch.Tensor | None:
+    """[W] bool: the world's log has no step after the one just taken (``init_steps + start_offset
+    + step >= 91``, ``state`` after the replay stage), so its episode ends now; None when random
+    start is off or in trial mode (there every trial is shortened instead: module docstring)."""
+    cfg = ctx.config
+    if cfg.random_start_steps <= 0 or cfg.trial_mode:
+        return None
+    return (cfg.init_steps + state.start_offset + state.step) >= WOMD_STEPS
 
 
 def respawn_pose(ctx: SimContext, state: EnvState, mask: torch.Tensor) -> dict:

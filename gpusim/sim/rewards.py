@@ -16,7 +16,8 @@ computed in torch ops on the device after the events op, for every backend.
 The same kernel applies STOP / REMOVE for collisions and offroad, STOP for the goal, early
 truncation (``stop_truncate_fraction`` of a world's agents contact-stopped) and ``terminal``.
 In trial mode the trial clock owns ``world_done``, ``slot_done`` and ``terminal`` (stage
-``trial``), so this stage leaves them alone there.
+``trial``), so this stage leaves them alone there. With random start (outside trial mode) a
+world's episode also ends when its log does (:func:`gpusim.sim.random_start.log_ended`).
 
 The op is :func:`gpusim.kernels.events.events` on the step's backend, bound once per pack
 (:func:`~gpusim.sim.context.bound_op`, :func:`~gpusim.kernels.events.bind_events`).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 from gpusim.kernels.events import bind_events
 from gpusim.sim.context import SimContext, StepVars, bound_op
+from gpusim.sim.random_start import log_ended
 from gpusim.sim.styles import conditioned_reward
 from gpusim.state import EnvState
 
@@ -35,11 +37,16 @@ def rewards(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     ``step.terminal`` [W, C]; changes ``speed``, ``present``, ``stopped``, ``contact_stopped``,
     ``removed``, ``last_reward`` (and ``world_done``, ``slot_done`` outside trial mode)."""
     cfg = ctx.config
+    end = ctx.end_flags[int(step.episode_end)]
+    log_end = log_ended(ctx, state)  # random start: a world's episode also ends with its log (else None)
     ev = bound_op(ctx, step, "events", lambda backend, check: bind_events(backend, check, **event_scalars(cfg)))(
         state.pos, state.goal, state.speed, state.controlled, step.in_play, state.present, step.collided,
         step.offroad, step.hit, state.stopped, state.contact_stopped, state.removed, state.world_done,
-        ctx.end_flags[int(step.episode_end)], state.controlled, state.slot_done)  # slot_active: its first C columns
-    return _apply(ctx, state, step, ev)
+        end if log_end is None else end | log_end, state.controlled, state.slot_done)  # slot_active: first C columns
+    changes = _apply(ctx, state, step, ev)
+    if log_end is not None:
+        changes["world_done"] = changes["world_done"] | log_end  # it idles until the synchronous reset
+    return changes
 
 
 _LAST: list = [None, None]  # (config, event_scalars(config)) of the last call
