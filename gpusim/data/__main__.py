@@ -2,7 +2,7 @@
 
     python -m gpusim.data convert SRC... --out DIR_OR_FILE.pt [--overwrite] [--limit N] [--workers N]
                                   [--no-progress] [--shard-size N] [--max-agents N] [--max-controlled N]
-                                  [--init-steps N] [--cell-size M] [--control all_valid] [...]
+                                  [--init-steps N] [--grid-cell-size M] [--control all_valid] [...]
     python -m gpusim.data info PACK_DIR_OR_PT_OR_SHARDED_DIR_OR_SOURCES... [--no-verify | --verify]
 
 ``--shard-size N`` writes a sharded pack directory (``gpusim.data.shards``: shards of N scenarios
