@@ -39,6 +39,7 @@ class RunExtras:
         self.trial_log = TrialLog(env.num_worlds, env.config.scenario_length, device) if trial else None
         self.env = env
         self.device = device
+        self.say = say
         self.pending: dict[str, float] = {}
         self._live = None
         if self.pool is not None:
@@ -55,6 +56,10 @@ class RunExtras:
         from train.eval.live import LiveEvaluator
 
         if self._live is None:
+            from train.eval.settings import evaluation_config
+
+            for note in evaluation_config(self.env.config)[1]:  # the evaluation rule, said once
+                self.say(f"periodic evaluation: {note}")
             self._live = LiveEvaluator(self.env.config, self.cfg.eval_data or self.cfg.data, self.cfg.eval_mode,
                                        self.cfg.coplayer, self.device, seed=self.cfg.seed)
         self.pending.update(self._live.run(policy))
