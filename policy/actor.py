@@ -42,8 +42,9 @@ class Actor:
         num_slots: N (ignored when ``cache`` is given). horizon: the cache's capacity in steps
             (an episode's length, ``env.horizon``).
         device: where the cache and the removed flags live (default: the policy's parameters').
-        deterministic: argmax (discrete) / mean (continuous) actions instead of sampling (sampling
-            draws from torch's global generator, as ``ActorCritic.sample``).
+        deterministic: ``True`` / ``"argmax"``: argmax (discrete) / mean (continuous) actions
+            instead of sampling (sampling draws from torch's global generator); ``"mean"``: the
+            rounded expected value per action dimension (discrete; ``ActorCritic.sample``).
         reset_at_trial: clear a slot's memory at a trial end too (co-players; the memoryless
             control). ``None`` (default): the policy's ``config.memory == "trial"``
             (:class:`policy.PolicyConfig`), else False.
@@ -57,7 +58,7 @@ class Actor:
         ValueError: ``num_slots < 0`` without a ``cache``.
     """
 
-    def __init__(self, policy, num_slots: int = 0, horizon: int = 1, device=None, deterministic: bool = False,
+    def __init__(self, policy, num_slots: int = 0, horizon: int = 1, device=None, deterministic: bool | str = False,
                  reset_at_trial: bool | None = None, cache=None):
         if device is None:
             device = next(iter(policy.parameters())).device
@@ -67,7 +68,7 @@ class Actor:
             cache = policy.init_cache(int(num_slots), int(horizon), device)
         self.policy = policy
         self.cache = cache
-        self.deterministic = bool(deterministic)
+        self.deterministic = deterministic if deterministic in ("argmax", "mean") else bool(deterministic)
         if reset_at_trial is None:
             reset_at_trial = getattr(getattr(policy, "config", None), "memory", "episode") == "trial"
         self.reset_at_trial = bool(reset_at_trial)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from gpusim.kernels.dynamics import NUM_ACCEL, NUM_STEER
 from gpusim.kernels.episode_mask import episode_mask
 from policy.encoders import ObsDims, ObsEncoder
 from policy.transformer import CausalTransformer, KVCache
@@ -259,13 +260,31 @@ class ActorCritic(nn.Module):
     def _std(self) -> torch.Tensor:
         return self.log_std.exp()
 
-    def sample(self, logits: torch.Tensor, deterministic: bool = False) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, deterministic: bool | str = False) -> torch.Tensor:
         """Draw actions: [...] int64 indices (discrete) or [..., A] float32 (continuous).
-        ``deterministic`` takes the argmax / the mean."""
+
+        ``deterministic``: ``False`` samples; ``True`` / ``"argmax"`` takes the joint argmax
+        (discrete) or the mean (continuous); ``"mean"`` (discrete) takes, per action dimension, the
+        expected grid index under the policy, rounded: acceleration over its 7 values and steering
+        over its 13 (``gpusim.kernels.dynamics``: joint index ``accel * 13 + steer``). With a broad
+        distribution (entropy still far from 0, as at the end of the 2M-step CPU run) the joint
+        argmax is one cell of a flat 7 x 13 table and can sit far from the distribution's centre;
+        the expected value is the analogue of a continuous policy's mean (docs/evaluation.md).
+
+        Raises:
+            ValueError: ``deterministic`` not one of the values above.
+        """
+        if deterministic not in (False, True, "argmax", "mean"):
+            raise ValueError(f"sample: deterministic must be False, True, 'argmax' or 'mean', got {deterministic!r}")
         if self.continuous:
             if deterministic:
                 return logits
             return logits + self._std() * torch.randn_like(logits)
+        if deterministic == "mean":
+            p = torch.softmax(logits.float(), dim=-1).unflatten(-1, (NUM_ACCEL, NUM_STEER))
+            accel = (p.sum(-1) * torch.arange(NUM_ACCEL, device=p.device)).sum(-1).round().long()
+            steer = (p.sum(-2) * torch.arange(NUM_STEER, device=p.device)).sum(-1).round().long()
+            return accel * NUM_STEER + steer
         if deterministic:
             return logits.argmax(dim=-1)
         # Gumbel-max sampling: argmax(logits + Gumbel noise) is a draw from softmax(logits)

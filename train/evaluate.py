@@ -92,6 +92,10 @@ class EvalConfig:
         num_worlds: worlds per batch (0 = up to 32, spread evenly over the batches).
         k_trials: > 0: trial mode with this many trials per episode (0 = as trained).
         stochastic: sample the policies' actions instead of argmax / mean.
+        decode: how a checkpoint's deterministic action is taken from its discrete head (not with
+            ``--stochastic``): ``argmax`` (the joint argmax, the default) or ``mean`` (per action
+            dimension the expected grid index, rounded; ``policy.ActorCritic.sample``: better for a
+            policy whose entropy is still high, docs/evaluation.md).
         memory: ``trial``: the memoryless control, every checkpoint's KV cache cleared at every
             trial start (docs/trial.md); ``episode``: kept across the trials of an episode;
             default: as each checkpoint was trained (``--policy.memory``). Checkpoints only.
@@ -125,6 +129,7 @@ class EvalConfig:
     num_worlds: int = 0
     k_trials: int = 0
     stochastic: bool = False
+    decode: Literal["argmax", "mean"] = "argmax"
     memory: Literal["episode", "trial"] | None = None
     seed: int = 12345
     device: str = field(default_factory=default_device)
@@ -234,7 +239,7 @@ def _check_policies(policies: list[dict], env, cfg: EvalConfig) -> None:
 def _make_driver(entry: dict, env, cfg: EvalConfig):
     """The driver of one ``--policy`` entry: a baseline, or the checkpoint's policy
     (:func:`train.checkpoint.policy_from_checkpoint`, the one policy loader) acting through a
-    :class:`train.eval.sweep.PolicyDriver` (argmax unless ``--stochastic``).
+    :class:`train.eval.sweep.PolicyDriver` (``--decode``, argmax by default, unless ``--stochastic``).
 
     Raises:
         UserError: the checkpoint's observation layout, action count or action space is not the env's.
@@ -250,7 +255,7 @@ def _make_driver(entry: dict, env, cfg: EvalConfig):
     except PolicyMismatch as e:
         raise UserError(f"--policy {entry['spec']}: {e.detail} (the env settings are the first checkpoint's); "
                         "evaluate it on its own or first") from None
-    return PolicyDriver(policy.to(env.device), deterministic=not cfg.stochastic, memory=cfg.memory)
+    return PolicyDriver(policy.to(env.device), deterministic=False if cfg.stochastic else cfg.decode, memory=cfg.memory)
 
 
 def _check(cfg: EvalConfig) -> list[str]:
@@ -340,7 +345,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             raise UserError("--coplayer PATH@STYLE: the evaluated policy was trained without reward conditioning")
         base = base.replace(partner_styles=partner_table)
     out = {"data": cfg.data, "device": str(device), "num_threads": threads, "seed": cfg.seed,
-           "deterministic": not cfg.stochastic, "memory": cfg.memory or "as trained", "interval": cfg.interval,
+           "deterministic": not cfg.stochastic, "decode": None if cfg.stochastic else cfg.decode, "memory": cfg.memory or "as trained", "interval": cfg.interval,
            "level": cfg.level, "episodes_per_scenario": cfg.episodes_per_scenario,
            "k_trials": base.k_trials if base.trial_mode else 0,
            "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}
@@ -493,7 +498,7 @@ def print_results(results: dict, console, per_scenario_table: bool = True) -> No
     title = (f"{results['data']}: {len(runs[0]['scenarios'])} scenarios x {results['episodes_per_scenario']} "
              f"episode(s); goal {env['goal_behavior']}, collision {env['collision_behavior']}, offroad "
              f"{env['offroad_behavior']}{', %d trials' % results['k_trials'] if results['k_trials'] else ''}; "
-             f"{'argmax' if results['deterministic'] else 'sampled'} actions; {level}% CI over agent-episodes "
+             f"{(results.get('decode') or 'argmax') if results['deterministic'] else 'sampled'} actions; {level}% CI over agent-episodes "
              f"({method})")
     console.print(summary_table(runs, title))
     by_ids: dict = {}

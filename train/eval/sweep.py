@@ -155,12 +155,13 @@ class PolicyDriver:
     every trial start too). Steps where the agent was removed are passed as removed.
 
     Args:
-        policy: the model (put in eval mode). deterministic: argmax (discrete) / mean (continuous)
-            actions; else sampled with torch's global generator. memory: ``"episode"`` or
+        policy: the model (put in eval mode). deterministic: ``True`` / ``"argmax"``: argmax
+            (discrete) / mean (continuous) actions; ``"mean"``: the rounded expected value per
+            action dimension (``ActorCritic.sample``); ``False``: sampled with torch's global generator. memory: ``"episode"`` or
             ``"trial"``; ``None`` (default): the policy's own ``config.memory``.
     """
 
-    def __init__(self, policy, deterministic: bool = True, memory: str | None = None):
+    def __init__(self, policy, deterministic: bool | str = True, memory: str | None = None):
         self.policy = policy.eval()
         self.deterministic = deterministic
         self.memory = memory
