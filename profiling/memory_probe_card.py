@@ -11,7 +11,7 @@ Usage::
 
 Every ``--evals`` file is a ``train/evaluate.py --json`` output of the run's checkpoint; its row is
 labelled by its ``memory`` (``as trained`` / ``episode``: with memory; ``trial``: the control) and
-``deterministic`` fields. ``s = 2 * trial_0_score`` (docs/trial.md, "What s²/2 means").
+``deterministic`` / ``decode`` fields. ``s = 2 * trial_0_score`` (docs/trial.md, "What s²/2 means").
 Errors (a missing file, an evaluation JSON without trial scores): one line, exit code 2.
 """
 
@@ -46,7 +46,8 @@ def table_rows(evals: list[pathlib.Path]) -> list[str]:
         d = json.loads(path.read_text())
         s = d["runs"][0]["summary"]
         memory = "control (`--memory trial`)" if d.get("memory") == "trial" else "memory"
-        kind = "deterministic" if d.get("deterministic", True) else "sampled"
+        kind = "sampled" if not d.get("deterministic", True) else (
+            "deterministic, `--decode mean`" if d.get("decode") == "mean" else "deterministic")
         t0 = s["trial_0_score"]["mean"] if "trial_0_score" in s else None
         if t0 is None:
             raise ValueError(f"{path}: no trial_0_score (was it run in trial mode?)")
