@@ -5,8 +5,10 @@
 The memory task (docs/trial.md) asks an RL policy to learn two things at once: to drive to a
 candidate goal, and to use what its KV cache holds from trial 0 in trial 1. When PPO shows no
 adaptation this script separates the two. It drives the memory task with a scripted driver
-(:class:`train.baselines.SteerToGoal` pointed, in trial 0, at one candidate drawn per agent, and in
-trial 1 at the true goal), records whole episodes as the trainer's rollout does (observations,
+(:class:`train.baselines.SteerToGoal` pointed, in trial 0, at one candidate drawn per agent; in
+trial 1 full braking, so that nothing the agent does or sees in trial 1 hints at the true
+candidate: an earlier version drove trial 1 toward the true goal, and the memoryless control then
+read the answer off its own heading), records whole episodes as the trainer's rollout does (observations,
 terminal, truncation, removed-when-observed), and then trains, by supervised learning, the
 policy's own encoder and causal transformer (``policy.ActorCritic``, the training recipe's sizes)
 with a linear head to name the true candidate (its index in the observation's candidate block)
@@ -35,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpusim.env import DriveEnv  # noqa: E402
+from gpusim.kernels import dynamics  # noqa: E402
 from policy.actor_critic import ActorCritic  # noqa: E402
 from train.baselines import SteerToGoal  # noqa: E402
 from train.config import TrainConfig  # noqa: E402
@@ -55,6 +58,7 @@ def record(pack, cfg, worlds: int, seed: int) -> dict:
     gen = torch.Generator().manual_seed(seed)
     aim = torch.randint(0, cfg.goal_candidates, (W, C), generator=gen)
     steer = SteerToGoal()
+    brake = dynamics.encode_actions(torch.full((W, C), -dynamics.MAX_ACCEL), torch.zeros(W, C), cfg.action_space)
     out = {k: [] for k in ("obs", "terminal", "truncation", "removed", "trial1")}
     removed = torch.zeros(W, C, dtype=torch.bool)
     reached = torch.zeros(W, C, dtype=torch.bool)
@@ -68,9 +72,9 @@ def record(pack, cfg, worlds: int, seed: int) -> dict:
         true_goal = env.state.goal.clone()
         target = env.state.goal_cand.gather(2, aim[..., None, None].expand(W, C, 1, 2))[:, :, 0]
         goal = true_goal.clone()
-        goal[:, :C] = torch.where(trial1[..., None], true_goal[:, :C], target)
+        goal[:, :C] = target
         env.state = env.state.replace(goal=goal)
-        actions = steer(env)
+        actions = torch.where(trial1, brake, steer(env))  # trial 1: stand still (no hint of the truth)
         env.state = env.state.replace(goal=true_goal)
         res = env.step(actions)
         reached |= ~trial1 & (env.state.at_decoy | res.info["goal_reached"])

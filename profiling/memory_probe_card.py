@@ -27,7 +27,7 @@ import sys
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-DEFAULT_COMMAND = ("python train/run.py --data .gpudata/train --env.goal-behavior trial --env.k-trials 2 "
+DEFAULT_COMMAND = ("python train/run.py --data womd_train --env.goal-behavior trial --env.k-trials 2 "
                    "--env.goal-candidates 2 --device cuda --total-timesteps 50000000 --seed 1 --log-dir runs "
                    "--run-name memory_probe")
 
@@ -63,7 +63,7 @@ def _git() -> str:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
                                capture_output=True, text=True).stdout
-        return f"commit {head.strip()}" + (" with uncommitted changes in the tree" if dirty.strip() else "")
+        return "this repository" + (" with uncommitted changes" if dirty.strip() else "") + (" (no git)" if not head else "")
     except OSError:
         return "not recorded"
 
@@ -101,7 +101,7 @@ def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, comma
 ```
 
 - Code: {_git()}.
-- Run directory's `config.json`: `{run / 'config.json'}` (experience `candidate_progress`, the memory task's default).
+- Shaping: experience `candidate_progress` (the memory task's default; the run directory's `config.json` replays the run).
 
 ## Hardware, steps and wall time
 
@@ -111,11 +111,12 @@ def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, comma
 
 ## Held-out results
 
-Command (for `--memory` in `episode`, `trial`, each with and without `--stochastic`):
+Command (for `--memory` in `episode`, `trial`; each as below, with `--decode mean` and with
+`--stochastic`; `womd_held_out` from `python train/splits.py held_out --data path/to/womd --link womd_held_out`):
 
 ```
-python train/evaluate.py --policy policies/{pt.name} --data .gpudata/held_out --episodes-per-scenario 10 \\
-    --memory episode --num-threads 2 --no-per-scenario --json eval_episode_det.json
+python train/evaluate.py --policy policies/{pt.name} --data womd_held_out --episodes-per-scenario 10 \\
+    --memory episode --num-threads 1 --no-per-scenario --json eval_episode_det.json
 ```
 
 Means over agent-episodes with 95% intervals; s = 2 x trial_0_score, the most memory can add is s²/2
@@ -125,13 +126,15 @@ Means over agent-episodes with 95% intervals; s = 2 x trial_0_score, the most me
 |---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-Baselines (`steer_to_goal`, `constant_speed`, `expert`, `random`): not measured here; they do not
-see the candidates (the memory task is about trial 1 against trial 0 of the same policy).
+Baselines: the memory task compares trial 1 with trial 0 of the same policy. For scale,
+`steer_to_goal` told the true candidate (which no policy is) reaches it in 0.526 [0.472, 0.580]
+of the held-out trials (docs/trial.md).
 
 ## Limitations
 
 Trained only on the memory task (2 candidates, 2 trials); other env settings and more candidates
-were not tested. A short GPU run: its driving is weak, and s bounds what memory can show.
+were not tested. Its driving is weak (s well below 1), and s bounds what memory can show; the
+figures above show no use of memory yet (docs/trial.md says where it fails).
 
 ## Licence
 
