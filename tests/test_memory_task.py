@@ -15,6 +15,8 @@ from gpusim.config import EnvConfig
 from gpusim.sim.candidates import REACH_SEPARATION, START_LATERAL, candidate_pool, lane_successors, reachable_places
 from train.packs import load_pack
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
 CFG = dict(max_controlled=8, goal_behavior="trial", k_trials=2, reward_collision=0.0, reward_offroad=0.0)
 
 
@@ -355,3 +357,23 @@ def test_pool_prefers_reachable_places_on_real_scenarios(pack):
                 dist = np.linalg.norm(reach - start, axis=1)
                 assert (dist >= r / 2 - 1e-3).all() and (dist <= r + START_LATERAL).all()  # from the lane, not the start
     assert used >= 20  # most agents of the sample have a lane-graph choice
+
+
+def test_memory_path_probe_records_whole_episodes(sample_dir, capsys):
+    """profiling/memory_path_probe.py: one episode per world, trial 1 present and hidden from
+    nothing, labels are the true candidates, and a bad --data is one line with exit code 2."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_path_probe", ROOT / "profiling" / "memory_path_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    cfg = EnvConfig(**CFG, goal_candidates=2)
+    pack = load_pack(str(sample_dir), cfg)
+    d = probe.record(pack, cfg, 4, seed=1)
+    R, H = d["terminal"].shape
+    assert R == 4 * cfg.max_controlled and d["obs"].shape[:2] == (R, H)
+    assert bool(d["trial1"].any()) and bool((~d["trial1"]).any())
+    assert bool(d["terminal"][:, -1].any()) and not bool(d["terminal"][:, :-1].any())  # one whole episode per row
+    assert set(d["label"].tolist()) <= {0, 1}
+    assert probe.main(["--data", "no/such/dir"]) == 2
+    assert "--data no/such/dir" in capsys.readouterr().err
