@@ -142,3 +142,20 @@ def test_single_report_alone(tmp_path):
     fig = plot_runs([str(run)], tmp_path / "solo.png")
     _assert_readable(fig)
     assert all(ln.get_marker() == "o" for ax in fig.axes if ax.get_visible() for ln in ax.lines)
+
+
+def test_source_eval_draws_the_periodic_evaluation(tmp_path, capsys):
+    """``--source eval`` reads ``eval/self_play/<metric>`` (the held-out learning curve), not the
+    training EMA; a run without periodic evaluation is one line, exit code 2."""
+    d = tmp_path / "ev"
+    d.mkdir()
+    recs = [{"global_step": s, "goal_reached": 0.9, "eval/self_play/goal_reached": g, "eval/self_play/collided": 0.1}
+            for s, g in ((1000, 0.2), (2000, 0.5))] + [{"global_step": 2500, "goal_reached": 0.95}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    fig = plot_runs([str(d)], source="eval")
+    goal = fig.axes[0].lines[0]
+    assert list(goal.get_xdata()) == [1000.0, 2000.0] and list(goal.get_ydata()) == [0.2, 0.5]
+    assert "eval/self_play" in fig._suptitle.get_text()
+    assert main([str(tmp_path / "ev"), "--source", "eval/coplayer", "--out", str(tmp_path / "x.png")]) == 2
+    assert "--source eval/coplayer" in capsys.readouterr().err
+    assert main([str(d), "--source", "bogus", "--out", str(tmp_path / "x.png")]) == 2

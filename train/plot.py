@@ -10,6 +10,10 @@ metric with one line per run (runs overlaid, labelled by their directory name):
   trial k) and one of ``ada_delta_trial_k_minus_0``.
 
 A metric logged as ``ego/<name>`` (co-player runs) is used when ``<name>`` itself is absent.
+``--source eval`` draws instead the periodic evaluation of training (``--eval-interval``: the
+deterministic sweep over ``--eval-data``, logged as ``eval/<mode>/<name>``; ``eval`` is
+``eval/self_play``, ``eval/coplayer`` etc. name the mode): the learning curve on held-out
+scenarios when ``--eval-data`` is a held-out split.
 Records without a metric are skipped in that panel; a partial last line (a run killed mid-write)
 is ignored. Matplotlib runs with the non-interactive Agg backend (no display needed).
 
@@ -97,11 +101,12 @@ def load_records(run: str | pathlib.Path) -> list[dict]:
     return records
 
 
-def _series(records: list[dict], name: str) -> tuple[list[float], list[float]]:
-    """``(global_steps, values)`` of metric ``name`` (or ``ego/<name>``) over the records that have it."""
+def _series(records: list[dict], name: str, prefix: str = "") -> tuple[list[float], list[float]]:
+    """``(global_steps, values)`` of metric ``prefix + name`` (or ``ego/<name>`` without a
+    prefix) over the records that have it."""
     xs, ys = [], []
     for rec in records:
-        v = rec.get(name, rec.get(f"ego/{name}"))
+        v = rec.get(prefix + name, None if prefix else rec.get(f"ego/{name}"))
         if isinstance(v, (int, float)):
             xs.append(float(rec["global_step"]))
             ys.append(float(v))
@@ -132,19 +137,37 @@ def _labels(runs: list[str]) -> list[str]:
     return out
 
 
-def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str | None = None):
+def _prefix(source: str) -> str:
+    """The record-key prefix of ``--source``: ``""`` for ``train``, ``eval/<mode>/`` for ``eval[/<mode>]``.
+
+    Raises:
+        UserError: another value.
+    """
+    if source == "train":
+        return ""
+    if source == "eval":
+        return "eval/self_play/"
+    if source.startswith("eval/") and source.count("/") == 1 and source[5:]:
+        return source + "/"
+    raise UserError(f"--source {source}: use train, eval or eval/<mode> (e.g. eval/coplayer)")
+
+
+def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str | None = None,
+              source: str = "train"):
     """Draw the learning curves of ``runs`` (module docstring) and save them to ``out`` if given.
 
     Args:
         runs: run directories (or ``metrics.jsonl`` files). out: image path (format from the
             extension, e.g. ``.png``, ``.pdf``, ``.svg``). title: figure title.
+        source: ``train`` (the training reports) or ``eval[/<mode>]`` (the periodic evaluation).
 
     Returns:
         The matplotlib ``Figure`` (axes in panel order; one ``Line2D`` per run and metric, with
         point markers when the run has at most :data:`MARKER_MAX_POINTS` reports).
 
     Raises:
-        UserError: see :func:`load_records`; no run given; an unknown image extension.
+        UserError: see :func:`load_records`; no run given; an unknown image extension; a bad
+            ``source``, or no run with a periodic evaluation for it.
     """
     import matplotlib
 
@@ -153,7 +176,11 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
 
     if not runs:
         raise UserError("give at least one run directory")
+    prefix = _prefix(source)
     data = [load_records(r) for r in runs]
+    if prefix and not any(_series(recs, "goal_reached", prefix)[0] for recs in data):
+        raise UserError(f"--source {source}: no run has {prefix}goal_reached records "
+                        "(train with --eval-interval N, and --eval-data for held-out scenarios)")
     labels = _labels(list(runs))
     panels = [(title, ylabel, [name]) for name, title, ylabel in PANELS]
     trial_scores = sorted({n for recs in data for n in _trial_names(recs, "trial_", "_score")},
@@ -170,7 +197,7 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
     for ax, (ptitle, ylabel, names) in zip(axes.flat, panels):
         for label, recs in zip(labels, data):
             for name in names:
-                xs, ys = _series(recs, name)
+                xs, ys = _series(recs, name, prefix)
                 if xs:
                     suffix = f" {name.replace('_score', '').replace('ada_delta_', '')}" if len(names) > 1 else ""
                     marker = "o" if len(xs) <= MARKER_MAX_POINTS else None
@@ -183,8 +210,8 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
             ax.legend(fontsize="small")
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
+    if title or prefix:
+        fig.suptitle(title or f"periodic evaluation ({prefix.rstrip('/')})")
     fig.tight_layout()
     if out is not None:
         out = pathlib.Path(out)
@@ -203,18 +230,22 @@ class PlotConfig:
         runs: run directories of ``train/run.py`` (or their ``metrics.jsonl`` files), overlaid.
         out: image file to write (format from the extension).
         title: figure title.
+        source: ``train`` (the training reports, per-agent EMA of sampled episodes) or ``eval``
+            / ``eval/<mode>`` (the periodic evaluation of ``--eval-interval``: on held-out
+            scenarios when ``--eval-data`` is a held-out split).
     """
 
     runs: tyro.conf.Positional[tuple[str, ...]]
     out: str = "curves.png"
     title: str | None = None
+    source: str = "train"
 
 
 def main(argv=None) -> int:
     """CLI entry point: 0 on success, 2 with a one-line message for a user error."""
     cfg = tyro.cli(PlotConfig, args=argv, description=__doc__.split("\n\n")[0])
     try:
-        plot_runs(list(cfg.runs), cfg.out, cfg.title)
+        plot_runs(list(cfg.runs), cfg.out, cfg.title, cfg.source)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
