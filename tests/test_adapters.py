@@ -114,12 +114,13 @@ def test_torchrl_env_passes_check_env_specs_and_matches_native_api(pack):
 
 
 def _readme_block(title: str) -> str:
-    text = (REPO / "README.md").read_text()
-    m = re.search(r"^## Using gpusim from Gymnasium / TorchRL$(.*?)^## ", text, re.M | re.S)
-    assert m, "README section 'Using gpusim from Gymnasium / TorchRL' is missing"
+    """The example of docs/adapters.md ("Quick examples") that mentions ``title``."""
+    text = (REPO / "docs" / "adapters.md").read_text()
+    m = re.search(r"^## Quick examples$(.*?)^## ", text, re.M | re.S)
+    assert m, "docs/adapters.md section 'Quick examples' is missing"
     blocks = re.findall(r"```python\n(.*?)```", m.group(1), re.S)
     found = [b for b in blocks if title in b]
-    assert len(found) == 1, f"one README example mentioning {title}"
+    assert len(found) == 1, f"one docs/adapters.md example mentioning {title}"
     return found[0]
 
 
@@ -129,7 +130,7 @@ def test_readme_examples_run(lib, monkeypatch):
     code = _readme_block("DriveVectorEnv" if lib == "gymnasium" else "DriveTorchRLEnv")
     assert len(code.strip().splitlines()) <= 12
     monkeypatch.chdir(REPO)
-    exec(compile(code, f"README.md ({lib} example)", "exec"), {})
+    exec(compile(code, f"docs/adapters.md ({lib} example)", "exec"), {})
 
 
 @pytest.mark.parametrize("lib", ["gymnasium", "torchrl"])
