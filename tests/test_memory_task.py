@@ -377,3 +377,17 @@ def test_memory_path_probe_records_whole_episodes(sample_dir, capsys):
     assert set(d["label"].tolist()) <= {0, 1}
     assert probe.main(["--data", "no/such/dir"]) == 2
     assert "--data no/such/dir" in capsys.readouterr().err
+
+
+def test_resume_keeps_the_memory_task_shaping(tmp_path):
+    """A memory-task run resumed without flags keeps its shaping (``candidate_progress``) instead of
+    the trainer's default ``progress``, which the task refuses."""
+    from train.run import main
+
+    common = ["--num-worlds", "2", "--num-threads", "1", "--log-dir", str(tmp_path), "--quiet"]
+    assert main(["--env.goal-behavior", "trial", "--env.k-trials", "2", "--env.goal-candidates", "2",
+                 "--total-timesteps", "500", "--run-name", "m", *common]) == 0
+    ckpt = tmp_path / "m" / "checkpoint.pt"
+    first = torch.load(ckpt, weights_only=False)["global_step"]
+    assert main(["--resume", str(ckpt), "--total-timesteps", str(2 * first), *common]) == 0
+    assert torch.load(ckpt, weights_only=False)["global_step"] > first

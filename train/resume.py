@@ -69,7 +69,8 @@ def prepare_run(cfg: TrainConfig):
 
     Returns:
         ``(cfg, ckpt, ckpt_file, run_dir)``: ``cfg`` with its run name (and, resuming, the
-        checkpoint's ``num_worlds``); ``ckpt`` (the loaded checkpoint dict) and ``ckpt_file`` are
+        checkpoint's ``num_worlds``, and for a memory-task run its shaping when the flags left the
+        default ``progress``, which that task refuses); ``ckpt`` (the loaded checkpoint dict) and ``ckpt_file`` are
         None for a new run.
 
     Raises:
@@ -95,9 +96,13 @@ def prepare_run(cfg: TrainConfig):
     if conflicts:
         raise UserError(f"--resume {ckpt_file}: the env and policy settings come from the checkpoint, and these "
                         f"flags conflict with it: {'; '.join(conflicts)}. Drop them, or start a new run")
-    saved_w = (ckpt.get("config") or {}).get("num_worlds")
+    saved = ckpt.get("config") or {}
+    saved_w = saved.get("num_worlds")
     if saved_w is not None:
         cfg = dataclasses.replace(cfg, num_worlds=int(saved_w))
+    if int((ckpt.get("env_config") or {}).get("goal_candidates") or 0) >= 2 and cfg.experience == "progress":
+        # the memory task's default shaping, as parse_args gives a new run (the flags name no candidates here)
+        cfg = dataclasses.replace(cfg, experience=saved.get("experience") or "candidate_progress")
     run_dir = resume_run_dir(ckpt_file, ckpt)
     return dataclasses.replace(cfg, run_name=run_dir.name), ckpt, ckpt_file, run_dir
 
