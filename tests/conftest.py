@@ -26,6 +26,24 @@ SAMPLE_DIR = REPO / "data" / "womd_sample"
 
 
 @pytest.fixture(scope="session")
+def tracked_files() -> list[str]:
+    """Paths (relative to the repository root, POSIX) of the files git tracks (``git ls-files``).
+
+    Skips the test when there is no list to check: no ``git`` executable, or a tree that is not a
+    git checkout (an unpacked sdist).
+    """
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: no list of tracked files")
+    proc = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True)
+    if proc.returncode != 0:
+        pytest.skip(f"not a git checkout: {proc.stderr.decode(errors='replace').strip()}")
+    return [p for p in proc.stdout.decode().split("\0") if p]
+
+
+@pytest.fixture(scope="session")
 def sample_dir() -> pathlib.Path:
     """Directory of the real WOMD scenarios shipped with the project."""
     return SAMPLE_DIR

@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import pathlib
 import re
-import shutil
-import subprocess
-
-import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 #: The outside brief's file name, which no tracked file may mention.
@@ -29,14 +25,6 @@ LINK = re.compile(r"\[[^\]\n]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 #: Plain mentions of a docs page by its path from the repository root.
 DOCS_PATH = re.compile(r"(?<![\w./-])docs/([\w.-]+\.md)\b")
 FENCE = re.compile(r"^\s*(```|~~~)")
-
-
-def tracked_files() -> list[str]:
-    """Paths (relative to the repository) of the files git tracks; skips without git."""
-    if shutil.which("git") is None or not (REPO / ".git").exists():
-        pytest.skip("not a git checkout: the tracked files are unknown")
-    out = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    return [p for p in out.decode().split("\0") if p]
 
 
 def doc_pages() -> list[pathlib.Path]:
@@ -94,9 +82,9 @@ def broken_links(page: pathlib.Path) -> list[str]:
     return bad
 
 
-def test_no_tracked_file_mentions_the_outside_design_brief():
+def test_no_tracked_file_mentions_the_outside_design_brief(tracked_files):
     offenders = []
-    for rel in tracked_files():
+    for rel in tracked_files:
         if rel in ALLOWED:
             continue
         path = REPO / rel

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import pathlib
 import re
-import shutil
-import subprocess
 
 import pytest
 
@@ -24,10 +22,6 @@ EXEMPT_FILES = {
     "CHANGELOG.md": "the history of the project: the one place for rounds and issue numbers",
     "tests/test_docs_words.py": "this file names the words it looks for",
 }
-
-#: Pages allowed to be mid-rewrite: their hits make the test xfail instead of fail (any hit
-#: elsewhere still fails it). Empty: every page is clean.
-PENDING: dict[str, str] = {}
 
 #: Text removed before the scan because the word is part of a third-party API, with why.
 API_USES = [
@@ -56,21 +50,6 @@ def hits_in_text(text: str) -> list[tuple[int, str]]:
         if SESSION.search(line) or ISSUE_NUMBER.search(line):
             out.append((number, line.strip()))
     return out
-
-
-def tracked_text_files() -> list[str]:
-    """Paths (relative to the repository root, POSIX) of the tracked files, from ``git ls-files``.
-
-    Raises:
-        pytest.skip.Exception: no ``git`` executable, or the tree is not a git checkout (an
-            unpacked sdist), so there is no list of tracked files to check.
-    """
-    if shutil.which("git") is None:
-        pytest.skip("git is not installed: no list of tracked files")
-    proc = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
-    if proc.returncode != 0:
-        pytest.skip(f"not a git checkout: {proc.stderr.decode(errors='replace').strip()}")
-    return [p for p in proc.stdout.decode().split("\0") if p]
 
 
 def read_text(path: pathlib.Path) -> str | None:
@@ -102,19 +81,17 @@ def test_scanner_finds_the_words_and_spares_api_names():
     assert [n for n, _ in hits_in_text(text)] == [1, 2, 3, 4]
 
 
-def test_no_history_words_outside_the_changelog():
+def test_no_history_words_outside_the_changelog(tracked_files):
     """Every tracked text file but the exempt ones is free of "session(s)" and "issue N"."""
-    bad, pending = [], []
-    for rel in tracked_text_files():
+    bad = []
+    for rel in tracked_files:
         if rel in EXEMPT_FILES:
             continue
         text = read_text(ROOT / rel)
         if text is None:
             continue
         lines = [f"{rel}:{n}: {line[:120]}" for n, line in hits_in_text(text)]
-        (pending if rel in PENDING else bad).extend(lines)
+        bad.extend(lines)
     assert not bad, (
         f"{len(bad)} line(s) speak of sessions or issue numbers; history goes to CHANGELOG.md, "
         "code and docs describe the current state:\n" + "\n".join(bad))
-    if pending:
-        pytest.xfail(f"{len(pending)} line(s) in pages under rewrite (PENDING):\n" + "\n".join(pending))
