@@ -181,11 +181,11 @@ def candidate_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
     S = len(pack.scenario_ids)
     found = [[None] * C for _ in range(S)]
     for s in range(S):
-        lane = rt[s] == int(RoadType.LANE)
-        mid = 0.5 * (seg[s, lane, :2] + seg[s, lane, 2:])
-        succ = lane_successors(seg[s, lane]) if int(nc[s]) else []
+        lanes = seg[s, rt[s] == int(RoadType.LANE)]  # [P, 4], one copy per scenario
+        mid = 0.5 * (lanes[:, :2] + lanes[:, 2:])
+        succ = lane_successors(lanes) if int(nc[s]) else []
         for c in range(min(int(nc[s]), C)):
-            reach = reachable_places(seg[s, lane], succ, tp[s, c, t0], float(th[s, c, t0]),
+            reach = reachable_places(lanes, succ, tp[s, c, t0], float(th[s, c, t0]),
                                      _driving_distance(tp[s, c, t0:], tv[s, c, t0:]))
             places = _agent_places(mid, tp[s, c, t0], float(th[s, c, t0]), goal[s, c], need, reach)
             if len(places) < need:
