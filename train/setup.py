@@ -21,7 +21,7 @@ from gpusim.config import ActionSpace, EnvConfig
 from policy.actor_critic import ActorCritic, PolicyConfig
 from policy.encoders import ObsDims
 from train.checkpoint import clean_stale_temp_files
-from train.config import TrainConfig, UserError, env_config_from_dict, resolve_path
+from train.config import TrainConfig, UserError, env_config_from_dict, memory_task_experience, resolve_path
 from train.config import user_set as set_by_user
 from train.coplayer import coplayer_env_config
 from train.distributed import NullLogger
@@ -191,10 +191,8 @@ def build_run(cfg: TrainConfig, ranks, ckpt: dict | None, ckpt_file, run_dir: pa
                                                         main=ranks.is_main)
     train_policy = ranks.wrap(policy)  # DDP under torchrun (the update trains it); rollouts use `policy`
     if hook is None:
-        if getattr(env_config, "goal_candidates", 0) >= 2 and cfg.experience == "progress":
-            raise UserError(f"--experience progress: the goal-progress shaping points at the true goal, which the "
-                            f"memory task (--env.goal-candidates {env_config.goal_candidates}) hides; use "
-                            "--experience identity")
+        if isinstance(env_config, EnvConfig):  # the memory task refuses the goal-progress shaping (one rule)
+            memory_task_experience(dataclasses.replace(cfg, env=env_config), explicit=True)
         hook = make_hook(cfg.experience, cfg.experience_arg, hook_context(env, cfg.ppo.gamma))
 
     buffer = RolloutBatch.for_env(env, continuous, device)
