@@ -69,6 +69,9 @@ def parse_args(argv=None):
     ap.add_argument("--compare", metavar="REF", default=None,
                     help="also benchmark git commit REF (a worktree in /tmp), interleaved A/B/A/B in subprocesses")
     ap.add_argument("--rounds", type=int, default=2, help="A/B rounds with --compare")
+    ap.add_argument("--profile-update", type=int, default=0, metavar="N",
+                    help="after the timed iterations, run one more rollout and profile its PPO update "
+                         "(torch.profiler); print the N ops with the most self time on the device (CPU: on the host)")
     args = ap.parse_args(argv)
     args.train_argv = train_argv
     return args
@@ -226,6 +229,35 @@ def _timed_iterations(cfg, parts: dict, warmup: int, iters: int) -> list[dict]:
     return rows
 
 
+def _profile_update(cfg, parts: dict, top: int) -> None:
+    """Collect one more rollout, then run its PPO update under ``torch.profiler`` and print the
+    ``top`` ops by self time on the device (on CUDA; on the CPU by self CPU time), with the
+    update's wall time, so that the update's cost can be read op by op."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from train.rollout import collect_rollout
+    from train.run import update_policy
+
+    device, env, policy = parts["device"], parts["env"], parts["policy"]
+    obs = env.reset(seed=cfg.seed + 1)
+    policy.eval()
+    _, batch = collect_rollout(env, policy, obs, parts["buffer"], parts["cache"])
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    with profile(activities=activities) as prof:
+        update_policy(policy, parts["optimizer"], batch, parts["hook"], cfg.ppo, parts["gen"])
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    print(f"# one PPO update under torch.profiler: {wall:.3f} s wall (profiler overhead included); "
+          f"top {top} ops by {key}")
+    print(prof.key_averages().table(sort_by=key, row_limit=top, max_name_column_width=60))
+
+
 def _print_table(meta: dict, med: dict, peak: dict) -> None:
     """Print the human-readable summary: agent-steps/s, the per-phase split and the peak memory."""
     print(f"# end-to-end training (train/run.py loop); {meta}")
@@ -248,6 +280,8 @@ def main(argv=None) -> dict:
     parts = _build(cfg)
     device, env, policy = parts["device"], parts["env"], parts["policy"]
     iters = _timed_iterations(cfg, parts, args.warmup, args.iters)
+    if args.profile_update > 0:
+        _profile_update(cfg, parts, args.profile_update)
     med = {k: statistics.median(i[k] for i in iters) for k in iters[0]} if iters else {}
     peak = {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
     if device.type == "cuda":
