@@ -31,6 +31,7 @@ python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', tr
 el "1. throughput sweep"
 python3 profiling/recipe_sweep.py --iters 5 --skip 2 --timeout "$SWEEP_S" --log-dir /tmp/sweep --json "$OUT/sweep.json" \
   --setting gpu_recipe= \
+  --setting w2048="--num-worlds 2048" \
   --setting w4096="--num-worlds 4096" \
   --setting w4096_bf16_fused="--num-worlds 4096 --ppo.autocast bf16 --ppo.fused-adam" \
   --setting w4096_mb2="--num-worlds 4096 --ppo.num-minibatches 2" \
