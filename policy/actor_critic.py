@@ -199,7 +199,7 @@ class ActorCritic(nn.Module):
         return out.masked_fill_(rm, 0.0) if out is not obs else out.masked_fill(rm, 0.0)
 
     def forward(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, prepared: bool = False,
-                rows: torch.Tensor | None = None):
+                rows: torch.Tensor | None = None, pack: bool | None = None):
         """Whole rollout rows.
 
         Args:
@@ -210,6 +210,12 @@ class ActorCritic(nn.Module):
             rows: optional [B] int64: ``obs`` holds more rows ([R, T, ...]) and these are the
                 ones to use, in order (the same as passing ``obs[rows]``, without copying the
                 rows' removed steps; the PPO update's minibatches).
+            pack: compute the encoder and the per-token layers on the non-removed steps only
+                (:meth:`_forward_kept`): ``None`` (default) packs on the CPU when
+                :attr:`pack_removed` is set; ``True`` packs on every device (on CUDA it reads the
+                kept-step count to the host: one synchronisation per call, which the rollout's
+                CUDA graph could not hold, so only the PPO update asks for it,
+                ``PPOConfig.pack_removed``); ``False`` computes every step.
 
         Returns:
             ``(logits [B, T, num_actions], values [B, T])``. At every non-removed step these equal
@@ -231,7 +237,9 @@ class ActorCritic(nn.Module):
             )
         removed = removed.to(torch.bool)
         allowed, position = episode_mask(terminal.to(torch.bool), removed)
-        if self.pack_removed and obs.device.type == "cpu" and removed.any():  # host read: CPU only
+        if pack is None:
+            pack = self.pack_removed and obs.device.type == "cpu"
+        if pack and removed.any():  # host read (the count of kept steps)
             return self._forward_kept(obs, removed, allowed, position, prepared, rows)
         if rows is not None:
             obs = obs.index_select(0, rows)

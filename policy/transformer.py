@@ -117,8 +117,8 @@ class Block(nn.Module):
         at those positions."""
         B, T = shape
         d = x.shape[-1]
-        qkv = torch.zeros(B * T, 3 * d, dtype=x.dtype, device=x.device).index_copy(
-            0, index, self.qkv(self.ln1(x)))
+        kept = self.qkv(self.ln1(x))  # bfloat16 under autocast (the PPO update's option)
+        qkv = torch.zeros(B * T, 3 * d, dtype=kept.dtype, device=x.device).index_copy(0, index, kept)
         q, k, v = (t.reshape(B, T, self.n_heads, d // self.n_heads).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
         att = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None])  # [B, H, T, dh]
         x = x + self.proj(att.transpose(1, 2).reshape(B * T, d).index_select(0, index))

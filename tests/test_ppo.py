@@ -202,6 +202,46 @@ def test_bf16_autocast_loss_close_to_fp32_and_logprob_ratio_stay_fp32(monkeypatc
     assert torch.nn.functional.cosine_similarity(g32, g16, dim=0).item() > 0.999
 
 
+@pytest.mark.parametrize("autocast", ["off", "bf16"])
+def test_pack_removed_gives_the_loss_and_gradient_of_every_step_computed(monkeypatch, autocast):
+    """``PPOConfig.pack_removed``: the update's forward on the kept steps only, asked for on a
+    policy that follows the device rule (no packing unless asked, as on CUDA), against the same
+    policy computing every step: the same loss and gradient, and the packed path really ran."""
+    import policy.encoders as encoders
+
+    monkeypatch.setattr(encoders, "COMPACT_MIN_ROWS", 10**12)  # dense slots, as on CUDA
+    calls = []
+    kept = ActorCritic._forward_kept
+    monkeypatch.setattr(ActorCritic, "_forward_kept", lambda self, *a, **k: calls.append(1) or kept(self, *a, **k))
+    mb = _minibatch(B=8, T=12, seed=3)
+    assert mb["removed"].any()
+    models, results = [], []
+    for pack in (False, True):
+        model = _model()
+        model.pack_removed = False
+        loss, stats = ppo_loss(model, mb, PPOConfig(autocast=autocast, pack_removed=pack))
+        loss.backward()
+        models.append(model)
+        results.append((loss, stats))
+        assert len(calls) == int(pack)
+    (l0, s0), (l1, s1) = results
+    rel = 1e-5 if autocast == "off" else 2e-2
+    assert l1.item() == pytest.approx(l0.item(), rel=rel, abs=1e-6)
+    assert s1["valid_steps"].item() == s0["valid_steps"].item()
+    g0 = torch.cat([p.grad.flatten() for p in models[0].parameters()])
+    g1 = torch.cat([p.grad.flatten() for p in models[1].parameters()])
+    assert ((g1 - g0).norm() / g0.norm()).item() < (1e-4 if autocast == "off" else 0.1)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pack_removed_on_cuda_gives_the_dense_loss():
+    mb = {k: v.cuda() if isinstance(v, torch.Tensor) else v for k, v in _minibatch(B=8, T=12, seed=4).items()}
+    model = _model().cuda()
+    dense, _ = ppo_loss(model, mb, PPOConfig())
+    packed, _ = ppo_loss(model, mb, PPOConfig(pack_removed=True))
+    assert packed.item() == pytest.approx(dense.item(), rel=1e-4, abs=1e-6)
+
+
 def test_autocast_off_is_the_plain_fp32_loss_and_bad_values_are_refused():
     mb = _minibatch(seed=2)
     a, _ = ppo_loss(_model(), mb, PPOConfig())
@@ -285,4 +325,9 @@ def test_ppo_update_reads_nothing_to_the_host_on_the_gpu_path(monkeypatch, autoc
     b.removed[:, -2:] = True
     with _HostReads() as reads:
         ppo_update(model, opt, b, PPOConfig(autocast=autocast), 6, 3, torch.arange(8))
+    assert len(reads.hits) >= 6
+    # pack_removed asks the device path to pack too: then it reads the kept-step count per minibatch
+    model.pack_removed = False
+    with _HostReads() as reads:
+        ppo_update(model, opt, b, PPOConfig(autocast=autocast, pack_removed=True), 6, 3, torch.arange(8))
     assert len(reads.hits) >= 6

@@ -29,7 +29,12 @@ Speed options for a GPU (all off by default, so a CPU run is bit for bit what it
 * ``fused_adam=True``: :func:`make_optimizer` builds ``torch.optim.Adam(fused=True)`` (one kernel
   for every parameter's update) when the parameters are on a CUDA device, the default Adam
   elsewhere.
-* The update itself reads nothing back to the host: no ``.item()``, ``.tolist()`` or
+* ``pack_removed=True``: the policy's forward in the update runs its encoder and per-token layers
+  on the non-removed steps only, on every device (``ActorCritic.forward(pack=True)``; the CPU
+  always does so). Removed steps (agents out of play after a collision, an off-road exit or the
+  goal) are most of a trained policy's rollout rows, so this removes most of the update's work;
+  on CUDA it costs one host read per minibatch (the kept-step count).
+* Without ``pack_removed`` the update itself reads nothing back to the host: no ``.item()``, ``.tolist()`` or
   data-dependent shape per minibatch (its statistics stay device tensors; the trainer reads them
   once per report). Only the policy's CPU paths read (they pack the kept steps and the valid road
   slots), and the default Adam reads its step counters, which are host tensors on every device.
@@ -70,6 +75,9 @@ class PPOConfig:
             value targets stay float32). Works on CPU and CUDA; meant for CUDA.
         fused_adam: build the optimizer with ``torch.optim.Adam(fused=True)`` where the
             parameters are on CUDA (:func:`make_optimizer`); ignored on other devices.
+        pack_removed: compute the policy's forward in the update on the non-removed steps only,
+            on every device (the CPU packs them anyway); on CUDA one host read per minibatch.
+            The outputs at the steps trained on are the same (to float32 rounding).
 
     Raises:
         ValueError: ``autocast`` not one of ``"off"``, ``"bf16"``.
@@ -91,6 +99,7 @@ class PPOConfig:
     num_minibatches: int = 4
     autocast: Literal["off", "bf16"] = "off"
     fused_adam: bool = False
+    pack_removed: bool = False
 
     def __post_init__(self):
         if self.autocast not in AUTOCAST_DTYPES:
@@ -143,7 +152,7 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
         v_loss, entropy, approx_kl, clipfrac, valid_steps) — all on the device.
     """
     mask = mb["loss_mask"]
-    logits, new_values = _policy_forward(policy, mb, cfg.autocast)
+    logits, new_values = _policy_forward(policy, mb, cfg.autocast, cfg.pack_removed)
     new_logp = policy.log_prob(logits, mb["actions"])
     entropy = policy.entropy(logits)
     log_ratio = new_logp - mb["logprobs"]
@@ -193,17 +202,20 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
     return loss, stats
 
 
-def _policy_forward(policy, mb: dict, autocast: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _policy_forward(policy, mb: dict, autocast: str, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The policy's ``(logits, values)`` for the minibatch, float32; with ``autocast`` ``"bf16"``
-    computed under bfloat16 autocast and cast back (``.float()`` is a no-op on float32 outputs)."""
+    computed under bfloat16 autocast and cast back (``.float()`` is a no-op on float32 outputs);
+    with ``pack`` on the non-removed steps only, on every device (``ActorCritic.forward(pack=True)``)."""
     dtype = AUTOCAST_DTYPES[autocast]
     scope = (torch.autocast(device_type=mb["loss_mask"].device.type, dtype=dtype) if dtype is not None
              else contextlib.nullcontext())
+    kw = {"pack": True} if pack else {}
     with scope:
         if mb.get("prepared", False):  # obs from policy.prepare_obs (ppo_update): compact, removed steps cleared
-            logits, values = policy(mb["obs"], mb["terminal"], mb["removed"], prepared=True, rows=mb.get("obs_rows"))
+            logits, values = policy(mb["obs"], mb["terminal"], mb["removed"], prepared=True, rows=mb.get("obs_rows"),
+                                    **kw)
         else:
-            logits, values = policy(mb["obs"], mb["terminal"], mb["removed"])
+            logits, values = policy(mb["obs"], mb["terminal"], mb["removed"], **kw)
     return logits.float(), values.float()
 
 

@@ -84,12 +84,14 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
         t0 = time.time()
         policy.eval()
         obs, batch = rollout(obs, coplayers=extras.pool, trial_log=extras.trial_log)
+        _wait(run.device)  # CUDA runs ahead of the host: wait, so that the rollout/update split is true
         t1 = time.time()
         if cfg.anneal_lr:
             frac = max(1.0 - global_step / cfg.total_timesteps, 0.0)
             for g in optimizer.param_groups:
                 g["lr"] = cfg.learning_rate * frac
         stats, counts = update_policy(run.train_policy, optimizer, batch, run.hook, cfg.ppo, run.generator, dist=ranks)
+        _wait(run.device)
         t2 = time.time()
         rollout_time, update_time = rollout_time + t1 - t0, update_time + t2 - t1
         update += 1
@@ -163,6 +165,14 @@ def update_policy(policy, optimizer, batch: RolloutBatch, hook, ppo_cfg, generat
     counts = {"nominal_steps": nominal_i, "effective_steps": effective_i, "active_slots": active_slots_i,
               "optimizer_steps": n_steps, "rows_per_minibatch": rows_per_mb}
     return stats, counts
+
+
+def _wait(device) -> None:
+    """Wait for the device's queued work (CUDA; nothing elsewhere): the reported ``rollout_s`` and
+    ``update_s`` then time each phase's device work, not only its launches. One synchronisation per
+    phase; the update reads its counts to the host anyway."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int):
