@@ -137,18 +137,18 @@ def test_readme_examples_run(lib, monkeypatch):
 def test_adapters_apply_the_env_action_checks(pack, lib):
     # a float action for a discrete env was cast to int64 (1.7 -> joint 1) and stepped the worlds
     pytest.importorskip(lib, reason=f"optional extra: pip install -e '.[{lib}]'")
-    from gpusim.adapters import DriveTorchRLEnv, DriveVectorEnv
+    import gpusim.adapters as adapters  # each adapter imported only for its own library (the other may be absent)
 
     raw, wrapped = _pair(pack)
     W, C = raw.num_worlds, raw.num_slots
     if lib == "gymnasium":
-        env = DriveVectorEnv(wrapped)
+        env = adapters.DriveVectorEnv(wrapped)
         env.reset(seed=3)
 
         def step(a):
             return env.step(a.reshape(W * C))
     else:
-        env = DriveTorchRLEnv(wrapped)
+        env = adapters.DriveTorchRLEnv(wrapped)
         env.set_seed(3)
         td = env.reset()
 
