@@ -144,7 +144,8 @@ class TrainConfig:
             warning with the reason when it cannot be used), ``off``. A failed capture warns once
             and runs eagerly. Same results either way.
         recipe: the defaults the command line starts from (:mod:`train.recipes`): ``auto`` = the
-            GPU recipe on a CUDA device (1024 worlds, 40M steps, reports every 5 updates; bf16
+            GPU recipe on a CUDA device (1024 worlds, 40M steps, reports every 5 updates, the update on
+            the non-removed steps only, ``--ppo.pack-removed``; bf16
             autocast and fused Adam stay off), else the CPU recipe (the defaults written here); ``cpu`` / ``gpu`` by
             name. Flags given explicitly win; not applied with ``--config``.
     """

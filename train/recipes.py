@@ -10,19 +10,21 @@ records every field, so it replays the run whatever the device).
 * ``cpu``: :class:`TrainConfig`'s own defaults, tuned for the 2-core development machine
   (docs/training.md, "CPU defaults"). A CPU run is exactly what it was before
   recipes existed.
-* ``gpu``: the values below, taken from the H100 measurements in docs/gpu.md ("Training"): at the
-  CPU defaults (32 worlds) the GPU trained at 30.8K agent-steps/s with the PPO update 84% of the
-  time (small, launch-bound minibatches of about 64 rows); with ``--num-worlds 1024`` the same
-  trainer ran at 580-710K agent-steps/s and reached a training-time goal rate of 0.92 in 100 s
-  (59M steps). So the GPU recipe takes 1024 worlds (minibatches of about 1,100 rows x 91 steps:
-  4 x 4 optimizer steps as on the CPU, each on 32 times the data), a 40M-step budget (50 s on
-  one H200: 850K agent-steps/s in the trainer's own count, training-time goal 0.83 on the
-  52-scenario training split), and reports every 5 updates instead of 2 (a report reads the
-  statistics to the host). The update levers of :mod:`train.ppo` (``--ppo.autocast bf16``,
-  ``--ppo.fused-adam``) stay off: measured together on an H200 at this size they made
-  ``profiling/bench_train.py`` slower (358K against 447K agent-steps/s; docs/training.md). Slots (``--env.max-controlled
-  8``: the bundled scenarios have at most 8 controlled agents) and the model width (d=64, the
-  width of the measured 1024-world run) stay as on the CPU.
+* ``gpu``: the values below, chosen from H100 measurements (docs/training.md, "Recipes";
+  ``profiling/recipe_sweep.py``, real ``train/run.py`` runs, 2026-11-26). At the CPU defaults (32
+  worlds) the GPU trained at 30.8K agent-steps/s. With 1024 worlds the trainer ran at 813K
+  agent-steps/s, 2048 at 880K and 4096 at 908K: the update grows with the data, so more worlds
+  barely help. What pays is ``--ppo.pack-removed``: the update's forward on the non-removed steps
+  only (60% of a trained driver's rollout steps are removed), 948K at 1024 worlds and 1.15M at
+  4096 (update 1.40 -> 0.95 s per iteration at 4096); it is on here. bf16 autocast with fused Adam
+  added 3% on top at 4096 worlds (1.18M) and made the trainer slower at 1024 on an H200 (358K
+  against 447K in ``bench_train``), so both stay off. The world count stays 1024: learning was
+  measured there (three seeds reach a training-time goal rate of about 0.76 in 50M steps on the
+  52-scenario training split with goal resampling; held-out figures in docs/training.md); 4096
+  worlds train 21% faster but make four times fewer updates per step, unmeasured for learning.
+  The budget is 40M steps (under a minute), reports every 5 updates instead of 2 (a report reads
+  the statistics to the host). Slots (``--env.max-controlled 8``) and the model width (d=64) stay
+  as on the CPU.
 
 When resuming (``--resume``), the world count and the env and policy settings come from the
 checkpoint, so the recipe leaves them alone.
@@ -43,6 +45,7 @@ RECIPES: dict[str, dict[str, object]] = {
         "num_worlds": 1024,
         "total_timesteps": 40_000_000,
         "report_interval": 5,
+        "ppo.pack_removed": True,
     },
 }
 
