@@ -86,6 +86,30 @@ def test_resume_continues_jsonl_time_and_metric_state(tmp_path, small_pack):
     assert b["global_step"] > a["global_step"]
 
 
+def test_resume_of_a_copied_checkpoint_continues_beside_the_copy_and_keeps_its_shaping(tmp_path, small_pack):
+    """Formerly: resuming a copy appended to (and truncated) the original run's metrics.jsonl, and a
+    run trained with ``--experience identity`` continued with the default ``progress`` shaping."""
+    import shutil
+
+    from train.resume import prepare_run
+
+    out = train(_cfg(tmp_path, data=str(small_pack), total_timesteps=300, experience="identity"))
+    original = (pathlib.Path(out["run_dir"]) / "metrics.jsonl").read_text()
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    shutil.copy(out["checkpoint"], fork / "checkpoint.pt")
+    cfg, _, _, run_dir = prepare_run(_cfg(tmp_path, data=str(small_pack), total_timesteps=600,
+                                          resume=str(fork / "checkpoint.pt")))
+    assert run_dir == fork and cfg.experience == "identity"
+    out2 = train(_cfg(tmp_path, data=str(small_pack), total_timesteps=600, resume=str(fork / "checkpoint.pt")))
+    assert pathlib.Path(out2["run_dir"]) == fork and (fork / "metrics.jsonl").is_file()
+    assert (pathlib.Path(out["run_dir"]) / "metrics.jsonl").read_text() == original
+    # the checkpoint where its run wrote it continues that run, and a hook named on the command line wins
+    cfg, _, _, run_dir = prepare_run(_cfg(tmp_path, data=str(small_pack), total_timesteps=900,
+                                          resume=out["checkpoint"], experience="goal_bonus"))
+    assert run_dir == pathlib.Path(out["run_dir"]) and cfg.experience == "goal_bonus"
+
+
 def test_restored_metric_state_reports_what_was_saved(tmp_path, small_pack):
     from gpusim.config import EnvConfig
     from gpusim.data import ScenarioPack

@@ -53,15 +53,26 @@ def resume_conflicts(cfg: TrainConfig, ckpt: dict) -> list[str]:
 
 
 def resume_run_dir(ckpt_file: pathlib.Path, ckpt: dict) -> pathlib.Path:
-    """The run directory a checkpoint belongs to: the one recorded in it, else the checkpoint's own
-    directory (when the run was moved)."""
+    """The run directory a checkpoint belongs to.
+
+    The one recorded in the checkpoint when the file is still where that run wrote it (its run
+    directory, or its ``--checkpoint-dir``) and that directory exists; otherwise the checkpoint's
+    own directory: a run that was moved, or a checkpoint copied elsewhere to branch off, continues
+    beside the file and never appends to (or truncates) the original run's ``metrics.jsonl``.
+    """
     recorded = (ckpt.get("extra") or {}).get("run_dir")
-    candidates = [pathlib.Path(recorded)] if recorded else []
-    candidates.append(ckpt_file.parent)
-    for c in candidates:
-        if (c / "metrics.jsonl").exists():
-            return c
-    return candidates[0]
+    own = ckpt_file.parent
+    if not recorded:
+        return own
+    recorded = pathlib.Path(recorded)
+    written_to = (ckpt.get("config") or {}).get("checkpoint_dir") or recorded
+    try:
+        in_place = own.resolve() == pathlib.Path(written_to).expanduser().resolve()
+    except OSError:
+        in_place = False
+    if in_place and (recorded / "metrics.jsonl").exists():
+        return recorded
+    return own
 
 
 def prepare_run(cfg: TrainConfig):
@@ -100,9 +111,13 @@ def prepare_run(cfg: TrainConfig):
     saved_w = saved.get("num_worlds")
     if saved_w is not None:
         cfg = dataclasses.replace(cfg, num_worlds=int(saved_w))
-    if int((ckpt.get("env_config") or {}).get("goal_candidates") or 0) >= 2 and cfg.experience == "progress":
-        # the memory task's default shaping, as parse_args gives a new run (the flags name no candidates here)
-        cfg = dataclasses.replace(cfg, experience=saved.get("experience") or "candidate_progress")
+    default = TrainConfig()
+    if cfg.experience == default.experience and tuple(cfg.experience_arg) == tuple(default.experience_arg):
+        # no hook named on the command line: the run's own (its shaping must not change under it); a
+        # memory-task checkpoint without one gets the task's default, as parse_args gives a new run
+        memory_task = int((ckpt.get("env_config") or {}).get("goal_candidates") or 0) >= 2
+        hook = saved.get("experience") or ("candidate_progress" if memory_task else default.experience)
+        cfg = dataclasses.replace(cfg, experience=hook, experience_arg=tuple(saved.get("experience_arg") or ()))
     run_dir = resume_run_dir(ckpt_file, ckpt)
     return dataclasses.replace(cfg, run_name=run_dir.name), ckpt, ckpt_file, run_dir
 
