@@ -229,23 +229,32 @@ class ActorCritic(nn.Module):
         Raises:
             ValueError: for mismatched shapes.
         """
-        n_rows = obs.shape[0] if rows is None else rows.shape[0]
-        if obs.dim() != 3 or terminal.shape != (n_rows, obs.shape[1]) or removed.shape != terminal.shape:
-            raise ValueError(
-                f"ActorCritic.forward: obs [B, T, D], terminal and removed [B, T] expected; got "
-                f"{tuple(obs.shape)}, {tuple(terminal.shape)}, {tuple(removed.shape)}"
-            )
+        _check_rows("forward", obs, terminal, removed, rows)
         removed = removed.to(torch.bool)
-        allowed, position = episode_mask(terminal.to(torch.bool), removed)
         if pack is None:
             pack = self.pack_removed and obs.device.type == "cpu"
         if pack and removed.any():  # host read (the count of kept steps)
+            allowed, position = episode_mask(terminal.to(torch.bool), removed)
             return self._forward_kept(obs, removed, allowed, position, prepared, rows)
+        h = self.hidden(obs, terminal, removed, prepared, rows)
+        return self._logits(h), self.critic(h)[..., 0]
+
+    def hidden(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, prepared: bool = False,
+               rows: torch.Tensor | None = None) -> torch.Tensor:
+        """The transformer's output [B, T, d_model] float32 over whole rows, every step computed: what
+        :meth:`forward` feeds its actor and critic heads (arguments as there). Probes of what the
+        memory holds read it (``profiling/memory_path_probe.py``).
+
+        Raises:
+            ValueError: for mismatched shapes.
+        """
+        _check_rows("hidden", obs, terminal, removed, rows)
+        removed = removed.to(torch.bool)
+        allowed, position = episode_mask(terminal.to(torch.bool), removed)
         if rows is not None:
             obs = obs.index_select(0, rows)
         tokens = self.encoder(obs, compact=True) if prepared else self.encoder(_clear_removed(obs, removed))
-        h = self.transformer(tokens, allowed, position)
-        return self._logits(h), self.critic(h)[..., 0]
+        return self.transformer(tokens, allowed, position)
 
     def _forward_kept(self, obs, removed, allowed, position, prepared, rows=None):
         """:meth:`forward` computed on the non-removed steps only (CPU). A removed step is hidden
@@ -315,6 +324,17 @@ class ActorCritic(nn.Module):
             return ent.expand(logits.shape[:-1])
         logp = torch.log_softmax(logits, dim=-1)
         return -(logp.exp() * logp).sum(-1)
+
+
+def _check_rows(name: str, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, rows) -> None:
+    """Raise ValueError unless ``obs`` is [B, T, D] (or [R, T, D] with ``rows`` [B]) and
+    ``terminal`` / ``removed`` are [B, T]."""
+    n_rows = obs.shape[0] if rows is None else rows.shape[0]
+    if obs.dim() != 3 or terminal.shape != (n_rows, obs.shape[1]) or removed.shape != terminal.shape:
+        raise ValueError(
+            f"ActorCritic.{name}: obs [B, T, D], terminal and removed [B, T] expected; got "
+            f"{tuple(obs.shape)}, {tuple(terminal.shape)}, {tuple(removed.shape)}"
+        )
 
 
 def _clear_removed(obs: torch.Tensor, removed: torch.Tensor) -> torch.Tensor:

@@ -88,15 +88,6 @@ def record(pack, cfg, worlds: int, seed: int) -> dict:
     return stacked
 
 
-def hidden(model: ActorCritic, obs, terminal, removed) -> torch.Tensor:
-    """[B, T, d_model] outputs of the policy's transformer over whole rows (as ``ActorCritic.forward``)."""
-    from gpusim.kernels.episode_mask import episode_mask
-
-    allowed, position = episode_mask(terminal, removed)
-    tokens = model.encoder(model.prepare_obs(obs, removed), compact=True)
-    return model.transformer(tokens, allowed, position)
-
-
 def probe(train: dict, test: dict, reset: str, steps: int, lr: float, seed: int, layout, num_actions: int,
           policy_config) -> tuple[float, float, int]:
     """Train model + head on ``train`` rows, return (train accuracy, test accuracy, test steps)."""
@@ -107,7 +98,7 @@ def probe(train: dict, test: dict, reset: str, steps: int, lr: float, seed: int,
 
     def batch(d, rows):
         term = d["terminal"][rows] | (d["truncation"][rows] if reset == "control" else False)
-        h = hidden(model, d["obs"][rows], term, d["removed"][rows])
+        h = model.hidden(model.prepare_obs(d["obs"][rows], d["removed"][rows]), term, d["removed"][rows], prepared=True)
         mask = d["trial1"][rows] & ~d["removed"][rows] & d["informative"][rows, None]
         return head(h)[mask], d["label"][rows, None].expand_as(mask)[mask]
 

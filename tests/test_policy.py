@@ -256,3 +256,20 @@ def test_slot_encoder_fused_equals_reference_values_and_grads():
     torch.testing.assert_close(out, o1)
     out.sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in enc.parameters()) and torch.isfinite(xn.grad).all()
+
+
+def test_hidden_is_what_forward_feeds_its_heads():
+    model = _model()
+    model.pack_removed = False
+    g = torch.Generator().manual_seed(5)
+    B, T = 3, 9
+    obs = torch.randn(B, T, DIMS.obs_dim, generator=g)
+    terminal = torch.zeros(B, T, dtype=torch.bool)
+    terminal[:, 4] = True
+    removed = torch.rand(B, T, generator=g) < 0.3
+    logits, values = model(obs, terminal, removed)
+    h = model.hidden(obs, terminal, removed)
+    assert h.shape == (B, T, model.config.d_model)
+    assert torch.equal(model._logits(h), logits) and torch.equal(model.critic(h)[..., 0], values)
+    with pytest.raises(ValueError, match="ActorCritic.hidden"):
+        model.hidden(obs, terminal[:, :-1], removed)
