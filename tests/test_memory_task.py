@@ -391,3 +391,59 @@ def test_resume_keeps_the_memory_task_shaping(tmp_path):
     first = torch.load(ckpt, weights_only=False)["global_step"]
     assert main(["--resume", str(ckpt), "--total-timesteps", str(2 * first), *common]) == 0
     assert torch.load(ckpt, weights_only=False)["global_step"] > first
+
+
+class _ToCandidate:
+    """A test driver: at the first step of each trial it puts agent (0, 0) on a candidate, the
+    decoy in trial 0 and the true goal in trial 1, standing still; every action brakes."""
+
+    def begin(self, env, obs):
+        self.placed = set()
+
+    def act(self, env, obs):
+        st = env.state
+        k = int(st.trial_count[0])
+        if k not in self.placed:
+            self.placed.add(k)
+            true = int(st.cand_true[0, 0])
+            pos, speed = st.pos.clone(), st.speed.clone()
+            pos[0, 0] = st.goal_cand[0, 0, 1 - true if k == 0 else true]
+            speed[0, 0] = 0.0
+            env.state = st.replace(pos=pos, speed=speed)
+        return torch.zeros(env.num_worlds, env.num_slots, dtype=torch.int64)
+
+    def observe(self, env, result):
+        pass
+
+
+def test_evaluator_records_decoys_per_trial_and_what_follows_them(pack):
+    from train.eval.report import summarise
+    from train.eval.sweep import episode_records, run_episode
+
+    env = _env(pack, W=2, goal_candidates=2)
+    scen = torch.tensor([0, 1])
+    ep = run_episode(env, _ToCandidate(), scen)
+    assert ep["trial_decoy"][0, 0].tolist() == [True, False]
+    assert ep["trial_goal"][0, 0].tolist() == [False, True]
+    assert not (ep["trial_decoy"] & ep["trial_goal"]).any()  # a trial ends at one candidate at most
+    agents, worlds = episode_records(ep, scen, torch.zeros(2, dtype=torch.int64), torch.ones(2, dtype=torch.bool))
+    s = summarise(agents, worlds)
+    n_decoy = int(agents["trial_0_decoy"].sum())
+    assert n_decoy >= 1 and s["decoy_then_goal_trial_1"].n == n_decoy
+    hand = float(agents["trial_1_score"][agents["trial_0_decoy"].bool()].mean())  # the braking agents reach nothing
+    assert s["decoy_then_goal_trial_1"].mean == pytest.approx(hand) and hand > 0
+    assert s["trial_0_decoy"].mean == pytest.approx(n_decoy / len(agents["trial_0_decoy"]))
+
+
+def test_decoy_summaries_by_hand():
+    from train.eval.report import summarise
+
+    one = torch.ones(4)
+    agents = {"goal_reached": one, "collided": 0 * one, "offroad": 0 * one, "score": one, "episode_return": one,
+              "trial_0_score": torch.tensor([0., 0., 1., 0.]), "trial_1_score": torch.tensor([1., 0., 1., 0.]),
+              "trial_0_clean_score": 0 * one, "trial_1_clean_score": 0 * one,
+              "trial_0_decoy": torch.tensor([1., 1., 0., 1.]), "trial_1_decoy": torch.tensor([0., 1., 0., 0.])}
+    s = summarise(agents)
+    assert s["decoy_then_goal_trial_1"].mean == pytest.approx(1 / 3) and s["decoy_then_goal_trial_1"].n == 3
+    assert s["decoy_then_decoy_trial_1"].mean == pytest.approx(1 / 3)
+    assert s["trial_0_decoy"].mean == pytest.approx(0.75) and "decoy_then_goal_trial_0" not in s

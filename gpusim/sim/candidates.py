@@ -249,11 +249,13 @@ def decoys(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Stage ``decoys`` (after ``rewards``): agents that reached a decoy in this step are stopped
     (speed 0, ``stopped``; not ``contact_stopped``, so no early truncation; no reward) and marked
     ``at_decoy`` until the trial ends. A slot that reached its true goal in the same step is left
-    to the goal rules. Nothing when the task is off."""
+    to the goal rules. ``StepResult.info["decoy_reached"]`` [W, C] bool marks the slots that reached
+    a decoy in this step (the evaluator's per-trial decoy columns). Nothing when the task is off."""
     if ctx.config.goal_candidates < 2:
         return {}
     C = ctx.num_slots
     hit = decoy_hit(ctx, state, step.in_play) & ~step.goal_now[:, :C] & ~state.removed[:, :C]
+    step.info["decoy_reached"] = hit
     pad = torch.zeros_like(state.stopped[:, C:])
     hit_a = torch.cat([hit, pad], dim=1)
     return {"stopped": state.stopped | hit_a, "speed": torch.where(hit_a, torch.zeros_like(state.speed), state.speed),

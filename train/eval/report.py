@@ -10,7 +10,11 @@ column). Reported metrics (:data:`METRICS`, labels in brackets):
   metrics call ``trial_k_score`` today) and ``ada_delta_trial_k_minus_0`` = the mean over
   agent-episodes of ``trial_k_score - trial_0_score`` (paired, so its interval is that of the
   per-agent differences), plus per world-episode trial logs (trials completed, share ended before
-  the timeout, mean trial length in steps);
+  the timeout, mean trial length in steps); on the memory task also ``trial_k_decoy`` (reached a
+  wrong candidate in trial k) and, over the agent-episodes whose trial 0 ended at a wrong
+  candidate, ``decoy_then_goal_trial_k`` (reached the true goal in trial k) and
+  ``decoy_then_decoy_trial_k`` (a wrong candidate again): a policy that remembers trial 0 turns
+  the second into the first, a memoryless deterministic one repeats trial 0;
 * reward conditioning (driving styles): ``mean_speed`` (m/s), ``min_gap`` (m) and
   ``time_to_goal`` (s, over the agents that reached the goal) when the records have them
   (:data:`train.eval.styles.STYLE_METRICS`).
@@ -68,6 +72,13 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
         out[f"trial_{k}_clean_score"] = ci(agents[f"trial_{k}_clean_score"])
     for k in range(1, K):
         out[f"ada_delta_trial_{k}_minus_0"] = ci(agents[f"trial_{k}_score"] - agents["trial_0_score"], (-1.0, 1.0))
+    if "trial_0_decoy" in agents:  # the memory task: what follows a wrong candidate in trial 0
+        for k in range(K):
+            out[f"trial_{k}_decoy"] = ci(agents[f"trial_{k}_decoy"])
+        after = agents["trial_0_decoy"].to(torch.bool)
+        for k in range(1, K):
+            out[f"decoy_then_goal_trial_{k}"] = ci(agents[f"trial_{k}_score"][after])
+            out[f"decoy_then_decoy_trial_{k}"] = ci(agents[f"trial_{k}_decoy"][after])
     if worlds:
         trials = worlds["trials"].to(torch.float64)
         out["trials_per_episode"] = ci(trials, (0.0, float(trials.max())))
@@ -118,7 +129,9 @@ def summary_table(runs: list[dict], title: str):
     for run in runs:
         names += [k for k in run["summary"] if k not in names]
     for name in names:
-        cells = [format_interval(r["summary"][name]) if name in r["summary"] else "" for r in runs]
+        # a conditional rate (decoy_then_*) is over a subset: its size goes with it
+        cells = [(format_interval(r["summary"][name]) + (f" (n {r['summary'][name].n})" if name.startswith("decoy_then")
+                                                        else "")) if name in r["summary"] else "" for r in runs]
         table.add_row(labels.get(name, name), *cells)
     n = [str(r["summary"]["goal_reached"].n) for r in runs]
     table.add_row("agent-episodes", *n, style="dim")

@@ -205,7 +205,8 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
         Device tensors: ``ego`` [W, C] bool; ``coplayer`` [W, C] bool (active slots that are not
         egos: co-players, recorded with their role); ``episode_return`` [W, C] float32; ``episode_length``
         [W, C] int64 (valid steps); ``goal_reached``, ``collided``, ``offroad`` [W, C] bool;
-        in trial mode also ``trial_goal``, ``trial_collided``, ``trial_offroad`` [W, C, K] bool,
+        in trial mode also ``trial_goal``, ``trial_collided``, ``trial_offroad`` [W, C, K] bool
+        (on the memory task also ``trial_decoy`` [W, C, K] bool: reached a wrong candidate in trial k),
         ``trials``, ``trials_ended_early``, ``trial_steps`` [W] int64, ``trial_goal_step`` [W, C, K]
         int64 (step within trial k, 1-based, at which the goal was reached; -1 = not reached);
         with reward conditioning also ``mean_speed``, ``min_gap`` [W, C] float32
@@ -224,7 +225,8 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     goal, col, off = (torch.zeros(W, C, dtype=torch.bool, device=dev) for _ in range(3))
     trial = bool(cfg.trial_mode)
     K = int(cfg.k_trials) if trial else 1
-    tg, tc, to = (torch.zeros(W, C, K, dtype=torch.bool, device=dev) for _ in range(3))
+    tg, tc, to, td = (torch.zeros(W, C, K, dtype=torch.bool, device=dev) for _ in range(4))
+    decoys = trial and int(cfg.goal_candidates) >= 2  # the memory task: per-trial decoy flags
     tcount = torch.zeros(W, dtype=torch.int64, device=dev)
     t_steps = torch.zeros(W, dtype=torch.int64, device=dev)
     early = torch.zeros(W, dtype=torch.int64, device=dev)
@@ -244,6 +246,8 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
             tg |= g[..., None] & cur
             tc |= c[..., None] & cur
             to |= o[..., None] & cur
+            if decoys:
+                td |= res.info["decoy_reached"][..., None] & cur
             ended = res.trial_ended.any(dim=1)
             clock = trial_clock(before)  # steps of the current trial, this one included
             gstep = torch.where(g[..., None] & cur & (gstep < 0), clock[:, None, None], gstep)
@@ -261,6 +265,8 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     if trial:
         out.update(trial_goal=tg, trial_collided=tc, trial_offroad=to, trials=tcount, trials_ended_early=early,
                    trial_steps=t_steps, trial_goal_step=gstep)
+        if decoys:
+            out["trial_decoy"] = td
     return out
 
 
@@ -271,7 +277,8 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
     Returns:
         ``(agents, worlds)``: dicts of 1-D CPU tensors, one entry per recorded agent-episode, egos
         and co-players (:data:`AGENT_COLUMNS` + ``ego`` (1 ego, 0 co-player) + ``trial_k_score`` /
-        ``trial_k_clean_score`` / ``trial_k_goal_step``; the score columns are float 0/1) and per
+        ``trial_k_clean_score`` / ``trial_k_goal_step`` (/ ``trial_k_decoy`` on the memory task); the
+        score columns are float 0/1) and per
         real world-episode (:data:`WORLD_COLUMNS`, trial mode only). Summaries use the ego rows
         only (:func:`ego_rows`).
     """
@@ -297,6 +304,8 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
             cols[f"trial_{k}_score"] = ep["trial_goal"][..., k]
             cols[f"trial_{k}_clean_score"] = clean[..., k]
             cols[f"trial_{k}_goal_step"] = ep["trial_goal_step"][..., k]
+            if "trial_decoy" in ep:
+                cols[f"trial_{k}_decoy"] = ep["trial_decoy"][..., k]
     agents = {k: v[keep].cpu() for k, v in cols.items()}
     for k, v in agents.items():
         if v.dtype == torch.bool:
