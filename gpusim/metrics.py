@@ -66,6 +66,13 @@ def trial_metric_names(k_trials: int) -> tuple[str, ...]:
     return tuple(f"trial_{i}_score" for i in k) + tuple(f"trial_{i}_clean_score" for i in k)
 
 
+def clean_goal(goal_reached: torch.Tensor, collided: torch.Tensor, offroad: torch.Tensor) -> torch.Tensor:
+    """The ``score`` of an agent-episode (or of one trial): goal reached without a collision or an
+    off-road event. Bool tensors of one shape in, the same shape out (bool). The one definition:
+    the env's metric log and the evaluator's records both use it."""
+    return goal_reached & ~collided & ~offroad
+
+
 def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=None, red_light=None) -> torch.Tensor:
     """Per agent-episode metric values ``[..., 7 + E]`` float32 in the order of :data:`METRIC_NAMES`,
     then the ``E`` columns of ``extra``.
@@ -80,7 +87,7 @@ def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=
         ValueError: if ``extra`` does not have shape ``[W, C, E]``.
     """
     g, c, o = goal_reached.float(), collided.float(), offroad.float()
-    score = (goal_reached & ~collided & ~offroad).float()
+    score = clean_goal(goal_reached, collided, offroad).float()
     red = torch.zeros_like(g) if red_light is None else red_light.float()
     cols = [ep_return.float(), ep_length.float(), g, c, o, score, red]
     out = torch.stack(cols, dim=-1)

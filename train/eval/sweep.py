@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from gpusim.metrics import clean_goal
 from train.eval.styles import StyleProbe
 
 #: Per agent-episode columns of :func:`run_sweep` (trial columns added in trial mode).
@@ -293,13 +294,13 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
         "repetition": repetition.to(dev)[:, None].expand(W, C),
         "episode_return": ep["episode_return"], "episode_length": ep["episode_length"],
         "goal_reached": ep["goal_reached"], "collided": ep["collided"], "offroad": ep["offroad"],
-        "score": ep["goal_reached"] & ~ep["collided"] & ~ep["offroad"], "ego": ego,
+        "score": clean_goal(ep["goal_reached"], ep["collided"], ep["offroad"]), "ego": ego,
     }
     for name in ("mean_speed", "min_gap", "time_to_goal"):  # driving styles (train/eval/styles.py)
         if name in ep:
             cols[name] = ep[name]
     if "trial_goal" in ep:
-        clean = ep["trial_goal"] & ~ep["trial_collided"] & ~ep["trial_offroad"]
+        clean = clean_goal(ep["trial_goal"], ep["trial_collided"], ep["trial_offroad"])
         for k in range(ep["trial_goal"].shape[-1]):
             cols[f"trial_{k}_score"] = ep["trial_goal"][..., k]
             cols[f"trial_{k}_clean_score"] = clean[..., k]
