@@ -9,7 +9,9 @@ optional wandb), checkpoint atomically (:mod:`train.checkpoint`).
 
 Host reads: per update, four integers after the hook (valid steps before/after the hook, active
 slots, and the indices of rows with a valid step — needed to size the minibatches and count the
-optimizer steps); per report, the loss statistics and the env metrics. None per env step.
+optimizer steps), and on CUDA a wait for the device at the end of the rollout and of the update
+(the reported split); with ``--ppo.pack-removed`` one count per minibatch; per report, the loss
+statistics and the env metrics. None per env step.
 
 Examples::
 
