@@ -19,7 +19,7 @@ Usage (repository root)::
         -- --data data/womd_sample --device cuda
 
 Flags after ``--`` go to every run; a setting's own flags come after them (and win). The budget of
-a run is set from its world count: ``iters x num_worlds x max_controlled x horizon x k_trials / 2``
+a run is set from its world count: ``iters x num_worlds x max_controlled x horizon / 2``
 agent-steps (the trainer counts active slots only, so a run makes between ``iters`` and ``2 x
 iters`` updates when at least half of the slots hold an agent).
 """
@@ -40,8 +40,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-#: Horizon of a WOMD scenario in steps (9.1 s at 10 Hz), used only to size a run's budget.
-WOMD_STEPS = 91
 
 
 def parse_args(argv=None):
@@ -69,12 +67,12 @@ def parse_args(argv=None):
 
 def run_budget(flags: list[str], iters: int) -> int:
     """Agent-steps for about ``iters`` updates of the run ``flags`` describe (parsed as
-    ``train/run.py`` parses them, recipe included): ``iters x W x C x 91 x k_trials // 2``."""
+    ``train/run.py`` parses them, recipe included): ``iters x W x C x horizon // 2``, with the
+    env's episode length (``EnvConfig.horizon``: 91 steps, times ``k_trials`` in trial mode)."""
     from train.config import parse_args as train_parse
 
     cfg = train_parse(list(flags) + ["--quiet"])
-    k = cfg.env.k_trials if str(cfg.env.goal_behavior) in ("trial", "GoalBehavior.TRIAL") else 1
-    return max(1, iters * cfg.num_worlds * cfg.env.max_controlled * WOMD_STEPS * max(int(k), 1) // 2)
+    return max(1, iters * cfg.num_worlds * cfg.env.max_controlled * cfg.env.horizon // 2)
 
 
 def summarise(records: list[dict], skip: int) -> dict:
