@@ -391,6 +391,16 @@ def test_resume_keeps_the_memory_task_shaping(tmp_path):
     first = torch.load(ckpt, weights_only=False)["global_step"]
     assert main(["--resume", str(ckpt), "--total-timesteps", str(2 * first), *common]) == 0
     assert torch.load(ckpt, weights_only=False)["global_step"] > first
+    # a checkpoint that recorded no hook gets the task's default, by the rule new runs follow
+    from train.config import parse_args
+    from train.resume import prepare_run
+
+    old = torch.load(ckpt, weights_only=False)
+    old["config"].pop("experience")
+    old["config"].pop("experience_arg", None)
+    torch.save(old, tmp_path / "old.pt")
+    cfg = prepare_run(parse_args(["--resume", str(tmp_path / "old.pt"), *common]))[0]
+    assert cfg.experience == "candidate_progress" and cfg.env.goal_candidates == 0  # the flags' env is kept
 
 
 class _ToCandidate:
@@ -413,7 +423,7 @@ class _ToCandidate:
         return torch.zeros(env.num_worlds, env.num_slots, dtype=torch.int64)
 
     def observe(self, env, result):
-        pass
+        """Nothing to record: the test reads the evaluator's own columns."""
 
 
 def test_evaluator_records_decoys_per_trial_and_what_follows_them(pack):

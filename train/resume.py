@@ -19,7 +19,8 @@ import time
 import torch
 
 from train.checkpoint import load_checkpoint
-from train.config import TrainConfig, UserError, check_device, env_config_from_dict, flag, resolve_path, user_set
+from train.config import (TrainConfig, UserError, check_device, env_config_from_dict, flag, memory_task_experience,
+                          resolve_path, user_set)
 from train.logger import truncate_jsonl
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -113,11 +114,13 @@ def prepare_run(cfg: TrainConfig):
         cfg = dataclasses.replace(cfg, num_worlds=int(saved_w))
     default = TrainConfig()
     if cfg.experience == default.experience and tuple(cfg.experience_arg) == tuple(default.experience_arg):
-        # no hook named on the command line: the run's own (its shaping must not change under it); a
-        # memory-task checkpoint without one gets the task's default, as parse_args gives a new run
-        memory_task = int((ckpt.get("env_config") or {}).get("goal_candidates") or 0) >= 2
-        hook = saved.get("experience") or ("candidate_progress" if memory_task else default.experience)
-        cfg = dataclasses.replace(cfg, experience=hook, experience_arg=tuple(saved.get("experience_arg") or ()))
+        # no hook named on the command line: the run's own (its shaping must not change under it)
+        if saved.get("experience"):
+            cfg = dataclasses.replace(cfg, experience=saved["experience"],
+                                      experience_arg=tuple(saved.get("experience_arg") or ()))
+        else:  # a checkpoint that recorded none: the default for its env, by parse_args's rule
+            with_env = dataclasses.replace(cfg, env=env_config_from_dict(ckpt["env_config"]))
+            cfg = dataclasses.replace(cfg, experience=memory_task_experience(with_env, explicit=False).experience)
     run_dir = resume_run_dir(ckpt_file, ckpt)
     return dataclasses.replace(cfg, run_name=run_dir.name), ckpt, ckpt_file, run_dir
 
