@@ -236,7 +236,7 @@ class ActorCritic(nn.Module):
         if pack and removed.any():  # host read (the count of kept steps)
             allowed, position = episode_mask(terminal.to(torch.bool), removed)
             return self._forward_kept(obs, removed, allowed, position, prepared, rows)
-        h = self.hidden(obs, terminal, removed, prepared, rows)
+        h = self._hidden(obs, terminal, removed, prepared, rows)
         return self._logits(h), self.critic(h)[..., 0]
 
     def hidden(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, prepared: bool = False,
@@ -249,7 +249,10 @@ class ActorCritic(nn.Module):
             ValueError: for mismatched shapes.
         """
         _check_rows("hidden", obs, terminal, removed, rows)
-        removed = removed.to(torch.bool)
+        return self._hidden(obs, terminal, removed.to(torch.bool), prepared, rows)
+
+    def _hidden(self, obs, terminal, removed, prepared, rows):
+        """:meth:`hidden` on checked inputs (``removed`` bool): :meth:`forward`'s dense path."""
         allowed, position = episode_mask(terminal.to(torch.bool), removed)
         if rows is not None:
             obs = obs.index_select(0, rows)
