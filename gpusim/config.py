@@ -188,6 +188,12 @@ class EnvConfig:
             uniformly from its candidate pool (``gpusim.sim.candidates.candidate_pool``: ahead, at
             a distance like its logged goal's). False (default): the logged goals, bit for bit.
             Not with ``goal_candidates >= 2`` (the memory task draws its own goals).
+        candidate_practice: practice episodes of the memory task, a training randomisation
+            (docs/trial.md): the fraction (in [0, 1)) of controlled agents per episode, drawn per
+            agent from the env's generator, whose K candidates all show the true goal, so the
+            agent practises driving to a shown place of the kind the task uses; the other agents
+            play the memory task. Needs ``goal_candidates >= 2``; evaluation drops it. 0 (default):
+            off, nothing drawn.
     """
 
     max_agents: int = 64
@@ -228,6 +234,7 @@ class EnvConfig:
     goal_candidates: int = 0
     random_start_steps: int = 0
     goal_resample: bool = False
+    candidate_practice: float = 0.0
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -302,6 +309,11 @@ class EnvConfig:
         if self.goal_resample and self.goal_candidates >= 2:
             raise ValueError("EnvConfig.goal_resample does not work with goal_candidates >= 2 (the memory task "
                              "draws its own goals); drop --env.goal-resample or --env.goal-candidates")
+        if not 0.0 <= self.candidate_practice < 1.0:
+            raise ValueError(f"EnvConfig.candidate_practice must be in [0, 1), got {self.candidate_practice!r}")
+        if self.candidate_practice > 0 and self.goal_candidates < 2:
+            raise ValueError("EnvConfig.candidate_practice needs the memory task (--env.goal-candidates 2 or "
+                             "more); drop --env.candidate-practice or set --env.goal-candidates")
 
     @property
     def style_ranges(self) -> tuple:

@@ -176,8 +176,10 @@ def test_evaluation_drops_training_randomisations_and_keeps_task_options():
     assert len(notes) == 1 and "random_start_steps=10" in notes[0] and "goal_resample=True" in notes[0]
     plain = EnvConfig(**CFG)
     assert evaluation_config(plain) == (plain, [])
-    memory = EnvConfig(**CFG, goal_candidates=2, goal_behavior="trial")
-    assert evaluation_config(memory)[0].goal_candidates == 2
+    memory = EnvConfig(**CFG, goal_candidates=2, goal_behavior="trial", scenario_length=40, candidate_practice=0.5)
+    cfg, notes = evaluation_config(memory)
+    assert (cfg.goal_candidates, cfg.scenario_length, cfg.candidate_practice) == (2, 40, 0.0)
+    assert "candidate_practice=0.5" in notes[0]
 
 
 def test_checkpoint_trained_with_them_evaluates_at_log_start_with_log_goals(pack, sample_dir):

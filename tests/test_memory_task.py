@@ -183,6 +183,39 @@ def test_bad_input_one_line(pack):
         PolicyConfig(memory="forever")
 
 
+def test_practice_agents_see_the_true_goal_in_every_candidate(pack):
+    """``candidate_practice = p``: about a fraction p of the agents get every candidate at the true
+    goal (and keep it across the trials), the others two distinct candidates; reaching the true
+    goal rewards as always; p = 0 draws nothing more (the memory task's draw is unchanged)."""
+    env = _env(pack, W=16, goal_candidates=2, candidate_practice=0.5)
+    env.reset(seed=4)
+    st, active = env.state, env.state.slot_active
+    same = (st.goal_cand[:, :, 0] - st.goal_cand[:, :, 1]).norm(dim=-1) == 0
+    assert bool((st.goal_cand[:, :, 0][same & active] == st.goal[:, :8][same & active]).all())
+    frac = float(same[active].float().mean())
+    assert 0.35 < frac < 0.65, frac  # binomial around 0.5 over > 200 agents
+    assert bool(((st.goal_cand[:, :, 0] - st.goal_cand[:, :, 1]).norm(dim=-1)[active & ~same] >= REACH_SEPARATION).all())
+    plain, practice = _env(pack, W=16, goal_candidates=2), _env(pack, W=16, goal_candidates=2, candidate_practice=0.5)
+    plain.reset(seed=4), practice.reset(seed=4)
+    assert torch.equal(plain.state.cand_true, practice.state.cand_true)  # the practice draw comes after
+    with pytest.raises(ValueError, match="candidate_practice must be in"):
+        EnvConfig(**CFG, goal_candidates=2, candidate_practice=1.0)
+    with pytest.raises(ValueError, match="candidate_practice needs the memory task"):
+        EnvConfig(**CFG, candidate_practice=0.2)
+
+
+def test_candidates_lie_within_the_trial(pack):
+    """The driving distance of the candidates is the logged path over the steps a trial covers, so
+    a shorter ``scenario_length`` gives candidates no farther away, and closer for a moving agent."""
+    full, _ = candidate_pool(pack, EnvConfig(**CFG, goal_candidates=2))
+    short, _ = candidate_pool(pack, EnvConfig(**CFG, goal_candidates=2, scenario_length=30))
+    start = pack.traj_pos[:, :8, 0]
+    d_full = (full[:, :, :2] - start[:, :, None]).norm(dim=-1).mean(dim=-1)
+    d_short = (short[:, :, :2] - start[:, :, None]).norm(dim=-1).mean(dim=-1)
+    agents = torch.arange(8)[None] < pack.num_controlled[:, None]
+    assert float(d_short[agents].mean()) < 0.8 * float(d_full[agents].mean())
+
+
 def test_cli_refusals(capsys):
     from train.config import UserError, parse_args
     cfg = parse_args(["--env.goal-candidates", "2", "--env.goal-behavior", "trial", "--device", "cpu"])

@@ -15,12 +15,14 @@ takes them from the episode's start state); the next scenario redraws them.
 places the agent can drive to (:func:`reachable_places`): the lane graph of the scenario is
 recovered from the lane polylines (:func:`lane_successors`), and from the lanes the agent starts
 on (log index ``init_steps``: its lane and the neighbouring lanes of its direction) every route is
-followed to the driving distance ``r`` = the length of its logged path clamped to [15 m, 60 m]
-(reachable in an episode); one place per route, at least :data:`REACH_SEPARATION` m apart (left /
+followed to the driving distance ``r`` = the length of its logged path over the steps an episode
+(a trial) covers, ``init_steps`` to ``init_steps + scenario_length``, clamped to [15 m, 60 m]
+(reachable in a trial); one place per route, at least :data:`REACH_SEPARATION` m apart (left /
 straight / right at a junction, or neighbouring lanes). Places at the same driving distance on
 different routes never lie on each other's way. When fewer than K such places exist (a long
 single-lane road), the fallback is geometric: midpoints of the lane segments at a similar
-straight-line distance ``r = clamp(|goal - start|, 15 m, 60 m)`` from the start; the first of
+straight-line distance ``r = clamp(min(|goal - start|, the driving distance above), 15 m, 60 m)``
+from the start; the first of
 :data:`POOL_LEVELS` that yields at least K places is used (distance within ``band * r`` of ``r``,
 bearing within ``half`` degrees of the start heading; places kept greedily in bearing order when
 they differ by at least ``min_angle`` degrees of bearing and :data:`MIN_SEPARATION` m from every
@@ -32,8 +34,10 @@ many of which lie across a median or on a lane of the other direction). The log'
 hint: the true candidate is drawn uniformly, so the route the logged driver took (which may be a
 candidate) is true with probability 1/K. The episode's draw (device, no host read): a random subset of K
 of the agent's places in random order (one ``[W, C, M]`` uniform draw) and the true index (one
-``[W, C]`` uniform draw). Nothing is drawn when the task is off (K = 0 or 1), so the env's random
-stream is unchanged.
+``[W, C]`` uniform draw); with ``EnvConfig.candidate_practice = p > 0`` one more ``[W, C]`` uniform
+picks the practice agents (probability p each), whose K candidates all become the true goal (a
+training randomisation: the agent practises driving to a shown place; docs/trial.md). Nothing is
+drawn when the task is off (K = 0 or 1), so the env's random stream is unchanged.
 """
 
 from __future__ import annotations
@@ -125,13 +129,14 @@ def reachable_places(seg: np.ndarray, succ: list, start: np.ndarray, heading: fl
 
 
 def _agent_places(mid: np.ndarray, start: np.ndarray, heading: float, goal: np.ndarray, need: int,
-                  reach: np.ndarray | None = None) -> np.ndarray:
+                  reach: np.ndarray | None = None, limit: float = MAX_RADIUS) -> np.ndarray:
     """[n, 2] candidate places of one agent (module docstring): the lane-graph places ``reach``
     when there are at least ``need``, else the first geometric level of :data:`POOL_LEVELS` over
-    the lane midpoints ``mid`` [P, 2] that yields ``need``."""
+    the lane midpoints ``mid`` [P, 2] that yields ``need``, around the straight-line distance of
+    the logged goal, at most ``limit`` m (the driving distance of a trial)."""
     if reach is not None and len(reach) >= need:
         return reach
-    r = float(np.clip(np.linalg.norm(goal - start), MIN_RADIUS, MAX_RADIUS))
+    r = float(np.clip(min(np.linalg.norm(goal - start), limit), MIN_RADIUS, MAX_RADIUS))
     d = mid - start
     dist = np.linalg.norm(d, axis=1)
     bear = (np.arctan2(d[:, 1], d[:, 0]) - heading + np.pi) % (2 * np.pi) - np.pi
@@ -174,6 +179,7 @@ def candidate_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
             slot and how many were found).
     """
     need, C, t0 = int(config.goal_candidates), int(config.max_controlled), int(config.init_steps)
+    t1 = t0 + 1 + int(config.scenario_length)  # the log steps an episode (a trial) covers
     seg, rt = pack.road_seg.cpu().numpy(), pack.road_type.cpu().numpy()
     tp, th = pack.traj_pos.cpu().numpy(), pack.traj_heading.cpu().numpy()
     tv = pack.traj_valid.cpu().numpy()
@@ -185,9 +191,9 @@ def candidate_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
         mid = 0.5 * (lanes[:, :2] + lanes[:, 2:])
         succ = lane_successors(lanes) if int(nc[s]) else []
         for c in range(min(int(nc[s]), C)):
-            reach = reachable_places(lanes, succ, tp[s, c, t0], float(th[s, c, t0]),
-                                     _driving_distance(tp[s, c, t0:], tv[s, c, t0:]))
-            places = _agent_places(mid, tp[s, c, t0], float(th[s, c, t0]), goal[s, c], need, reach)
+            r = _driving_distance(tp[s, c, t0:t1], tv[s, c, t0:t1])
+            reach = reachable_places(lanes, succ, tp[s, c, t0], float(th[s, c, t0]), r)
+            places = _agent_places(mid, tp[s, c, t0], float(th[s, c, t0]), goal[s, c], need, reach, r)
             if len(places) < need:
                 raise ValueError(
                     f"goal_candidates={need}: scenario {pack.scenario_ids[s]} has only {len(places)} candidate "
@@ -231,6 +237,9 @@ def draw_candidates(ctx: SimContext, state: EnvState) -> EnvState:
     true = (u * G).to(torch.int64).clamp(max=G - 1)
     true = torch.where(active, true, torch.zeros_like(true))
     true_goal = cand.gather(2, true[..., None, None].expand(W, C, 1, 2))[:, :, 0]
+    if cfg.candidate_practice > 0:  # practice agents: every candidate shows the true goal
+        practice = torch.rand((W, C), generator=ctx.generator, device=ctx.device) < cfg.candidate_practice
+        cand = torch.where(practice[..., None, None], true_goal[:, :, None, :].expand(W, C, G, 2), cand)
     goal = state.goal.clone()
     goal[:, :C] = torch.where(active[..., None], true_goal, state.goal[:, :C])
     return state.replace(goal_cand=cand, cand_true=true, goal=goal)

@@ -9,7 +9,8 @@ through :func:`evaluation_config`, so figures stay comparable between checkpoint
   observation and action settings, behaviours and rewards;
 * dropped, because they only widen the training distribution (:data:`TRAINING_RANDOMISATIONS`):
   random start (evaluation starts at the log step ``init_steps``, with the full episode length
-  when the length was the derived default) and goal resampling (the logged goals). The third
+  when the length was the derived default), goal resampling (the logged goals) and the memory
+  task's practice episodes (every agent plays the task). The third
   randomisation, the reward-conditioning draw of the egos' styles, is replaced by a fixed style by
   :func:`train.eval.styles.eval_styles` (``--style``, ``default`` when not given), which every
   evaluation path applies after this rule.
@@ -18,7 +19,7 @@ through :func:`evaluation_config`, so figures stay comparable between checkpoint
 from __future__ import annotations
 
 #: ``(EnvConfig field, its value when off)`` of the training randomisations evaluation drops.
-TRAINING_RANDOMISATIONS = (("random_start_steps", 0), ("goal_resample", False))
+TRAINING_RANDOMISATIONS = (("random_start_steps", 0), ("goal_resample", False), ("candidate_practice", 0.0))
 
 
 def evaluation_config(env_config) -> tuple:
