@@ -249,6 +249,28 @@ def test_candidate_shaping_reads_the_nearest_candidate(pack):
     assert torch.allclose(f[0, 0], torch.tensor(3.0 * (0.3 - 0.9 * 0.1)))
     with pytest.raises(ValueError, match="needs the memory task"):
         make_hook("candidate_progress", (), hook_context(_env(pack, W=1), 0.9))
+    # decoy_refund: the step that reaches a decoy gives back the shaping earned since its trial began
+    assert ctx["decoy_column"] == lay.candidates.stop - 1
+    from gpusim.kernels.obs_layout import EGO_FEATURES
+    tcol, H = EGO_FEATURES.index("time_in_trial"), 9
+    o = torch.zeros(1, H, lay.obs_dim)
+    dist = torch.tensor([0.5, 0.4, 0.2, 0.05, 0.05, 0.6, 0.3, 0.05, 0.05])  # trial 0: steps 0-4, trial 1: 5-8
+    o[0, :, ctx["candidate_dist_columns"][0]] = dist
+    o[0, :, ctx["candidate_dist_columns"][1]] = 0.9
+    o[0, :, tcol] = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3]) / 10
+    o[0, [4, 8], ctx["decoy_column"]] = 1.0  # the decoy reached in steps 3 and 7
+    mask = torch.tensor([[1, 1, 1, 1, 0, 1, 1, 1, 0]], dtype=torch.bool)
+    b = RolloutBatch.empty(1, H, lay.obs_dim, False, 0, "cpu").replace(obs=o, loss_mask=mask)
+    plain = make_hook("candidate_progress", ("gamma=1",), ctx).shaping(b)[0]
+    refund = make_hook("candidate_progress", ("gamma=1", "decoy_refund=1"), ctx).shaping(b)[0]
+    want = 3 * torch.tensor([0.1, 0.2, 0.15, 0, 0, 0.3, 0.25, 0, 0])
+    assert torch.allclose(plain, want)
+    assert torch.allclose(refund, want + 3 * torch.tensor([0, 0, 0, 0.05 - 0.5, 0, 0, 0, 0.05 - 0.6, 0]))
+    assert abs(float(refund[:5].sum())) < 1e-6 and abs(float(refund[5:].sum())) < 1e-6  # a decoy nets 0
+    half = make_hook("candidate_progress", ("gamma=1", "decoy_refund=0.5"), ctx).shaping(b)[0]
+    assert torch.allclose(half, (plain + refund) / 2)
+    with pytest.raises(ValueError, match="decoy_refund must be in"):
+        make_hook("candidate_progress", ("decoy_refund=2",), ctx)
     from gpusim.render import render_frame
     from gpusim.render.frame import frame_from_env
     fr = frame_from_env(env, 0)

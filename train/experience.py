@@ -246,19 +246,54 @@ class CandidateProgressShaping(ProgressShaping):
     block's ``cand*_dist/100`` columns, ``context["candidate_dist_columns"]``). It rewards driving
     to some candidate, alike for all of them, so it never points at the true goal; which one is
     true is only learnt from the goal reward and the decoy stop. Same arguments as
-    :class:`ProgressShaping` (``column`` is not used).
+    :class:`ProgressShaping` (``column`` is not used), and ``decoy_refund=FLOAT`` (default 0): at
+    the step that reaches a decoy (the next observation's ``at_decoy`` turns on), take back this
+    fraction of the shaping earned since the trial started, ``decoy_refund * weight * (d_t - d_s)``
+    with ``d_s`` the distance at the trial's first step (``time_in_trial == 0``). With 1 a decoy
+    earns no shaping in all, so driving again to the candidate that was wrong in trial 0 is worth
+    nothing while the other one is worth its goal reward and its shaping; without it, the shaping
+    alone pays about ``weight * d_s`` (0.9 for a 30 m candidate at weight 3) for the sure way back to
+    the decoy. The refund follows the decoy stop, which the ego observes in the same step
+    (``at_decoy``), so it never points at the true goal before an outcome the ego sees.
 
     Raises:
-        ValueError: the context has no candidate columns (the env does not run the memory task).
+        ValueError: the context has no candidate columns (the env does not run the memory task);
+            ``decoy_refund`` outside [0, 1].
     """
 
     name = "candidate_progress"
+    arg_keys = ProgressShaping.arg_keys | {"decoy_refund"}
 
     def __init__(self, args=(), context=None):
         super().__init__(args, context)
+        from gpusim.kernels.obs_layout import EGO_FEATURES
+
         self.columns = list(self.context.get("candidate_dist_columns") or [])
         if not self.columns:
             raise ValueError("--experience candidate_progress needs the memory task (--env.goal-candidates 2 or more)")
+        self.refund = float(self.args.get("decoy_refund", 0.0))
+        if not 0.0 <= self.refund <= 1.0:
+            raise ValueError(f"CandidateProgressShaping: decoy_refund must be in [0, 1], got {self.refund}")
+        self.decoy_column = self.context.get("decoy_column")
+        self.time_column = EGO_FEATURES.index("time_in_trial")
+
+    def shaping(self, batch: RolloutBatch) -> torch.Tensor:
+        """[R, H] float32: :meth:`ProgressShaping.shaping` toward the nearest candidate, minus the
+        refund at the steps that reach a decoy (class docstring)."""
+        f = super().shaping(batch)
+        if self.refund == 0.0:
+            return f
+        d = self.distance(batch)
+        decoy = batch.obs[..., self.decoy_column] > 0.5  # [R, H]
+        hit = batch.loss_mask[:, :-1] & ~decoy[:, :-1] & decoy[:, 1:]
+        first = (batch.obs[..., self.time_column] == 0) & batch.loss_mask
+        first[:, 0] = True  # a row starts an episode (rollout rows are whole episodes)
+        H = d.shape[1]
+        idx = torch.where(first, torch.arange(H, device=d.device), torch.zeros_like(first, dtype=torch.int64))
+        d_start = d.gather(1, idx.cummax(dim=1).values)  # [R, H] the distance at the trial's first step
+        f[:, :-1] = f[:, :-1] + torch.where(hit, self.refund * self.weight * (d[:, :-1] - d_start[:, :-1]),
+                                            torch.zeros_like(d[:, :-1]))
+        return f
 
     def distance(self, batch: RolloutBatch) -> torch.Tensor:
         """[R, H] float32: the nearest candidate's distance (/ 100 m) of every observation."""
@@ -274,14 +309,16 @@ HOOKS: dict[str, type[ExperienceHook]] = {
 def hook_context(env, gamma: float) -> dict:
     """The ``context`` the trainer gives a hook: ``scenario_ids`` (the env pack's scenario ids, in
     pack order; empty without a pack), ``gamma`` (the PPO discount, read by
-    :class:`ProgressShaping`) and ``candidate_dist_columns`` (the observation columns of the
-    candidate distances in the memory task, else empty; :class:`CandidateProgressShaping`)."""
+    :class:`ProgressShaping`), ``candidate_dist_columns`` (the observation columns of the
+    candidate distances in the memory task, else empty) and ``decoy_column`` (the column of its
+    ``at_decoy`` feature, else None; both for :class:`CandidateProgressShaping`)."""
     layout = getattr(env, "obs_layout", None)
     cand = getattr(layout, "candidates", slice(0, 0))
     names = getattr(layout, "candidate_features", ())
     columns = [cand.start + i for i, n in enumerate(names) if n.endswith("_dist/100")]
+    decoy = cand.start + names.index("at_decoy") if "at_decoy" in names else None
     return {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", [])), "gamma": float(gamma),
-            "candidate_dist_columns": columns}
+            "candidate_dist_columns": columns, "decoy_column": decoy}
 
 
 def make_hook(name: str, args=(), context: dict | None = None) -> ExperienceHook:
