@@ -133,25 +133,27 @@ def _agent_places(mid: np.ndarray, start: np.ndarray, heading: float, goal: np.n
     """[n, 2] candidate places of one agent (module docstring): the lane-graph places ``reach``
     when there are at least ``need``, else the first geometric level of :data:`POOL_LEVELS` over
     the lane midpoints ``mid`` [P, 2] that yields ``need``, around the straight-line distance of
-    the logged goal, at most ``limit`` m (the driving distance of a trial)."""
+    the logged goal, at most ``limit`` m (the driving distance of a trial); when no level yields
+    ``need`` at that distance, around the logged goal's distance."""
     if reach is not None and len(reach) >= need:
         return reach
-    r = float(np.clip(min(np.linalg.norm(goal - start), limit), MIN_RADIUS, MAX_RADIUS))
     d = mid - start
     dist = np.linalg.norm(d, axis=1)
     bear = (np.arctan2(d[:, 1], d[:, 0]) - heading + np.pi) % (2 * np.pi) - np.pi
+    far = float(np.linalg.norm(goal - start))
     kept: list[int] = []
-    for band, half, min_angle in POOL_LEVELS:
-        idx = np.nonzero((np.abs(dist - r) <= band * r) & (np.abs(bear) <= math.radians(half)))[0]
-        kept = []
-        for i in idx[np.argsort(bear[idx], kind="stable")]:
-            if all(abs(bear[i] - bear[j]) >= math.radians(min_angle)
-                   and np.linalg.norm(mid[i] - mid[j]) >= MIN_SEPARATION for j in kept):
-                kept.append(int(i))
-                if len(kept) == POOL_MAX:
-                    break
-        if len(kept) >= need:
-            break
+    for r in dict.fromkeys(float(np.clip(x, MIN_RADIUS, MAX_RADIUS)) for x in (min(far, limit), far)):
+        for band, half, min_angle in POOL_LEVELS:
+            idx = np.nonzero((np.abs(dist - r) <= band * r) & (np.abs(bear) <= math.radians(half)))[0]
+            kept = []
+            for i in idx[np.argsort(bear[idx], kind="stable")]:
+                if all(abs(bear[i] - bear[j]) >= math.radians(min_angle)
+                       and np.linalg.norm(mid[i] - mid[j]) >= MIN_SEPARATION for j in kept):
+                    kept.append(int(i))
+                    if len(kept) == POOL_MAX:
+                        break
+            if len(kept) >= need:
+                return mid[kept]
     return mid[kept]
 
 
