@@ -28,8 +28,17 @@ import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEFAULT_COMMAND = ("python train/run.py --data womd_train --env.goal-behavior trial --env.k-trials 2 "
-                   "--env.goal-candidates 2 --device cuda --total-timesteps 50000000 --seed 1 --log-dir runs "
-                   "--run-name memory_probe")
+                   "--env.goal-candidates 2 --env.scenario-length 40 --env.candidate-practice 0.5 "
+                   "--total-timesteps 5000000 --checkpoint-interval 50 --num-threads 1 --seed 1 --run-name memory_probe")
+
+
+def _summary(path: pathlib.Path, label: str | None = None) -> dict:
+    """The summary of the run labelled ``label`` (default: the first) of an evaluation JSON."""
+    runs = json.loads(path.read_text())["runs"]
+    for run in runs:
+        if label is None or run["label"] == label:
+            return run["summary"]
+    raise KeyError(label)
 
 
 def _ci(summary: dict, name: str) -> str:
@@ -39,23 +48,67 @@ def _ci(summary: dict, name: str) -> str:
     return f"{m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}]"
 
 
+def _after_decoy(s: dict, name: str) -> str:
+    m = s.get(name)
+    return "–" if m is None else (f"{m['mean']:.2f} [{m['lo']:.2f}, {m['hi']:.2f}]" if "lo" in m else f"{m['mean']:.2f}")
+
+
+def _label(d: dict) -> str:
+    memory = "control (`--memory trial`)" if d.get("memory") == "trial" else "memory"
+    kind = "sampled" if not d.get("deterministic", True) else (
+        "deterministic, `--decode mean`" if d.get("decode") == "mean" else "deterministic")
+    return f"{memory}, {kind}"
+
+
 def table_rows(evals: list[pathlib.Path]) -> list[str]:
-    """Markdown rows ``| run | trial_0 | trial_1 | s | s²/2 | ada_delta | n |`` of the evaluation JSONs."""
+    """Markdown rows ``| run | trial_0 | trial_1 | s | s²/2 | ada_delta | after a decoy: goal | after
+    a decoy: decoy again (n) | n |`` of the evaluation JSONs (the first run of each)."""
     rows = []
     for path in evals:
         d = json.loads(path.read_text())
         s = d["runs"][0]["summary"]
-        memory = "control (`--memory trial`)" if d.get("memory") == "trial" else "memory"
-        kind = "sampled" if not d.get("deterministic", True) else (
-            "deterministic, `--decode mean`" if d.get("decode") == "mean" else "deterministic")
         t0 = s["trial_0_score"]["mean"] if "trial_0_score" in s else None
         if t0 is None:
             raise ValueError(f"{path}: no trial_0_score (was it run in trial mode?)")
         skill = 2.0 * t0
-        rows.append(f"| {memory}, {kind} | {_ci(s, 'trial_0_score')} | {_ci(s, 'trial_1_score')} | {skill:.3f} | "
+        n_decoy = (s.get("decoy_then_goal_trial_1") or {}).get("n", 0)
+        rows.append(f"| {_label(d)} | {_ci(s, 'trial_0_score')} | {_ci(s, 'trial_1_score')} | {skill:.3f} | "
                     f"{skill * skill / 2:.3f} | {_ci(s, 'ada_delta_trial_1_minus_0')} | "
-                    f"{s['trial_0_score']['n']} |")
+                    f"{_after_decoy(s, 'decoy_then_goal_trial_1')} | {_after_decoy(s, 'decoy_then_decoy_trial_1')} "
+                    f"(n {n_decoy}) | {s['trial_0_score']['n']} |")
     return rows
+
+
+def verdict(evals: list[pathlib.Path]) -> str:
+    """One sentence per evaluation: whether ``ada_delta`` meets the memory task's target (docs/trial.md:
+    at least max(s²/4, 0.05) with its interval above 0 with memory; the control's interval holding 0)."""
+    out = []
+    for path in evals:
+        d = json.loads(path.read_text())
+        a, t0 = _summary(path)["ada_delta_trial_1_minus_0"], _summary(path)["trial_0_score"]["mean"]
+        need = max(t0 * t0, 0.05)  # (2 t0)^2 / 4
+        if d.get("memory") == "trial":
+            ok = a["lo"] <= 0.0 <= a["hi"]
+            out.append(f"{_label(d)}: interval {'includes' if ok else 'excludes'} 0 ({'as the target asks' if ok else 'not as the target asks'})")
+        else:
+            ok = a["lo"] > 0.0 and a["mean"] >= need
+            out.append(f"{_label(d)}: {a['mean']:.3f} against the target {need:.3f} with the interval above 0: "
+                       f"{'met' if ok else 'not met'}")
+    return "; ".join(out) + "."
+
+
+def steer_to_goal_line(evals: list[pathlib.Path]) -> str:
+    """The baseline sentence of the card: ``steer_to_goal`` told the true candidate, from the first
+    evaluation JSON that ran it beside the checkpoint (``--policy CKPT steer_to_goal``), else a
+    pointer to docs/trial.md."""
+    for path in evals:
+        try:
+            s = _summary(path, "steer_to_goal")
+        except KeyError:
+            continue
+        return (f"For scale, `steer_to_goal` told the true candidate (which no policy is) reaches it in "
+                f"{_ci(s, 'trial_0_score')} of the held-out trials ({path.name}).")
+    return "For scale, see `steer_to_goal` told the true candidate in docs/trial.md."
 
 
 def _git() -> str:
@@ -78,6 +131,8 @@ def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, comma
     env, pol = ckpt["env_config"], ckpt["policy"]
     elapsed = (ckpt.get("extra") or {}).get("elapsed")
     rows = table_rows(evals)
+    cfg = ckpt.get("config") or {}
+    shaping = " ".join([str(cfg.get("experience", "candidate_progress"))] + list(cfg.get("experience_arg") or []))
     card = f"""# memory_probe — an ego with KV-cache memory trained on the memory task (2 candidate goals, 2 trials)
 
 ## Checkpoint
@@ -85,8 +140,10 @@ def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, comma
 - File: `policies/{pt.name}`, {len(data):,} bytes (at most 5,000,000), SHA-256 {hashlib.sha256(data).hexdigest()}.
 - Policy: {json.dumps(pol['config'])}, {pol['num_actions']} discrete actions.
 - Env settings it was trained for: goal `{env['goal_behavior']}`, `k_trials` {env['k_trials']},
-  `goal_candidates` {env['goal_candidates']}, `max_controlled` {env['max_controlled']}, collision
-  `{env['collision_behavior']}`, offroad `{env['offroad_behavior']}` (`train/evaluate.py` keeps them).
+  `goal_candidates` {env['goal_candidates']}, `scenario_length` {env['scenario_length']} steps per trial,
+  `max_controlled` {env['max_controlled']}, collision `{env['collision_behavior']}`, offroad
+  `{env['offroad_behavior']}` (`train/evaluate.py` keeps them); training only (evaluation drops it):
+  `candidate_practice` {env.get('candidate_practice', 0.0)}.
 
 ## Data and split
 
@@ -101,7 +158,7 @@ def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, comma
 ```
 
 - Code: {_git()}.
-- Shaping: experience `candidate_progress` (the memory task's default; the run directory's `config.json` replays the run).
+- Shaping: experience `{shaping}` (the run directory's `config.json` replays the run).
 
 ## Hardware, steps and wall time
 
@@ -122,19 +179,19 @@ python train/evaluate.py --policy policies/{pt.name} --data womd_held_out --epis
 Means over agent-episodes with 95% intervals; s = 2 x trial_0_score, the most memory can add is s²/2
 (docs/trial.md):
 
-| run | trial_0_score | trial_1_score | s | s²/2 | ada_delta_trial_1_minus_0 | agent-episodes |
-|---|---|---|---|---|---|---|
+| run | trial_0_score | trial_1_score | s | s²/2 | ada_delta_trial_1_minus_0 | after a decoy in trial 0: the true goal in trial 1 | ... the decoy again | agent-episodes |
+|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-Baselines: the memory task compares trial 1 with trial 0 of the same policy. For scale,
-`steer_to_goal` told the true candidate (which no policy is) reaches it in 0.526 [0.472, 0.580]
-of the held-out trials (docs/trial.md).
+Against the target: {verdict(evals)}
+
+Baselines: the memory task compares trial 1 with trial 0 of the same policy. {steer_to_goal_line(evals)}
 
 ## Limitations
 
 Trained only on the memory task (2 candidates, 2 trials); other env settings and more candidates
-were not tested. Its driving is weak (s well below 1), and s bounds what memory can show; the
-figures above show no use of memory yet (docs/trial.md says where it fails).
+were not tested. Its driving is weak (s well below 1), and s bounds what memory can show
+(docs/trial.md).
 
 ## Licence
 

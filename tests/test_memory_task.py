@@ -290,13 +290,25 @@ def test_probe_card_table_rows(tmp_path):
         return {"mean": m, "lo": lo, "hi": hi, "n": n}
 
     summary = {"trial_0_score": ci(0.3, 0.2, 0.4), "trial_1_score": ci(0.4, 0.3, 0.5),
-               "ada_delta_trial_1_minus_0": ci(0.1, 0.02, 0.18)}
+               "ada_delta_trial_1_minus_0": ci(0.1, 0.02, 0.18), "decoy_then_goal_trial_1": ci(0.5, 0.4, 0.6, 30),
+               "decoy_then_decoy_trial_1": ci(0.25, 0.1, 0.4, 30)}
     p = tmp_path / "e.json"
     p.write_text(json.dumps({"memory": "trial", "deterministic": False, "runs": [{"summary": summary}]}))
     (row,) = card.table_rows([p])
     # s = 2 * 0.3 = 0.6, s^2 / 2 = 0.18
     assert row == ("| control (`--memory trial`), sampled | 0.300 [0.200, 0.400] | 0.400 [0.300, 0.500] | 0.600 | "
-                   "0.180 | 0.100 [0.020, 0.180] | 100 |")
+                   "0.180 | 0.100 [0.020, 0.180] | 0.50 [0.40, 0.60] | 0.25 [0.10, 0.40] (n 30) | 100 |")
+    # the target: with memory ada >= max(s^2/4, 0.05) = 0.09 with its interval above 0; the control's holds 0
+    assert "not as the target asks" in card.verdict([p])
+    q = tmp_path / "m.json"
+    q.write_text(json.dumps({"memory": "episode", "runs": [{"label": "ckpt", "summary": summary},
+                                                             {"label": "steer_to_goal", "summary": summary}]}))
+    assert card.verdict([q]) == "memory, deterministic: 0.100 against the target 0.090 with the interval above 0: met."
+    assert "reaches it in 0.300 [0.200, 0.400] of the held-out trials (m.json)" in card.steer_to_goal_line([p, q])
+    summary["ada_delta_trial_1_minus_0"] = ci(0.08, 0.01, 0.15)
+    q.write_text(json.dumps({"memory": "episode", "runs": [{"label": "ckpt", "summary": summary}]}))
+    assert card.verdict([q]).endswith("not met.")
+    assert "docs/trial.md" in card.steer_to_goal_line([p, q])  # no JSON ran the baseline
     p.write_text(json.dumps({"memory": None, "runs": [{"summary": {"goal_reached": ci(0.5, 0.4, 0.6)}}]}))
     assert card.main(["--run", str(tmp_path), "--evals", str(p)]) == 2  # no checkpoint there: one line, exit 2
 
