@@ -35,6 +35,9 @@ def evaluation_config(env_config) -> tuple:
         return env_config, []
     was = ", ".join(f"{name}={getattr(env_config, name)}" for name in dropped)
     config = env_config.replace(**dropped)
-    note = (f"note: evaluation drops the training randomisations {was} (episodes start at log step "
-            f"{config.init_steps} with the logged goals, {config.scenario_length} steps)")
+    what = [f"episodes start at log step {config.init_steps}"]
+    what += ["with the logged goals"] if "goal_resample" in dropped else []
+    what += ["every agent plays the memory task"] if "candidate_practice" in dropped else []
+    note = (f"note: evaluation drops the training randomisations {was} ({', '.join(what)}, "
+            f"{config.scenario_length} steps)")
     return config, [note]
