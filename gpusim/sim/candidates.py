@@ -21,8 +21,8 @@ followed to the driving distance ``r`` = the length of its logged path over the 
 straight / right at a junction, or neighbouring lanes). Places at the same driving distance on
 different routes never lie on each other's way. When fewer than K such places exist (a long
 single-lane road), the fallback is geometric: midpoints of the lane segments at a similar
-straight-line distance ``r = clamp(min(|goal - start|, the driving distance above), 15 m, 60 m)``
-from the start; the first of
+straight-line distance ``r = clamp(|goal - start|, 15 m, 60 m)`` of the logged goal from the start
+(not limited to a trial: a short trial may not reach these few places); the first of
 :data:`POOL_LEVELS` that yields at least K places is used (distance within ``band * r`` of ``r``,
 bearing within ``half`` degrees of the start heading; places kept greedily in bearing order when
 they differ by at least ``min_angle`` degrees of bearing and :data:`MIN_SEPARATION` m from every
@@ -129,31 +129,29 @@ def reachable_places(seg: np.ndarray, succ: list, start: np.ndarray, heading: fl
 
 
 def _agent_places(mid: np.ndarray, start: np.ndarray, heading: float, goal: np.ndarray, need: int,
-                  reach: np.ndarray | None = None, limit: float = MAX_RADIUS) -> np.ndarray:
+                  reach: np.ndarray | None = None) -> np.ndarray:
     """[n, 2] candidate places of one agent (module docstring): the lane-graph places ``reach``
     when there are at least ``need``, else the first geometric level of :data:`POOL_LEVELS` over
     the lane midpoints ``mid`` [P, 2] that yields ``need``, around the straight-line distance of
-    the logged goal, at most ``limit`` m (the driving distance of a trial); when no level yields
-    ``need`` at that distance, around the logged goal's distance."""
+    the logged goal."""
     if reach is not None and len(reach) >= need:
         return reach
+    r = float(np.clip(np.linalg.norm(goal - start), MIN_RADIUS, MAX_RADIUS))
     d = mid - start
     dist = np.linalg.norm(d, axis=1)
     bear = (np.arctan2(d[:, 1], d[:, 0]) - heading + np.pi) % (2 * np.pi) - np.pi
-    far = float(np.linalg.norm(goal - start))
     kept: list[int] = []
-    for r in dict.fromkeys(float(np.clip(x, MIN_RADIUS, MAX_RADIUS)) for x in (min(far, limit), far)):
-        for band, half, min_angle in POOL_LEVELS:
-            idx = np.nonzero((np.abs(dist - r) <= band * r) & (np.abs(bear) <= math.radians(half)))[0]
-            kept = []
-            for i in idx[np.argsort(bear[idx], kind="stable")]:
-                if all(abs(bear[i] - bear[j]) >= math.radians(min_angle)
-                       and np.linalg.norm(mid[i] - mid[j]) >= MIN_SEPARATION for j in kept):
-                    kept.append(int(i))
-                    if len(kept) == POOL_MAX:
-                        break
-            if len(kept) >= need:
-                return mid[kept]
+    for band, half, min_angle in POOL_LEVELS:
+        idx = np.nonzero((np.abs(dist - r) <= band * r) & (np.abs(bear) <= math.radians(half)))[0]
+        kept = []
+        for i in idx[np.argsort(bear[idx], kind="stable")]:
+            if all(abs(bear[i] - bear[j]) >= math.radians(min_angle)
+                   and np.linalg.norm(mid[i] - mid[j]) >= MIN_SEPARATION for j in kept):
+                kept.append(int(i))
+                if len(kept) == POOL_MAX:
+                    break
+        if len(kept) >= need:
+            break
     return mid[kept]
 
 
@@ -195,7 +193,7 @@ def candidate_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
         for c in range(min(int(nc[s]), C)):
             r = _driving_distance(tp[s, c, t0:t1], tv[s, c, t0:t1])
             reach = reachable_places(lanes, succ, tp[s, c, t0], float(th[s, c, t0]), r)
-            places = _agent_places(mid, tp[s, c, t0], float(th[s, c, t0]), goal[s, c], need, reach, r)
+            places = _agent_places(mid, tp[s, c, t0], float(th[s, c, t0]), goal[s, c], need, reach)
             if len(places) < need:
                 raise ValueError(
                     f"goal_candidates={need}: scenario {pack.scenario_ids[s]} has only {len(places)} candidate "
