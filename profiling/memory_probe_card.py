@@ -192,7 +192,7 @@ Baselines: the memory task compares trial 1 with trial 0 of the same policy. {st
 Trained only on the memory task (2 candidates, 2 trials); other env settings and more candidates
 were not tested. Its driving is weak (s well below 1), and s bounds what memory can show. The
 figures are one training run's, on the held-out scenes; other seeds, the memoryless control
-trained as such and the bundled sample (where the effect is within noise) are in docs/trial.md.
+trained as such and the bundled sample are in docs/trial.md.
 
 ## Licence
 
