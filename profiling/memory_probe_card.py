@@ -32,25 +32,25 @@ DEFAULT_COMMAND = ("python train/run.py --data womd_train --env.goal-behavior tr
                    "--total-timesteps 5000000 --checkpoint-interval 50 --num-threads 1 --seed 1 --run-name memory_probe")
 
 
-def _summary(path: pathlib.Path, label: str | None = None) -> dict:
-    """The summary of the run labelled ``label`` (default: the first) of an evaluation JSON."""
-    runs = json.loads(path.read_text())["runs"]
-    for run in runs:
+def _summary(d: dict, label: str | None = None) -> dict:
+    """The summary of the run labelled ``label`` (default: the first) of a loaded evaluation JSON."""
+    for run in d["runs"]:
         if label is None or run["label"] == label:
             return run["summary"]
     raise KeyError(label)
 
 
-def _ci(summary: dict, name: str) -> str:
+def _ci(summary: dict, name: str, digits: int = 3) -> str:
     m = summary.get(name)
     if m is None:
         raise ValueError(f"the evaluation has no {name} (was it run in trial mode?)")
-    return f"{m['mean']:.3f} [{m['lo']:.3f}, {m['hi']:.3f}]"
+    if "lo" not in m:  # a rate over no agent-episode has no interval
+        return f"{m['mean']:.{digits}f}"
+    return f"{m['mean']:.{digits}f} [{m['lo']:.{digits}f}, {m['hi']:.{digits}f}]"
 
 
 def _after_decoy(s: dict, name: str) -> str:
-    m = s.get(name)
-    return "–" if m is None else (f"{m['mean']:.2f} [{m['lo']:.2f}, {m['hi']:.2f}]" if "lo" in m else f"{m['mean']:.2f}")
+    return _ci(s, name, digits=2) if name in s else "–"
 
 
 def _label(d: dict) -> str:
@@ -66,7 +66,7 @@ def table_rows(evals: list[pathlib.Path]) -> list[str]:
     rows = []
     for path in evals:
         d = json.loads(path.read_text())
-        s = d["runs"][0]["summary"]
+        s = _summary(d)
         t0 = s["trial_0_score"]["mean"] if "trial_0_score" in s else None
         if t0 is None:
             raise ValueError(f"{path}: no trial_0_score (was it run in trial mode?)")
@@ -85,7 +85,8 @@ def verdict(evals: list[pathlib.Path]) -> str:
     out = []
     for path in evals:
         d = json.loads(path.read_text())
-        a, t0 = _summary(path)["ada_delta_trial_1_minus_0"], _summary(path)["trial_0_score"]["mean"]
+        s = _summary(d)
+        a, t0 = s["ada_delta_trial_1_minus_0"], s["trial_0_score"]["mean"]
         need = max(t0 * t0, 0.05)  # (2 t0)^2 / 4
         if d.get("memory") == "trial":
             ok = a["lo"] <= 0.0 <= a["hi"]
@@ -103,7 +104,7 @@ def steer_to_goal_line(evals: list[pathlib.Path]) -> str:
     pointer to docs/trial.md."""
     for path in evals:
         try:
-            s = _summary(path, "steer_to_goal")
+            s = _summary(json.loads(path.read_text()), "steer_to_goal")
         except KeyError:
             continue
         return (f"For scale, `steer_to_goal` told the true candidate (which no policy is) reaches it in "
