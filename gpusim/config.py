@@ -117,7 +117,8 @@ class EnvConfig:
         dynamics: vehicle model (only ``classic``, the kinematic bicycle).
         action_space: ``discrete`` (joint index over 7 accelerations x 13 steering values) or
             ``continuous`` (two numbers in [-1, 1] scaled to the same ranges).
-        goal_behavior: ``respawn`` | ``new_goal`` | ``stop`` | ``trial``.
+        goal_behavior: ``respawn`` | ``new_goal`` | ``stop`` | ``trial`` | ``continue`` (the agent
+            drives on after its goal; the goal reward is paid once per episode).
         collision_behavior, offroad_behavior: ``ignore`` | ``stop`` | ``remove``.
         goal_radius: a goal is reached within this distance (m).
         reward_goal, reward_collision, reward_offroad: per-event rewards.
@@ -194,6 +195,9 @@ class EnvConfig:
             agent practises driving to a shown place of the kind the task uses; the other agents
             play the memory task. Needs ``goal_candidates >= 2``; evaluation drops it. 0 (default):
             off, nothing drawn.
+        control: which objects the policy controls (:attr:`DataConfig.control`, passed on by
+            :meth:`data_config`): ``"vehicles_with_goal"`` (default) or ``"all_valid"`` (every
+            object valid at ``init_steps``, up to ``max_controlled``; the rest log-replayed).
     """
 
     max_agents: int = 64
@@ -235,6 +239,7 @@ class EnvConfig:
     random_start_steps: int = 0
     goal_resample: bool = False
     candidate_practice: float = 0.0
+    control: str = "vehicles_with_goal"
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -338,15 +343,12 @@ class EnvConfig:
     def data_config(self, **overrides) -> DataConfig:
         """The :class:`DataConfig` whose shared fields match this env config.
 
-        ``overrides`` set the data-only fields (grid size, simplification, ...).
+        ``overrides`` set the data-only fields (grid size, simplification, ...) and may replace
+        the shared ones (e.g. ``control``).
         """
-        return DataConfig(
-            max_agents=self.max_agents,
-            max_controlled=self.max_controlled,
-            init_steps=self.init_steps,
-            grid_k=self.num_roads,
-            **overrides,
-        )
+        shared = dict(max_agents=self.max_agents, max_controlled=self.max_controlled, init_steps=self.init_steps,
+                      grid_k=self.num_roads, control=self.control)
+        return DataConfig(**{**shared, **overrides})
 
     def replace(self, **changes) -> "EnvConfig":
         """A copy with ``changes`` applied (validated again). A ``scenario_length`` equal to its

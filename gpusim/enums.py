@@ -83,12 +83,15 @@ NUM_ROAD_OBS_TYPES = 4
 
 
 class GoalBehavior(NamedEnum):
-    """What happens when a controlled agent reaches its goal (numbering as in PufferDrive)."""
+    """What happens when a controlled agent reaches its goal (numbering as in PufferDrive for the
+    first four). ``CONTINUE``: nothing; the agent drives on with the same goal, the goal reward is
+    paid at the first arrival of the episode only (the sim-agent setting, docs/training.md)."""
 
     RESPAWN = 0
     NEW_GOAL = 1
     STOP = 2
     TRIAL = 3
+    CONTINUE = 4
 
 
 class ContactBehavior(NamedEnum):

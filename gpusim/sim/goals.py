@@ -5,6 +5,7 @@
 * NEW_GOAL: a new goal on a lane ahead (``kernels.new_goal``; rule below).
 * STOP: handled where the goal is detected (stage ``rewards``: the agent is stopped).
 * TRIAL: handled by the trial clock (stage ``trial``: the agent is removed until the next trial).
+* CONTINUE: nothing; the agent drives on (stage ``rewards`` pays the goal once per episode).
 
 Agents that reached the goal but were stopped or removed in the same step are left alone.
 """

@@ -71,29 +71,44 @@ def motion(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     return {"pos": pos, "heading": heading, "speed": speed}
 
 
+def expert_targets(ctx: SimContext, state: EnvState) -> dict:
+    """The logged pose each controlled slot should reach with its next action: the log at index
+    ``init_steps + (episode step - log origin) + 1`` (the rule of :func:`expert_actions`).
+
+    Returns:
+        ``pos`` [W, C, 2] float32 (m), ``heading`` [W, C] float32 (rad), ``speed`` [W, C] float32
+        (m/s, the logged velocity's norm), ``valid`` [W, C] bool (logged there and inside the log).
+    """
+    p, C = ctx.pack, ctx.num_slots
+    T = p.num_steps
+    nxt = (ctx.config.init_steps + (state.step - log_origin(ctx, state)) + 1).to(torch.int64)
+    i = nxt.clamp(max=T - 1)[:, None]
+    w = state.scenario[:, None]
+    c = torch.arange(C, device=ctx.device)[None, :]
+    return {"pos": p.traj_pos[w, c, i].contiguous(), "heading": p.traj_heading[w, c, i].contiguous(),
+            "speed": torch.linalg.vector_norm(p.traj_vel[w, c, i], dim=-1).contiguous(),
+            "valid": (p.traj_valid[w, c, i] & (nxt < T)[:, None]).contiguous()}
+
+
 def expert_actions(ctx: SimContext, state: EnvState) -> torch.Tensor:
     """Actions that make every controlled agent follow its logged trajectory (inverse dynamics
-    toward the logged pose at the next log index; zero controls where that pose is invalid).
+    toward the logged pose at the next log index, :func:`expert_targets`; zero controls where
+    that pose is invalid).
 
     Returns:
         discrete: [W, C] int64; continuous: [W, C, 2] float32.
     """
-    cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
-    T = p.num_steps
-    nxt = (cfg.init_steps + (state.step - log_origin(ctx, state)) + 1).to(torch.int64)
-    i = nxt.clamp(max=T - 1)[:, None]
-    w = state.scenario[:, None]
-    c = torch.arange(C, device=ctx.device)[None, :]
-    target_speed = torch.linalg.vector_norm(p.traj_vel[w, c, i], dim=-1)
+    cfg, C = ctx.config, ctx.num_slots
+    target = expert_targets(ctx, state)
     accel, steer = model_for(ctx).inverse(
         pos=slots(state.pos, C),
         heading=slots(state.heading, C),
         speed=slots(state.speed, C),
         length=slots(state.length, C),
-        target_pos=p.traj_pos[w, c, i].contiguous(),
-        target_heading=p.traj_heading[w, c, i].contiguous(),
-        target_speed=target_speed.contiguous(),
-        target_valid=(p.traj_valid[w, c, i] & (nxt < T)[:, None]).contiguous(),
+        target_pos=target["pos"],
+        target_heading=target["heading"],
+        target_speed=target["speed"],
+        target_valid=target["valid"],
         dt=cfg.dt,
     )
     return dynamics.encode_actions(accel, steer, int(cfg.action_space))

@@ -13,6 +13,11 @@ the style terms (goal, collision, offroad, red light, overspeed above its target
 |yaw rate|, time; :func:`gpusim.sim.styles.conditioned_reward`, units in :mod:`gpusim.styles`),
 computed in torch ops on the device after the events op, for every backend.
 
+With goal behaviour CONTINUE the kernel's goal test (every step within ``goal_radius``) is kept to
+the first arrival of the episode (``goal_now & ~goal_reached``) and the repeated goal rewards are
+taken back, so an agent that drives on through its goal is paid once; nothing else changes (the
+kernel acts on the goal for STOP only).
+
 The same kernel applies STOP / REMOVE for collisions and offroad, STOP for the goal, early
 truncation (``stop_truncate_fraction`` of a world's agents contact-stopped) and ``terminal``.
 In trial mode the trial clock owns ``world_done``, ``slot_done`` and ``terminal`` (stage
@@ -25,6 +30,7 @@ The op is :func:`gpusim.kernels.events.events` on the step's backend, bound once
 
 from __future__ import annotations
 
+from gpusim.enums import GoalBehavior
 from gpusim.kernels.events import bind_events
 from gpusim.sim.context import SimContext, StepVars, bound_op
 from gpusim.sim.random_start import log_ended
@@ -68,12 +74,16 @@ def event_scalars(cfg) -> dict:
 def _apply(ctx: SimContext, state: EnvState, step: StepVars, ev) -> dict:
     """Record ``ev``'s per-step values in ``step``; the state changes of the stage."""
     cfg = ctx.config
-    reward = ev.reward
+    reward, goal_now = ev.reward, ev.goal_now
+    if cfg.goal_behavior == GoalBehavior.CONTINUE:  # the goal counts at the first arrival of the episode only
+        goal_now = goal_now & ~state.goal_reached
+        again = (ev.goal_now & ~goal_now)[:, : reward.shape[1]]
+        reward = reward - cfg.reward_goal * again.to(reward.dtype)
     if cfg.reward_conditioning:  # per-agent weights (gpusim/sim/styles.py) replace the config's
-        reward = conditioned_reward(ctx, state, step, ev.goal_now)
+        reward = conditioned_reward(ctx, state, step, goal_now)
     elif cfg.reward_red_light != 0.0:  # red_light_now is only set for in-play slots (gpusim/sim/signals.py)
         reward = reward + cfg.reward_red_light * state.red_light_now.to(reward.dtype)
-    step.reward, step.goal_now, step.truncated, step.terminal = reward, ev.goal_now, ev.truncated, ev.terminal
+    step.reward, step.goal_now, step.truncated, step.terminal = reward, goal_now, ev.truncated, ev.terminal
     changes = {"speed": ev.speed, "present": ev.present, "stopped": ev.stopped,
                "contact_stopped": ev.contact_stopped, "removed": ev.removed, "last_reward": reward}
     if not cfg.trial_mode:

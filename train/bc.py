@@ -1,0 +1,368 @@
+"""``python train/bc.py --data DIR --out PATH.pt``: behaviour cloning (BC) of the transformer policy
+from the logs.
+
+The whole algorithm, top to bottom:
+
+1. **Collect the dataset once** (:func:`collect`): every scenario of ``--data`` runs one episode in
+   which every controlled object follows its log: its action at each step is the env's inverse
+   dynamics toward the next logged pose (:meth:`gpusim.env.DriveEnv.expert_actions`, discrete or
+   continuous as ``--env.action-space``), and the observation it gets is recorded. Collisions and
+   offroad events are ignored while collecting (logged boxes may touch; the log must not be cut
+   short). A target is kept only where the next logged pose is valid and the agent, after the
+   step, lies within :data:`TRACK_TOLERANCE` of it (else the log asked for more than the action
+   range gives: "out of range"); both masked kinds are counted and printed.
+2. **Train epochs over it** (:func:`train_bc`): minibatches of whole episodes (the rows of
+   ``--minibatch-worlds`` worlds), teacher forcing through the policy's sequence forward, the same
+   :class:`policy.ActorCritic`, observation and forward that the PPO update uses
+   (:mod:`train.ppo`), so the memory (KV cache) spans the whole episode. Loss: the negative
+   log-likelihood of the target actions, averaged over the kept steps.
+3. **Report per epoch**: the training loss, the held-out (``--eval-data``) action NLL and
+   accuracy (discrete: argmax equals the target; continuous: the mean absolute error of the
+   Gaussian mean, in action units), and the speed in agent-steps per second.
+4. **Save a normal checkpoint** (:func:`train.checkpoint.save_checkpoint`): ``train/evaluate.py
+   --policy``, ``load_policy``, ``--coplayer`` and ``train/run.py --init-policy`` /
+   ``--ppo.human-policy`` accept it.
+
+Examples::
+
+    python train/bc.py --data data/womd_sample --out runs/bc/checkpoint.pt --epochs 20
+    python train/bc.py --data TRAIN --eval-data VAL --out bc.pt --env.control all_valid \\
+        --env.init-steps 10 --env.scenario-length 80 --env.goal-behavior continue \\
+        --env.max-agents 128 --env.max-controlled 64 \\
+        --env.collision-behavior ignore --env.offroad-behavior ignore
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import pathlib
+import sys
+import time
+from dataclasses import dataclass, field
+
+if __package__ in (None, ""):  # `python train/bc.py` from a checkout without `pip install -e .`
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import torch
+
+from gpusim.config import ActionSpace, EnvConfig
+from policy.actor_critic import ActorCritic, PolicyConfig
+from policy.encoders import ObsDims
+from train.config import USER_ERRORS, TrainConfig, UserError, check_device, default_device, one_line
+
+#: A target is "out of range" when the agent, after the expert action, is farther than this from
+#: the logged pose it aimed at (m). The tracker reaches a reachable pose exactly (continuous) or to
+#: the grid's rounding (discrete: a few cm); farther means the log needs more than the action
+#: range (|accel| <= 4 m/s^2, |steer| <= 1 rad), e.g. a jump or reversing in the log.
+TRACK_TOLERANCE = 0.5
+
+
+@dataclass
+class BCConfig:
+    """Arguments of ``train/bc.py``.
+
+    Attributes:
+        data: training scenarios (as ``train/run.py --data``: WOMD JSON directory or saved pack).
+        eval_data: held-out scenarios for the per-epoch NLL / accuracy (None: none).
+        out: the checkpoint file to write.
+        epochs: passes over the dataset. learning_rate, adam_eps, max_grad_norm: Adam and the
+            gradient-norm clip. minibatch_worlds: worlds (each all its controlled agents' whole
+            episodes) per minibatch.
+        num_worlds: worlds simulated at a time while collecting.
+        env, policy: the env setting and the policy sizes (``--env.*`` / ``--policy.*`` as
+            ``train/run.py`` takes them; defaults: its CPU defaults).
+        device, seed, num_threads, quiet, debug: as ``train/run.py``.
+    """
+
+    data: str = "data/womd_sample"
+    eval_data: str | None = None
+    out: str = "runs/bc/checkpoint.pt"
+    epochs: int = 10
+    learning_rate: float = 1e-3
+    adam_eps: float = 1e-5
+    max_grad_norm: float = 0.5
+    minibatch_worlds: int = 4
+    num_worlds: int = 32
+    env: EnvConfig = field(default_factory=lambda: TrainConfig().env)
+    policy: PolicyConfig = field(default_factory=lambda: TrainConfig().policy)
+    device: str = field(default_factory=default_device)
+    seed: int = 1
+    num_threads: int = 0
+    quiet: bool = False
+    debug: bool = False
+
+
+@dataclass
+class BCData:
+    """Teacher-forcing data of whole episodes, on the device (N rows = agents, T steps).
+
+    Attributes:
+        obs: [N, T, D'] float32, ``policy.prepare_obs`` of the observations (removed steps zeroed).
+        actions: [N, T] int64 (discrete) or [N, T, 2] float32 (continuous): the expert actions.
+        removed: [N, T] bool, the agent was out of play when the observation was taken.
+        terminal: [N, T] bool, all False (one episode per row).
+        mask: [N, T] bool, the target is kept (in play, valid log, in range).
+        world: [N] int64, the collection world of the row (minibatches group rows by world).
+        counts: ``agent_steps`` (in play), ``invalid_log``, ``out_of_range``, ``valid`` (ints).
+    """
+
+    obs: torch.Tensor
+    actions: torch.Tensor
+    removed: torch.Tensor
+    terminal: torch.Tensor
+    mask: torch.Tensor
+    world: torch.Tensor
+    counts: dict
+
+
+def make_bc_env(cfg: BCConfig, data: str, say=print):
+    """The env of the collection: ``cfg.env`` with contacts ignored, on ``data``
+    (:func:`train.setup.make_env`: pack conversion, settings reconciled with a saved pack).
+
+    Returns:
+        ``(env, env_config)``: the :class:`gpusim.env.DriveEnv` and the setting (``cfg.env`` as
+        reconciled with the pack, contacts as given) that the checkpoint records.
+    """
+    from train.setup import make_env
+
+    collect_cfg = cfg.env.replace(collision_behavior="ignore", offroad_behavior="ignore")
+    tcfg = dataclasses.replace(TrainConfig(), data=data, env=collect_cfg, num_worlds=cfg.num_worlds,
+                               device=cfg.device, seed=cfg.seed)
+    env = make_env(tcfg, collect_cfg, user_set=_user_set(cfg), say=say)
+    setting = env.config.replace(collision_behavior=cfg.env.collision_behavior,
+                                 offroad_behavior=cfg.env.offroad_behavior)
+    return env, setting
+
+
+def _user_set(cfg: BCConfig) -> set:
+    """The ``--env.*`` fields ``cfg`` sets (differ from the defaults)."""
+    default = BCConfig().env
+    return {f.name for f in dataclasses.fields(EnvConfig) if getattr(cfg.env, f.name) != getattr(default, f.name)}
+
+
+@torch.no_grad()
+def collect(env, policy: ActorCritic) -> BCData:
+    """Run every scenario of ``env``'s pack once with the expert actions (module docstring, step 1).
+
+    Args:
+        env: a :class:`gpusim.env.DriveEnv` (W worlds, C slots, horizon T).
+        policy: the policy whose :meth:`~policy.ActorCritic.prepare_obs` compacts the observations.
+
+    Returns:
+        :class:`BCData` of the active slots (rows of padding worlds left out).
+    """
+    from gpusim.sim.motion import expert_targets
+
+    W, C, T = env.num_worlds, env.num_slots, env.horizon
+    S = env.pack.num_scenarios
+    dev = env.device
+    parts = {k: [] for k in ("obs", "actions", "removed", "mask", "world")}
+    counts = {"agent_steps": 0, "invalid_log": 0, "out_of_range": 0, "valid": 0}
+    for start in range(0, S, W):
+        n = min(W, S - start)
+        scen = torch.arange(start, start + W, device=dev).clamp(max=S - 1)  # padding worlds repeat the last
+        obs = env.reset(scenarios=scen)
+        active = env.state.slot_active.clone()  # [W, C]
+        active[n:] = False
+        removed = torch.zeros(W, C, dtype=torch.bool, device=dev)
+        rows = {k: [] for k in ("obs", "actions", "removed", "keep", "valid", "reach")}
+        for _ in range(T):
+            target = expert_targets(env.sim, env.state)
+            action = env.expert_actions()
+            rows["obs"].append(policy.prepare_obs(obs, removed))
+            rows["removed"].append(removed)
+            rows["actions"].append(action)
+            state, res = env.advance(env.state, env.validate_actions(action), episode_end=False)
+            env.commit(state)  # no auto-reset: the last step's pose is compared below
+            err = torch.linalg.vector_norm(env.state.pos[:, :C] - target["pos"], dim=-1)
+            rows["keep"].append(res.loss_mask & active)
+            rows["valid"].append(target["valid"])
+            rows["reach"].append(err <= TRACK_TOLERANCE)
+            obs, removed = res.obs, res.removed
+        st = {k: torch.stack(v, dim=2) for k, v in rows.items()}  # [W, C, T, ...]
+        keep, valid, reach = st["keep"], st["valid"], st["reach"]
+        mask = keep & valid & reach
+        counts["agent_steps"] += int(keep.sum())
+        counts["invalid_log"] += int((keep & ~valid).sum())
+        counts["out_of_range"] += int((keep & valid & ~reach).sum())
+        counts["valid"] += int(mask.sum())
+        sel = active.reshape(-1)
+        parts["obs"].append(st["obs"].reshape(W * C, T, -1)[sel])
+        parts["actions"].append(st["actions"].reshape(W * C, T, *st["actions"].shape[3:])[sel])
+        parts["removed"].append(st["removed"].reshape(W * C, T)[sel])
+        parts["mask"].append(mask.reshape(W * C, T)[sel])
+        world = (torch.arange(W, device=dev) + start)[:, None].expand(W, C)
+        parts["world"].append(world.reshape(-1)[sel])
+    out = {k: torch.cat(v) for k, v in parts.items()}
+    return BCData(obs=out["obs"], actions=out["actions"], removed=out["removed"],
+                  terminal=torch.zeros_like(out["removed"]), mask=out["mask"], world=out["world"], counts=counts)
+
+
+def check_targets(data: BCData, flag: str) -> None:
+    """Refuse a dataset without a kept target.
+
+    Raises:
+        UserError: one line with the counts of :attr:`BCData.counts`.
+    """
+    c = data.counts
+    if c["valid"] == 0:
+        raise UserError(f"{flag}: no valid BC target: {c['agent_steps']} controlled agent-steps, "
+                        f"{c['invalid_log']} with an invalid log, {c['out_of_range']} out of the action range; "
+                        "use other scenarios or another --env setting")
+
+
+def bc_loss(policy: ActorCritic, data: BCData, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """Negative log-likelihood of the expert actions on ``rows`` [B] int64 of ``data``.
+
+    Returns:
+        ``(loss, stats)``: the scalar NLL (nats per kept step; 0 without a kept step) and detached
+        scalar tensors ``nll``, ``accuracy`` (discrete: argmax == target; continuous: mean absolute
+        error of the mean, action units), ``steps`` (kept steps).
+    """
+    from train.ppo import masked_mean
+
+    mask = data.mask[rows]
+    logits, _ = policy(data.obs[rows], data.terminal[rows], data.removed[rows], prepared=True)
+    actions = data.actions[rows]
+    nll = masked_mean(-policy.log_prob(logits, actions), mask)
+    with torch.no_grad():
+        if policy.continuous:
+            hit = (logits - actions).abs().mean(-1)
+        else:
+            hit = (logits.argmax(-1) == actions).float()
+        stats = {"nll": nll.detach(), "accuracy": masked_mean(hit, mask), "steps": mask.sum().float()}
+    return nll, stats
+
+
+@torch.no_grad()
+def evaluate_bc(policy: ActorCritic, data: BCData, rows_per_batch: int) -> dict:
+    """Held-out NLL and accuracy (:func:`bc_loss`'s, weighted by kept steps) over all of ``data``."""
+    policy.eval()
+    tot = {"nll": 0.0, "accuracy": 0.0, "steps": 0.0}
+    n = data.obs.shape[0]
+    for i in range(0, n, rows_per_batch):
+        _, s = bc_loss(policy, data, torch.arange(i, min(n, i + rows_per_batch), device=data.obs.device))
+        k = float(s["steps"])
+        tot["nll"] += float(s["nll"]) * k
+        tot["accuracy"] += float(s["accuracy"]) * k
+        tot["steps"] += k
+    k = max(tot["steps"], 1.0)
+    return {"nll": tot["nll"] / k, "accuracy": tot["accuracy"] / k, "steps": int(tot["steps"])}
+
+
+def train_bc(cfg: BCConfig, say=print) -> dict:
+    """Collect, train, evaluate and save (module docstring).
+
+    Returns:
+        ``{"checkpoint", "counts", "eval_counts", "epochs": [{"epoch", "loss", "eval_nll",
+        "eval_accuracy", "steps_per_s"}], "collect_s"}``.
+
+    Raises:
+        UserError: bad numbers, a dataset without a kept target; as :func:`train.setup.make_env`.
+    """
+    from train.checkpoint import save_checkpoint
+    from train.ppo import make_optimizer
+
+    for name, value in (("--epochs", cfg.epochs), ("--minibatch-worlds", cfg.minibatch_worlds),
+                        ("--num-worlds", cfg.num_worlds)):
+        if value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
+    device = check_device(cfg.device)
+    if cfg.num_threads:
+        torch.set_num_threads(cfg.num_threads)
+    torch.manual_seed(cfg.seed)
+    env, setting = make_bc_env(cfg, cfg.data, say)
+    continuous = int(setting.action_space) == int(ActionSpace.CONTINUOUS)
+    policy = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, cfg.policy).to(device)
+    t0 = time.perf_counter()
+    data = collect(env, policy)
+    collect_s = time.perf_counter() - t0
+    c = data.counts
+    say(f"bc data {cfg.data}: {env.pack.num_scenarios} scenarios, {data.obs.shape[0]} agents x {env.horizon} steps; "
+        f"{c['agent_steps']} controlled agent-steps: {c['valid']} targets kept, {c['invalid_log']} invalid log, "
+        f"{c['out_of_range']} out of range ({collect_s:.1f} s)")
+    check_targets(data, f"--data {cfg.data}")
+    held = None
+    if cfg.eval_data:
+        eval_env, _ = make_bc_env(cfg, cfg.eval_data, say)
+        held = collect(eval_env, policy)
+        e = held.counts
+        say(f"bc eval data {cfg.eval_data}: {e['valid']} targets kept of {e['agent_steps']} agent-steps "
+            f"({e['invalid_log']} invalid log, {e['out_of_range']} out of range)")
+        del eval_env
+    optimizer = make_optimizer(policy.parameters(), cfg.learning_rate, cfg.adam_eps)
+    generator = torch.Generator(device=device)
+    generator.manual_seed(cfg.seed)
+    worlds = torch.unique(data.world)
+    rows_per_world = data.obs.shape[0] / max(worlds.numel(), 1)
+    eval_rows = max(1, int(math.ceil(cfg.minibatch_worlds * rows_per_world)))
+    history, trained = [], 0
+    for epoch in range(1, cfg.epochs + 1):
+        policy.train()
+        t0 = time.perf_counter()
+        total, steps = 0.0, 0.0
+        order = worlds[torch.randperm(worlds.numel(), generator=generator, device=device)]
+        for i in range(0, order.numel(), cfg.minibatch_worlds):
+            pick = order[i: i + cfg.minibatch_worlds]
+            rows = torch.nonzero(torch.isin(data.world, pick)).flatten()
+            loss, stats = bc_loss(policy, data, rows)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            k = float(stats["steps"])
+            total, steps = total + float(stats["nll"]) * k, steps + k
+        seconds = time.perf_counter() - t0
+        trained += int(steps)
+        rec = {"epoch": epoch, "loss": total / max(steps, 1.0), "steps_per_s": steps / max(seconds, 1e-9)}
+        line = f"epoch {epoch}/{cfg.epochs}: train nll {rec['loss']:.4f}, {rec['steps_per_s']:,.0f} agent-steps/s"
+        if held is not None:
+            ev = evaluate_bc(policy, held, eval_rows)
+            rec.update(eval_nll=ev["nll"], eval_accuracy=ev["accuracy"])
+            line += f"; held-out nll {ev['nll']:.4f}, {'mae' if continuous else 'accuracy'} {ev['accuracy']:.3f}"
+        history.append(rec)
+        if not cfg.quiet:
+            say(line)
+    tcfg = dataclasses.replace(TrainConfig(), data=cfg.data, env=setting, policy=cfg.policy,
+                               num_worlds=cfg.num_worlds, device=cfg.device, seed=cfg.seed,
+                               learning_rate=cfg.learning_rate)
+    config = tcfg.to_dict()
+    extra = {"bc": {"data": cfg.data, "eval_data": cfg.eval_data, "epochs": cfg.epochs, "counts": c,
+                    "history": history, "track_tolerance": TRACK_TOLERANCE}}
+    path = save_checkpoint(pathlib.Path(cfg.out), policy=policy, optimizer=optimizer, global_step=trained,
+                           update=cfg.epochs, config=config, env_config=config["env"], extra=extra)
+    say(f"bc checkpoint {path}")
+    return {"checkpoint": str(path), "counts": c, "eval_counts": held.counts if held is not None else None,
+            "epochs": history, "collect_s": collect_s}
+
+
+def parse_args(argv=None) -> BCConfig:
+    """The command line as a :class:`BCConfig` (tyro; enums by lower-case name).
+
+    Raises:
+        SystemExit: unknown or invalid flags (exit code 2).
+    """
+    import tyro
+
+    from train.config import cli_registry
+
+    return tyro.cli(BCConfig, args=argv, registry=cli_registry(), description=__doc__.split("\n\n")[0])
+
+
+def main(argv=None) -> int:
+    """CLI entry point: 0 on success, 2 on a user error (one line on stderr; ``--debug`` re-raises)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = parse_args(argv)
+        train_bc(cfg)
+    except USER_ERRORS as e:
+        if "--debug" in argv:
+            raise
+        print(f"error: {one_line(e)}  (--debug shows the traceback)", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
