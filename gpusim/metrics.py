@@ -8,7 +8,10 @@ Metrics of one agent-episode, in the column order of :data:`METRIC_NAMES`:
 * ``collided`` / ``offroad``: 1 if it was in collision / offroad at a valid step;
 * ``score``: 1 if it reached its goal and never collided nor went offroad;
 * ``red_light_violation``: 1 if its centre crossed the stop line of a red signal (stop or red
-  arrow) at a valid step (docs/signals.md; not part of ``score``).
+  arrow) at a valid step (docs/signals.md; not part of ``score``);
+* ``collision_or_offroad``: 1 if it collided or went offroad (or both) at a valid step: the union
+  per agent-episode (:func:`collision_or_offroad`), so an agent that does both counts once, where
+  the sum ``collided + offroad`` counts it twice.
 
 STOP-invalid steps and steps of removed agents never contribute: the env accumulates returns,
 lengths and flags only where the agent was in play (``loss_mask``).
@@ -46,7 +49,7 @@ import torch
 from gpusim.kernels.ema import EmaLog
 
 METRIC_NAMES = ("episode_return", "episode_length", "goal_reached", "collided", "offroad", "score",
-                "red_light_violation")
+                "red_light_violation", "collision_or_offroad")
 
 
 def trial_metric_names(k_trials: int) -> tuple[str, ...]:
@@ -73,8 +76,16 @@ def clean_goal(goal_reached: torch.Tensor, collided: torch.Tensor, offroad: torc
     return goal_reached & ~collided & ~offroad
 
 
+def collision_or_offroad(collided: torch.Tensor, offroad: torch.Tensor) -> torch.Tensor:
+    """The ``collision_or_offroad`` flag of an agent-episode: it collided, went offroad, or both
+    (the union, so an agent that does both counts once). Bool tensors of one shape in, the same
+    shape out (bool). The one definition: the env's metric log and the evaluator's records both use
+    it."""
+    return collided | offroad
+
+
 def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=None, red_light=None) -> torch.Tensor:
-    """Per agent-episode metric values ``[..., 7 + E]`` float32 in the order of :data:`METRIC_NAMES`,
+    """Per agent-episode metric values ``[..., 8 + E]`` float32 in the order of :data:`METRIC_NAMES`,
     then the ``E`` columns of ``extra``.
 
     Args:
@@ -89,7 +100,8 @@ def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=
     g, c, o = goal_reached.float(), collided.float(), offroad.float()
     score = clean_goal(goal_reached, collided, offroad).float()
     red = torch.zeros_like(g) if red_light is None else red_light.float()
-    cols = [ep_return.float(), ep_length.float(), g, c, o, score, red]
+    either = collision_or_offroad(collided, offroad).float()
+    cols = [ep_return.float(), ep_length.float(), g, c, o, score, red, either]
     out = torch.stack(cols, dim=-1)
     if extra is not None:
         if extra.dim() != out.dim() or tuple(extra.shape[:-1]) != tuple(out.shape[:-1]):

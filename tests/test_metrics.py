@@ -42,7 +42,7 @@ class Oracle:
         for w, c in torch.nonzero(r.terminal).tolist():
             ret, length, g, col, off = a[w, c].tolist()
             # red_light_violation: 0 (the sample scenes have no traffic signals; tests/test_signals_sim.py)
-            ep = [ret, length, g, col, off, float(g > 0 and col == 0 and off == 0), 0.0]
+            ep = [ret, length, g, col, off, float(g > 0 and col == 0 and off == 0), 0.0, float(col > 0 or off > 0)]
             self.episodes.append(ep)
             old = self.ema.get((w, c))
             self.ema[(w, c)] = ep if old is None else [self.alpha * o + (1 - self.alpha) * e for o, e in zip(old, ep)]

@@ -3,8 +3,10 @@
 Input: the per agent-episode records of :func:`train.eval.sweep.run_sweep` (1-D CPU tensors per
 column). Reported metrics (:data:`METRICS`, labels in brackets):
 
-* ``goal_reached`` (goal), ``collided`` (collision), ``offroad`` (offroad), ``score`` (goal
-  reached without collision or offroad), ``episode_return`` (return), as in ``gpusim/metrics.py``;
+* ``goal_reached`` (goal), ``collided`` (collision), ``offroad`` (offroad),
+  ``collision_or_offroad`` (collision or offroad: the union per agent-episode, an agent that does
+  both counts once), ``score`` (goal reached without collision or offroad), ``episode_return``
+  (return), as in ``gpusim/metrics.py``;
 * trial mode: ``trial_k_score`` (goal reached in trial k, docs/design.md section 9),
   ``trial_k_clean_score`` (goal in trial k without collision/offroad — what the env's training
   metrics call ``trial_k_score`` today) and ``ada_delta_trial_k_minus_0`` = the mean over
@@ -29,12 +31,23 @@ import math
 
 import torch
 
+from gpusim.metrics import collision_or_offroad
 from train.eval.stats import Interval, mean_interval
 from train.eval.styles import STYLE_METRICS
 
 #: (column, label) of the main metrics, in table order.
-METRICS = (("goal_reached", "goal"), ("collided", "collision"), ("offroad", "offroad"), ("score", "score"),
-           ("episode_return", "return"))
+METRICS = (("goal_reached", "goal"), ("collided", "collision"), ("offroad", "offroad"),
+           ("collision_or_offroad", "collision or offroad"), ("score", "score"), ("episode_return", "return"))
+
+
+def _with_union(agents: dict) -> dict:
+    """``agents`` with the ``collision_or_offroad`` column derived from ``collided`` and ``offroad``
+    (:func:`gpusim.metrics.collision_or_offroad`) when the records lack it (records built by hand
+    or written before the column existed)."""
+    if "collision_or_offroad" in agents or "collided" not in agents or "offroad" not in agents:
+        return agents
+    either = collision_or_offroad(agents["collided"] > 0, agents["offroad"] > 0).to(torch.float32)
+    return {**agents, "collision_or_offroad": either}
 
 
 def _trial_count(agents: dict) -> int:
@@ -59,6 +72,8 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
     """
     def ci(x, bounds=(0.0, 1.0)):
         return mean_interval(x, method=method, level=level, resamples=resamples, seed=seed, bounds=bounds)
+
+    agents = _with_union(agents)
 
     out = {name: ci(agents[name], None if name == "episode_return" else (0.0, 1.0)) for name, _ in METRICS}
     for name, _ in STYLE_METRICS:
@@ -93,6 +108,7 @@ def per_scenario(agents: dict, num_scenarios: int) -> list[dict]:
     """Plain means per scenario index ``s`` in ``[0, num_scenarios)``: ``{"index", "agent_episodes",
     "episodes", <metric>: mean}`` (``episodes`` = distinct repetitions; NaN means when empty)."""
     rows = []
+    agents = _with_union(agents)
     scen = agents["scenario"].to(torch.int64)
     for s in range(num_scenarios):
         m = scen == s

@@ -22,12 +22,12 @@ from typing import Callable, Protocol
 
 import torch
 
-from gpusim.metrics import clean_goal
+from gpusim.metrics import clean_goal, collision_or_offroad
 from train.eval.styles import StyleProbe
 
 #: Per agent-episode columns of :func:`run_sweep` (trial columns added in trial mode).
 AGENT_COLUMNS = ("scenario", "world", "slot", "repetition", "episode_return", "episode_length", "goal_reached",
-                 "collided", "offroad", "score")
+                 "collided", "offroad", "score", "collision_or_offroad")
 #: Per world-episode columns of :func:`run_sweep` (trial mode only; else empty).
 WORLD_COLUMNS = ("scenario", "repetition", "trials", "trials_ended_early", "trial_steps")
 
@@ -294,7 +294,8 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
         "repetition": repetition.to(dev)[:, None].expand(W, C),
         "episode_return": ep["episode_return"], "episode_length": ep["episode_length"],
         "goal_reached": ep["goal_reached"], "collided": ep["collided"], "offroad": ep["offroad"],
-        "score": clean_goal(ep["goal_reached"], ep["collided"], ep["offroad"]), "ego": ego,
+        "score": clean_goal(ep["goal_reached"], ep["collided"], ep["offroad"]),
+        "collision_or_offroad": collision_or_offroad(ep["collided"], ep["offroad"]), "ego": ego,
     }
     for name in ("mean_speed", "min_gap", "time_to_goal"):  # driving styles (train/eval/styles.py)
         if name in ep:
