@@ -232,3 +232,131 @@ def check_output_path(path, flag: str, *, kind: str = "file") -> pathlib.Path:
     except OSError as e:
         raise OutputError(f"{label}: cannot write in {existing}: {cause(e)}", e.errno) from e
     return path
+
+
+#: The lock file :func:`lock_directory` creates in a locked directory.
+LOCK_FILE = ".lock"
+
+
+class DirectoryInUse(ValueError):
+    """A directory another live process holds the lock of (:func:`lock_directory`). ``pid`` is
+    the holder's process id as it recorded it (None when unreadable)."""
+
+    def __init__(self, message: str, pid: int | None = None):
+        super().__init__(message)
+        self.pid = pid
+
+
+class DirectoryLock:
+    """An exclusive ``fcntl.flock`` lock on ``<directory>/.lock``, held until :meth:`release` or
+    the process ends (the OS drops it then, so a killed process leaves no stale lock; the file
+    itself stays and is reused). Made by :func:`lock_directory`; usable as a context manager."""
+
+    def __init__(self, directory: pathlib.Path, fd: int, created: list[pathlib.Path] | None = None):
+        self.directory = directory
+        self.path = directory / LOCK_FILE
+        self.created = list(created or [])  # directories lock_directory made, deepest first
+        self._fd: int | None = fd
+
+    @property
+    def held(self) -> bool:
+        """Whether this object still holds the lock."""
+        return self._fd is not None
+
+    def release(self, cleanup: bool = False) -> None:
+        """Drop the lock (idempotent). With ``cleanup``, when the directory holds nothing but the
+        lock file, remove the lock file and the directories :func:`lock_directory` created, so a
+        run that failed before writing anything leaves nothing behind."""
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                import fcntl
+
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            if cleanup and self.created:
+                with contextlib.suppress(OSError):
+                    if [p.name for p in self.directory.iterdir()] == [LOCK_FILE]:
+                        self.path.unlink()
+                        for d in self.created:
+                            d.rmdir()
+
+    def __enter__(self) -> "DirectoryLock":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.release()
+
+
+def lock_directory(directory, *, what: str = "run", hint: str = "") -> DirectoryLock:
+    """Take the exclusive lock of ``directory`` (created if missing) for this process.
+
+    The lock is ``fcntl.flock(LOCK_EX | LOCK_NB)`` on ``<directory>/.lock`` (POSIX advisory
+    lock: every gpusim writer of the directory takes it; the kernel releases it when the holder
+    exits or is killed). The holder writes its pid into the file so a refused process can name it.
+
+    Args:
+        directory: the directory (str or path-like). what: what holds it, for the message
+            (``"run"``). hint: what to do instead, appended to the message (e.g. ``"pass another
+            --run-name"``).
+
+    Returns:
+        A :class:`DirectoryLock` (release it, or use it as a context manager).
+
+    Raises:
+        DirectoryInUse: another live process holds the lock: ``"<directory> is in use by another
+            <what> (pid N)[: hint]"``.
+        OutputError: the directory or its lock file cannot be created.
+    """
+    import fcntl
+
+    directory = pathlib.Path(directory)
+    path = directory / LOCK_FILE
+    created, p = [], directory.absolute()
+    while not os.path.lexists(p) and p.parent != p:
+        created.append(p)
+        p = p.parent
+    with write_errors(path):
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        try:
+            text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+        except OSError:
+            text = ""
+        os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise OutputError(f"cannot lock {directory}: {cause(e)}", e.errno) from e
+        pid = int(text) if text.isdigit() else None
+        holder = f"pid {pid}" if pid is not None else "pid unknown"
+        raise DirectoryInUse(f"{directory} is in use by another {what} ({holder})" + (f": {hint}" if hint else ""),
+                             pid) from None
+    with write_errors(path):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return DirectoryLock(directory, fd, created)
+
+
+def torch_save(obj, path, *, flag: str | None = None) -> pathlib.Path:
+    """``torch.save(obj)`` to ``path`` through :func:`atomic_write`.
+
+    The object is serialised into memory first and then written as bytes: a write error then
+    surfaces as the OS error it is (``torch.save`` writing to a full disk itself reports only
+    "unexpected pos N vs M"). Costs one in-memory copy of the file.
+
+    Raises:
+        OutputError: the file cannot be written (one line naming it and the cause).
+    """
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return write_bytes(path, buf.getbuffer(), flag=flag)

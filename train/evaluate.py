@@ -49,6 +49,7 @@ from train.baselines import BASELINES, make_baseline
 from train.config import (USER_ERRORS, UserError, check_device, default_device, env_config_from_dict, one_line,
                           resolve_path)
 from gpusim.data.errors import PackFileError
+from gpusim.fileio import OutputError, atomic_write, check_output_path, write_text
 from gpusim.data.shards import ShardedPack
 from train.eval.modes import MODES, ModeOptions, get_mode, mode_env
 from train.eval.report import scenario_table, summary_table
@@ -269,6 +270,9 @@ def _check(cfg: EvalConfig) -> list[str]:
             raise UserError(f"{name} must be >= {low}, got {value}")
     if not 0.0 < cfg.level < 1.0:
         raise UserError(f"--level must be in (0, 1), got {cfg.level}")
+    for name, value in (("--json", cfg.json), ("--records", cfg.records), ("--export-rollouts", cfg.export_rollouts)):
+        if value:  # before any work: a finished evaluation is never lost to an unwritable output
+            check_output_path(value, name)
     if cfg.memory is not None and any(s in BASELINES for s in specs):
         raise UserError(f"--memory {cfg.memory}: {next(s for s in specs if s in BASELINES)} is a baseline without a "
                         "KV-cache memory; pass --memory with checkpoints only")
@@ -440,11 +444,14 @@ def write_records(results: dict, path) -> int:
     ``repetition``, ``world``, ``slot`` and the metric columns (``goal_reached``, ``collided``,
     ``offroad``, ``score``, ``episode_return``, ``episode_length``; in trial mode
     ``trial_k_score`` and ``trial_k_clean_score`` per trial k, 0/1, and ``trial_k_goal_step``,
-    the step within trial k at which the goal was reached, null if not). Returns the number of lines."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    the step within trial k at which the goal was reached, null if not), through the atomic writer.
+    Returns the number of lines.
+
+    Raises:
+        OutputError: the file cannot be written (one line naming it and the cause).
+    """
     n = 0
-    with open(path, "w") as f:
+    with atomic_write(path, "w", flag="--records") as f:
         for run in [r for r in results["runs"] if "records" in r]:
             cols = {k: v.tolist() for k, v in run["records"].items()}
             ids = run["scenarios"]
@@ -536,17 +543,23 @@ def main(argv=None) -> int:
             raise
         print(f"error: {one_line(e)}  (--debug shows the traceback)", file=sys.stderr)
         return 2
-    if cfg.json:
-        path = pathlib.Path(cfg.json)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(to_json(results), indent=1))
-    if cfg.records:
-        write_records(results, cfg.records)
-    if not cfg.quiet:
+    if not cfg.quiet:  # the table first: a write that fails after the checks still shows it
         console = Console(highlight=False)
         print_results(results, console, cfg.per_scenario)
+    try:
         if cfg.json:
-            console.print(f"results written to {cfg.json}")
+            write_text(cfg.json, json.dumps(to_json(results), indent=1), flag="--json")
+        if cfg.records:
+            write_records(results, cfg.records)
+    except OutputError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    if cfg.json and not cfg.quiet:
+        console.print(f"results written to {cfg.json}")
+    if (results.get("export") or {}).get("error"):
+        if cfg.quiet:
+            print(f"error: {results['export']['error']}", file=sys.stderr)
+        return 2
     return 0
 
 

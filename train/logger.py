@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pathlib
 import shutil
 import time
 
+from gpusim.fileio import write_errors, write_text
 from train.config import UserError
 
 
@@ -39,6 +39,7 @@ class Logger:
             run (the ``time`` field continues from it).
 
     Raises:
+        OutputError: ``run_dir``, ``metrics.jsonl`` or ``config.json`` cannot be written (one line).
         UserError: with an install hint if ``wandb=True`` and the package is missing, or when
             ``wandb.init`` fails; nothing is left on disk then (a run directory created here is
             removed again).
@@ -59,7 +60,8 @@ class Logger:
             self._console = Console(highlight=False)
         self._wandb = None
         created = not self.run_dir.exists()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with write_errors(self.run_dir, "--log-dir"):
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         if wandb:  # before any file is written: a failed start leaves no empty metrics.jsonl behind
             try:
                 import wandb as _wandb  # lazy: optional dependency
@@ -75,8 +77,9 @@ class Logger:
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 raise UserError(f"--wandb: wandb.init failed ({first}); check --wandb-mode/--wandb-project "
                                    "or run without --wandb") from e
-        self._file = open(self.path, "a" if append else "w", buffering=1)
-        (self.run_dir / "config.json").write_text(json.dumps(config, indent=1, default=str))
+        with write_errors(self.path, "--log-dir"):  # an append-only log, one flushed line per report
+            self._file = open(self.path, "a" if append else "w", buffering=1)
+        write_text(self.run_dir / "config.json", json.dumps(config, indent=1, default=str), flag="--log-dir")
 
     def _remove_if_created(self, created: bool) -> None:
         if created:
@@ -88,9 +91,14 @@ class Logger:
         return time.time() - self.start
 
     def log(self, record: dict) -> None:
-        """Write one report (plain floats/ints): one line, flushed to the OS at once."""
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        """Write one report (plain floats/ints): one line, flushed to the OS at once.
+
+        Raises:
+            OutputError: the line cannot be written (full disk, read-only file system), one line.
+        """
+        with write_errors(self.path, "--log-dir"):
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
         if self._wandb is not None:
             self._wandb.log(record, step=int(record.get("global_step", 0)))
         if self._console is not None:
@@ -125,8 +133,8 @@ def truncate_jsonl(path, last_update: int) -> tuple[int, int]:
 
     Records written after the checkpoint being resumed (the run was killed between its report and
     its next checkpoint) are dropped, as is a partial last line of a write cut short, so the
-    resumed run writes every later update exactly once. Rewritten atomically (temporary file +
-    ``os.replace``). A missing file is left missing.
+    resumed run writes every later update exactly once. Rewritten atomically
+    (:func:`gpusim.fileio.write_text`). A missing file is left missing.
 
     Returns:
         ``(kept, dropped)`` record/line counts.
@@ -146,7 +154,5 @@ def truncate_jsonl(path, last_update: int) -> tuple[int, int]:
         else:
             dropped += 1
     if dropped:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
-        os.replace(tmp, path)
+        write_text(path, "".join(k + "\n" for k in kept))
     return len(kept), dropped

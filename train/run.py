@@ -33,6 +33,7 @@ if __package__ in (None, ""):  # `python train/run.py` from a checkout without `
 
 import torch
 
+from gpusim.fileio import check_output_path, lock_directory
 from train.checkpoint import save_checkpoint
 from train.config import USER_ERRORS, TrainConfig, one_line, parse_args
 from train.extras import RunExtras
@@ -64,11 +65,40 @@ def train(cfg: TrainConfig, env=None, hook=None) -> dict:
     Raises:
         UserError: bad device, missing wandb, conflicting resume flags, a pack that does not
             match user-set ``--env.*`` flags, a run directory that already holds a run.
+        gpusim.fileio.DirectoryInUse (a ValueError): another live run holds the run directory's
+            lock (the message names its pid). gpusim.fileio.OutputError: the run directory cannot
+            be written (read-only or full file system, a file in its place).
         FileNotFoundError: missing ``--data``/``--resume``. train.checkpoint.CheckpointError
             (a ValueError): unreadable checkpoint. gpusim.data.ScenarioError: no usable scenario.
     """
     ranks = setup_distributed(cfg.device)  # torchrun: join the process group (train/distributed.py); else no-op
-    cfg, ckpt, ckpt_file, run_dir = ranks.from_main(prepare_run, cfg)  # rank 0 checks and reads, the others receive
+    held = []  # rank 0's lock of the run directory, held while the run writes to it
+    ok = False
+    try:
+        out = _train(cfg, env, hook, ranks, held)
+        ok = True
+        return out
+    finally:  # a run that failed before writing anything leaves no directory behind
+        for lock in held:
+            lock.release(cleanup=not ok)
+
+
+def _prepare_locked(cfg: TrainConfig, held: list):
+    """:func:`train.resume.prepare_run`, then (rank 0) the run directory checked writable and
+    locked (:func:`gpusim.fileio.lock_directory`, the lock appended to ``held``); a new run checks
+    again under the lock that no other run finished into the directory meanwhile."""
+    cfg, ckpt, ckpt_file, run_dir = prepare_run(cfg)
+    flag = "--resume" if ckpt is not None else "--log-dir"
+    check_output_path(run_dir, flag, kind="dir")
+    held.append(lock_directory(run_dir, hint="wait for it to end, or pass another --run-name"))
+    if ckpt is None:
+        prepare_run(cfg)  # the same run name: the directory must still hold no run
+    return cfg, ckpt, ckpt_file, run_dir
+
+
+def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
+    """The body of :func:`train` (``held``: where rank 0 keeps the run directory's lock)."""
+    cfg, ckpt, ckpt_file, run_dir = ranks.from_main(_prepare_locked, cfg, held)  # rank 0 checks, locks and reads
     done = nothing_to_do(ckpt, ckpt_file, run_dir, cfg.total_timesteps, say=print if ranks.is_main else None)
     if done is not None:
         ranks.close()

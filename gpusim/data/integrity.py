@@ -37,7 +37,7 @@ ALGORITHM = "crc32c"
 PACK_NAMES = ("pack.pt", "meta.json")
 INDEX_NAME = "index.json"
 SHARD_GLOB = "shard-*.pt"
-_TMP_GLOBS = ("pack.pt*.tmp", "meta.json.tmp", "index.json.tmp", "shard-*.pt*.tmp")
+_TMP_GLOBS = ("pack.pt*.tmp", "meta.json*.tmp", "index.json*.tmp", "shard-*.pt*.tmp")
 #: Read size of :func:`file_crc32c` (4 MiB).
 _CHUNK = 1 << 22
 

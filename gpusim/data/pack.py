@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import time
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from gpusim.data.errors import PackFileError, ScenarioError
 from gpusim.data.integrity import (INDEX_NAME, SHARD_GLOB, check_invariants, check_one_dataset, checksum_mismatch,
                                    clear_dataset, dataset_in, pack_checksums)
 from gpusim.data.pack_file import FORMAT_VERSION, atomic_torch_save, note_once, read_payload
+from gpusim.fileio import write_text
 
 from gpusim.data.layout import cell_counts, flatten_grid, grid_dtype, grid_rows, padded_grid, starts_of
 
@@ -399,9 +399,7 @@ class ScenarioPack:
             clear_dataset(path)
         path.mkdir(parents=True, exist_ok=True)
         atomic_torch_save(payload, path / PACK_FILE)
-        tmp = path / (META_FILE + ".tmp")
-        tmp.write_text(json.dumps(meta, indent=1))
-        os.replace(tmp, path / META_FILE)
+        write_text(path / META_FILE, json.dumps(meta, indent=1))
         return path
 
     @classmethod

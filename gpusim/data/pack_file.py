@@ -9,9 +9,7 @@ A pack file is ``torch.save({"meta": dict, "tensors": {name: tensor}})``, read b
 from __future__ import annotations
 
 import io
-import os
 import pathlib
-import tempfile
 import warnings
 
 import torch
@@ -40,17 +38,16 @@ def note_once(key: str, text: str, stacklevel: int = 2) -> None:
 
 
 def atomic_torch_save(obj, path: pathlib.Path) -> None:
-    """``torch.save(obj, path)`` through a temporary file in the same directory, then a rename
-    (a reader sees the old file or the new one, never a partial one)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """``torch.save(obj, path)`` through the atomic writer (:func:`gpusim.fileio.torch_save`: a
+    temporary file in the same directory, then a rename; a reader sees the old file or the new
+    one, never a partial one).
+
+    Raises:
+        OutputError: the file cannot be written (one line naming it and the cause).
+    """
+    from gpusim.fileio import torch_save
+
+    torch_save(obj, path)
 
 
 def read_payload(file: pathlib.Path, verify: bool, expect_crc32c: int | None, expect_bytes: int | None) -> dict:

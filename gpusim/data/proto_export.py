@@ -117,10 +117,16 @@ def submission_message(rollouts: dict, *, method: str = "gpusim", description: s
 
 
 def write_submission(path, rollouts: dict, **kw) -> pathlib.Path:
-    """Serialize :func:`submission_message` to ``path`` (a ``.binproto`` file). Returns the path."""
-    path = pathlib.Path(path)
-    path.write_bytes(submission_message(rollouts, **kw).SerializeToString())
-    return path
+    """Serialize :func:`submission_message` to ``path`` (a ``.binproto`` file) through the atomic
+    writer (:func:`gpusim.fileio.write_bytes`: a failed write leaves a previous file whole).
+    Returns the path.
+
+    Raises:
+        OutputError: the file cannot be written (one line naming it and the cause).
+    """
+    from gpusim.fileio import write_bytes
+
+    return write_bytes(path, submission_message(rollouts, **kw).SerializeToString())
 
 
 def read_submission(path) -> dict:
@@ -287,10 +293,11 @@ def scenario_payloads(path):
 
 def export_scenarios(sources, out) -> tuple[int, list]:
     """Write every readable scenario of ``sources`` (files or directories) as one TFRecord of
-    ``Scenario`` protos at ``out``. Returns (scenarios written, list of ``ScenarioError``).
+    ``Scenario`` protos at ``out`` (atomically; nothing is written when no scenario is readable).
+    Returns (scenarios written, list of ``ScenarioError``).
 
     Raises:
-        ScenarioError: if no source file is found.
+        ScenarioError: if no source file is found. OutputError: ``out`` cannot be written.
     """
     from gpusim.data.convert import expand_sources
     from gpusim.data.tfrecord import write_records
@@ -303,7 +310,8 @@ def export_scenarios(sources, out) -> tuple[int, list]:
     for f in files:
         for _, item in scenario_payloads(f):
             (errors if isinstance(item, ScenarioError) else payloads).append(item)
-    write_records(out, payloads)
+    if payloads:
+        write_records(out, payloads, flag="--out")
     return len(payloads), errors
 
 
@@ -317,20 +325,19 @@ def export_command(sources, out, *, stdout=None, stderr=None) -> int:
     """
     import sys
 
+    from gpusim.fileio import OutputError, check_output_path
+
     stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
     out = pathlib.Path(out)
-    if out.is_dir() or not out.parent.is_dir():
-        print(f"error: --out {out}: must be a file in an existing directory (e.g. scenarios.tfrecord)", file=stderr)
-        return 2
     try:
+        check_output_path(out, "--out")
         n, errors = export_scenarios(sources, out)
-    except ScenarioError as exc:
+    except (ScenarioError, OutputError) as exc:
         print(f"error: {exc}", file=stderr)
         return 2
     for e in errors:
         print(f"error: {e}", file=stderr)
     if n == 0:
-        out.unlink(missing_ok=True)
         print("nothing exported; no file written", file=stderr)
         return 1
     print(f"wrote {out}: {n} Scenario proto(s)" + (f", {len(errors)} source(s) skipped" if errors else ""), file=stdout)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pathlib
 import warnings
 
@@ -45,6 +44,7 @@ from gpusim.data.integrity import check_one_dataset, clear_dataset, dataset_in, 
 from gpusim.data.layout import grid_dtype, starts_of
 from gpusim.data.pack import TENSOR_FIELDS, ScenarioPack, pack_scenarios
 from gpusim.data.pack_file import note_once
+from gpusim.fileio import write_text
 
 INDEX_FILE = "index.json"
 SHARD_FORMAT = "gpusim-shards"
@@ -307,9 +307,7 @@ def convert_sharded(paths, out_dir, config: DataConfig = DataConfig(), *, shard_
     index = {"format": SHARD_FORMAT, "version": SHARD_VERSION, "config": dataclasses.asdict(config),
              "max_segments": max(m["segments"] for m in metas), "max_signals": max(m["signals"] for m in metas),
              "max_cells": max(m["cells"] for m in metas), "shards": shards, "scenarios": metas, "stats": stats}
-    tmp = out_dir / (INDEX_FILE + ".tmp")
-    tmp.write_text(json.dumps(index, indent=1))
-    os.replace(tmp, out_dir / INDEX_FILE)
+    write_text(out_dir / INDEX_FILE, json.dumps(index, indent=1))
     return ShardedPack.open(out_dir), stats
 
 

@@ -14,6 +14,7 @@ Records are streamed one at a time, so memory stays bounded by the largest recor
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import pathlib
 import re
@@ -151,12 +152,19 @@ def encode_record(payload: bytes) -> bytes:
     return head + _FOOTER.pack(masked_crc(head)) + payload + _FOOTER.pack(masked_crc(payload))
 
 
-def write_records(path, payloads, *, compress: bool = False) -> pathlib.Path:
+def write_records(path, payloads, *, compress: bool = False, flag: str | None = None) -> pathlib.Path:
     """Write ``payloads`` (an iterable of ``bytes``) as a TFRecord file, gzip-compressed if
-    ``compress``. Returns the path."""
+    ``compress``, through the atomic writer (:func:`gpusim.fileio.atomic_write`). Returns the path.
+
+    Raises:
+        OutputError: the file cannot be written (one line naming it, and ``flag`` if given, and
+            the cause).
+    """
+    from gpusim.fileio import atomic_write
+
     path = pathlib.Path(path)
-    opener = gzip.open if compress else open
-    with opener(path, "wb") as fh:
-        for p in payloads:
-            fh.write(encode_record(bytes(p)))
+    with atomic_write(path, "wb", flag=flag) as raw:
+        with (gzip.GzipFile(fileobj=raw, mode="wb") if compress else contextlib.nullcontext(raw)) as fh:
+            for p in payloads:
+                fh.write(encode_record(bytes(p)))
     return path

@@ -10,8 +10,10 @@
 the table shows, per component and the meta-metric, the mean over scenarios with a 95% normal
 interval (``mean +- 1.96 s / sqrt(n)``, s the sample deviation over scenarios). Scenarios WOSAC
 cannot score (no track to predict, no object valid at step 10, ...) are listed with their reason
-and counted. A submission that lacks a scored scenario or whose objects or steps do not match is
-refused (exit 2, one line naming the file and scenario).
+and counted. A submission that is empty, lacks a scored scenario or whose objects or steps do not
+match is refused (exit 2, one line naming the file and scenario); one with fewer rollouts per
+scenario than the challenge's 32 is scored with a note saying so. ``--limit`` must be >= 1;
+``--device cuda`` without CUDA and an unwritable ``--json`` are refused before any scoring.
 """
 
 from __future__ import annotations
@@ -69,13 +71,30 @@ def main(argv=None) -> int:
     from gpusim.wosac.rollouts import rollouts_for
     from gpusim.wosac.sources import load_scenes
 
+    from gpusim.fileio import OutputError, check_output_path, write_text
+
     baselines = args.baseline if args.baseline is not None else ([] if args.submission else ["log_replay"])
+    if args.limit is not None and args.limit < 1:
+        print(f"error: --limit must be >= 1, got {args.limit} (leave it out to score every scenario)", file=sys.stderr)
+        return 2
     try:
         device = torch.device(args.device)
+    except RuntimeError as exc:
+        print(f"error: --device {args.device}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"error: --device {args.device}: CUDA is not available here; pass --device cpu", file=sys.stderr)
+        return 2
+    try:
+        if args.json:
+            check_output_path(args.json, "--json")
         scenes, skipped = load_scenes(args.sources, limit=args.limit)
         sub = read_submission(args.submission) if args.submission else None
-    except (ScenarioError, RuntimeError) as exc:
+    except (ScenarioError, RuntimeError, OutputError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if sub is not None and not sub:
+        print(f"error: --submission {args.submission}: empty submission (no scenario rollouts in it)", file=sys.stderr)
         return 2
     for name, why in skipped:
         print(f"skipped: {name}: {why}", file=sys.stderr)
@@ -92,6 +111,10 @@ def main(argv=None) -> int:
             print(f"error: {args.submission}: no rollouts for scenario(s) {missing[:5]} (the file does not match "
                   f"the scenarios)", file=sys.stderr)
             return 2
+        counts = sorted({int(sub[s.scenario_id][1].shape[0]) for s in scenes})
+        if counts[0] < C.N_ROLLOUTS:
+            print(f"note: {args.submission}: {'/'.join(map(str, counts))} rollout(s) per scenario; the challenge "
+                  f"requires {C.N_ROLLOUTS}, so these figures are not comparable to its leaderboard", file=sys.stderr)
         try:
             results["submission"] = _score_all(
                 scenes, lambda s, b: rollouts_for(s, *sub[s.scenario_id], file=args.submission)[None], device)
@@ -108,9 +131,12 @@ def main(argv=None) -> int:
                         for k in results)
         print(f"{n:<28}{cells}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump({"summary": summary, "per_scenario": results, "skipped": skipped, "seconds": seconds,
-                       "device": str(device)}, fh, indent=1)
+        try:
+            write_text(args.json, json.dumps({"summary": summary, "per_scenario": results, "skipped": skipped,
+                                              "seconds": seconds, "device": str(device)}, indent=1), flag="--json")
+        except OutputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 

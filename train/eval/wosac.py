@@ -226,21 +226,30 @@ def evaluate_wosac(entries: list[dict], make_driver: Callable, base, data: str, 
                             "scenarios": [s.scenario_id for s in scenes], "summary": _summary(rows, opts),
                             "per_scenario": rows, "seconds": round(time.perf_counter() - t_run, 2)})
     if export:
-        out["export"] = write_export(export, kept, entries[0]["label"], len(skipped))
+        from gpusim.fileio import OutputError
+
+        try:
+            out["export"] = write_export(export, kept, entries[0]["label"], len(skipped), rollouts)
+        except OutputError as e:  # the scores are finished: report them, and the failed write
+            out["export"] = {"file": str(export), "policy": entries[0]["label"], "error": str(e)}
     return out
 
 
-def write_export(path, rollouts: dict, method: str, skipped: int) -> dict:
+def write_export(path, rollouts: dict, method: str, skipped: int, per_scenario: int = C.N_ROLLOUTS) -> dict:
     """Write ``rollouts`` ({scenario_id: (object ids [N], [R, N, 80, 4])}) as a
-    ``SimAgentsChallengeSubmission`` (:func:`gpusim.data.proto_export.write_submission`); returns
-    ``{"file", "policy", "scenarios", "complete"}`` (incomplete when scenarios were skipped)."""
-    import pathlib
+    ``SimAgentsChallengeSubmission`` (:func:`gpusim.data.proto_export.write_submission`, atomic);
+    returns ``{"file", "policy", "scenarios", "rollouts" (R, ``per_scenario``), "complete"}``:
+    complete only when no scenario was skipped and R is the challenge's
+    :data:`gpusim.wosac.config.N_ROLLOUTS` (32).
 
+    Raises:
+        OutputError: the file cannot be written (one line naming it and the cause).
+    """
     from gpusim.data.proto_export import write_submission
 
-    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
     write_submission(path, rollouts, method=method)
-    return {"file": str(path), "policy": method, "scenarios": len(rollouts), "complete": skipped == 0}
+    return {"file": str(path), "policy": method, "scenarios": len(rollouts), "rollouts": per_scenario,
+            "complete": skipped == 0 and per_scenario == C.N_ROLLOUTS}
 
 
 def print_wosac(results: dict, console) -> None:
@@ -281,8 +290,12 @@ def print_wosac(results: dict, console) -> None:
                                    f"/{r['per_scenario'][s]['sim_agents']})" for r in runs])
     console.print(per)
     exp = results.get("export")
-    if exp:
-        state = "complete" if exp["complete"] else (f"INCOMPLETE submission: {len(results['skipped'])} "
-                                                     "scenario(s) skipped")
+    if exp and exp.get("error"):
+        console.print(escape(f"error: rollouts of {exp['policy']} NOT written: {exp['error']}"), soft_wrap=True)
+    elif exp:
+        problems = ([f"{len(results['skipped'])} scenario(s) skipped"] if results["skipped"] else []) + (
+            [f"{exp.get('rollouts')} rollout(s) per scenario, the challenge requires {C.N_ROLLOUTS}"]
+            if exp.get("rollouts", C.N_ROLLOUTS) != C.N_ROLLOUTS else [])
+        state = "complete" if exp["complete"] else "INCOMPLETE submission: " + "; ".join(problems)
         console.print(escape(f"rollouts of {exp['policy']} written to {exp['file']} ({exp['scenarios']} "
                              f"scenario(s), {state})"), soft_wrap=True)
