@@ -198,6 +198,11 @@ class EnvConfig:
         control: which objects the policy controls (:attr:`DataConfig.control`, passed on by
             :meth:`data_config`): ``"vehicles_with_goal"`` (default) or ``"all_valid"`` (every
             object valid at ``init_steps``, up to ``max_controlled``; the rest log-replayed).
+        zero_trial_index: the exact memoryless control (docs/trial.md): the ego block's
+            ``trial_index`` column is zeroed after the observation kernel, so every trial starts
+            with the same observation and a policy whose cache is cleared at every trial start acts
+            the same in every trial. Needs trial mode. False (default): the column is
+            ``trial_count / k_trials``.
     """
 
     max_agents: int = 64
@@ -240,6 +245,7 @@ class EnvConfig:
     goal_resample: bool = False
     candidate_practice: float = 0.0
     control: str = "vehicles_with_goal"
+    zero_trial_index: bool = False
 
     def __post_init__(self):
         for name, enum_cls in (
@@ -319,6 +325,11 @@ class EnvConfig:
         if self.candidate_practice > 0 and self.goal_candidates < 2:
             raise ValueError("EnvConfig.candidate_practice needs the memory task (--env.goal-candidates 2 or "
                              "more); drop --env.candidate-practice or set --env.goal-candidates")
+        if not isinstance(self.zero_trial_index, bool):
+            raise ValueError(f"EnvConfig.zero_trial_index must be True or False, got {self.zero_trial_index!r}")
+        if self.zero_trial_index and not self.trial_mode:
+            raise ValueError("EnvConfig.zero_trial_index needs trial mode (--env.goal-behavior trial); drop "
+                             "--env.zero-trial-index")
 
     @property
     def style_ranges(self) -> tuple:

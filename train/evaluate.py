@@ -97,8 +97,10 @@ class EvalConfig:
             ``--stochastic``): ``argmax`` (the joint argmax, the default) or ``mean`` (per action
             dimension the expected grid index, rounded; ``policy.ActorCritic.sample``: better for a
             policy whose entropy is still high, docs/evaluation.md).
-        memory: ``trial``: the memoryless control, every checkpoint's KV cache cleared at every
-            trial start (docs/trial.md); ``episode``: kept across the trials of an episode;
+        memory: ``trial``: the exact memoryless control, every checkpoint's KV cache cleared at
+            every trial start and the ``trial_index`` observation column zeroed
+            (``EnvConfig.zero_trial_index``), so trial k differs from trial 0 only by chance
+            (sampled actions, partners), never by memory (docs/trial.md); ``episode``: kept across the trials of an episode;
             default: as each checkpoint was trained (``--policy.memory``). Checkpoints only.
         seed: env generator, ``random`` baseline and sampling seed (the same for every policy).
         device: ``cuda`` if available else ``cpu``.
@@ -341,6 +343,10 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     device = check_device(cfg.device)
     policies = _load_policies(specs, device, tuple(n for m in modes for n in m.policies))
     base, base_notes = base_env_config(policies, cfg)
+    if cfg.memory == "trial" and base.trial_mode and not base.zero_trial_index:  # the exact memoryless control
+        base = base.replace(zero_trial_index=True)
+        base_notes.append("note: --memory trial: the trial_index observation column is zeroed "
+                          "(--env.zero-trial-index), so every trial starts with the same observation")
     if own is not None:  # a mode with its own protocol (e.g. wosac: sampled actions, one scenario per batch)
         return _run_protocol(own, policies, base, base_notes, cfg, device, threads, progress)
     styles = eval_styles(base, cfg.style, policies[0]["label"])

@@ -23,6 +23,10 @@ Memory task (``EnvConfig.goal_candidates`` >= 2): the candidate block
 after every other one (zero for slots not observed), and the ego block's goal columns
 (``goal_x``, ``goal_y``, ``goal_dist``) are zeroed: the true goal must not show.
 
+Exact memoryless control (``EnvConfig.zero_trial_index``): the ego block's ``trial_index`` column
+is zeroed after every other block is written, so the first observation of every trial is the same
+(docs/trial.md).
+
 Driving styles (``EnvConfig.reward_conditioning``): the last ``NUM_STYLE_TERMS`` columns hold the
 slot's own normalised style (:func:`gpusim.sim.styles.style_observation`), written after the
 other blocks for every backend (one torch ``where`` + copy; zero for slots not observed).
@@ -45,6 +49,8 @@ from gpusim.state import EnvState
 
 #: The ego block's goal columns (hidden in the memory task).
 GOAL_COLUMNS = slice(EGO_FEATURES.index("goal_x/100"), EGO_FEATURES.index("goal_dist/100") + 1)
+#: The ego block's trial-index column (zeroed by the exact memoryless control).
+TRIAL_INDEX_COLUMN = EGO_FEATURES.index("trial_index")
 from gpusim.styles import NUM_STYLE_TERMS
 
 
@@ -90,6 +96,8 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         state.collided_now, state.offroad_now, t_index, t_time, state.last_reward, state.controlled, ctx.obs_written,
         state.scenario, out=full if d0 == full.shape[-1] else full[..., :d0],
         zero_tail=full.shape[-1] - d0 if no_signals else 0, scratch=ctx.obs_scratch)
+    if cfg.zero_trial_index:  # the exact memoryless control: trial k starts like trial 0
+        full[..., TRIAL_INDEX_COLUMN].fill_(0.0)
     if not (n_style or n_cand or (cfg.num_signals > 0 and not signals_done)):
         return full
     active = ctx.obs_written.view(-1, C)  # the slots observed; the other rows are zero
