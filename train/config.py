@@ -143,6 +143,9 @@ class TrainConfig:
             the Triton backend (``GPUSIM_CUDA_GRAPHS=0`` turns it off), ``on`` = wanted (one
             warning with the reason when it cannot be used), ``off``. A failed capture warns once
             and runs eagerly. Same results either way.
+        init_policy: a checkpoint (e.g. ``train/bc.py``'s) whose weights start a new run's policy
+            (BC initialisation, ``train/human.py``); its observation layout, action space,
+            dynamics and policy sizes must be the run's. Not used when resuming.
         recipe: the defaults the command line starts from (:mod:`train.recipes`): ``auto`` = the
             GPU recipe on a CUDA device (1024 worlds, 40M steps, reports every 5 updates, the update on
             the non-removed steps only, ``--ppo.pack-removed``; bf16
@@ -187,6 +190,7 @@ class TrainConfig:
     eval_data: str | None = None
     cuda_graph: Literal["auto", "on", "off"] = "auto"
     recipe: Literal["auto", "cpu", "gpu"] = "auto"
+    init_policy: str | None = None
 
     def to_dict(self) -> dict:
         """Plain-data view (enums as lower-case names), for checkpoints and logs."""

@@ -78,6 +78,11 @@ class PPOConfig:
         pack_removed: compute the policy's forward in the update on the non-removed steps only,
             on every device (the CPU packs them anyway); on CUDA one host read per minibatch.
             The outputs at the steps trained on are the same (to float32 rounding).
+        human_kl, human_policy: HR-PPO (``train/human.py``): ``human_kl * KL(pi || pi_BC)`` on the
+            update's valid steps is added to the loss, ``pi_BC`` the frozen policy of the
+            checkpoint ``human_policy`` (``train/bc.py``); 0 / None: off.
+        value_warmup: the first this many updates train the value head only (the other
+            parameters get no gradient), e.g. after ``--init-policy`` from a BC checkpoint.
 
     Raises:
         ValueError: ``autocast`` not one of ``"off"``, ``"bf16"``.
@@ -100,10 +105,18 @@ class PPOConfig:
     autocast: Literal["off", "bf16"] = "off"
     fused_adam: bool = False
     pack_removed: bool = False
+    human_kl: float = 0.0
+    human_policy: str | None = None
+    value_warmup: int = 0
 
     def __post_init__(self):
         if self.autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"PPOConfig.autocast must be one of {', '.join(AUTOCAST_DTYPES)}, got {self.autocast!r}")
+        if self.human_kl < 0 or self.value_warmup < 0:
+            raise ValueError(f"PPOConfig.human_kl and value_warmup must be >= 0, got {self.human_kl}, {self.value_warmup}")
+        if self.human_kl > 0 and not self.human_policy:
+            raise ValueError("PPOConfig.human_kl > 0 needs human_policy (--ppo.human-policy PATH, a train/bc.py "
+                             "checkpoint)")
 
 
 def make_optimizer(parameters, lr: float, eps: float, fused: bool = False) -> torch.optim.Adam:
@@ -135,7 +148,7 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return total / n.clamp(min=1).to(x.dtype)
 
 
-def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
+def ppo_loss(policy, mb: dict, cfg: PPOConfig, human=None, value_only: bool = False) -> tuple[torch.Tensor, dict]:
     """PPO loss of one minibatch of whole rows.
 
     Args:
@@ -146,10 +159,16 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
             then optionally ``obs_rows`` [B] int64 when ``obs`` holds more rows and these are the
             minibatch's (``ActorCritic.forward``'s ``rows``).
         cfg: :class:`PPOConfig`.
+        human: the frozen BC policy of HR-PPO (None: no KL term); its input is ``mb["human_obs"]``
+            (its own ``prepare_obs`` of the rows; ``mb["obs"]`` when absent), its forward runs
+            over the same rows with its own memory. The loss gets ``cfg.human_kl *
+            masked_mean(KL(pi || pi_BC))`` (:func:`policy_kl`).
+        value_only: the loss is ``vf_coef * v_loss`` alone (value warm-up).
 
     Returns:
         ``(loss, stats)``: scalar loss tensor and a dict of detached scalar tensors (pg_loss,
-        v_loss, entropy, approx_kl, clipfrac, valid_steps) — all on the device.
+        v_loss, entropy, approx_kl, clipfrac, valid_steps, and human_kl with ``human``) — all on
+        the device.
     """
     mask = mb["loss_mask"]
     logits, new_values = _policy_forward(policy, mb, cfg.autocast, cfg.pack_removed)
@@ -189,6 +208,15 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
     v_loss = 0.5 * masked_mean(v_err, mask)
     ent = masked_mean(entropy, mask)
     loss = pg_loss - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+    human_kl = None
+    if human is not None:
+        with torch.no_grad():
+            ref_mb = {**mb, "obs": mb.get("human_obs", mb["obs"]), "obs_rows": mb.get("human_rows", mb.get("obs_rows"))}
+            ref_logits, _ = _policy_forward(human, ref_mb, cfg.autocast, cfg.pack_removed)
+        human_kl = masked_mean(policy_kl(policy, logits, human, ref_logits), mask)
+        loss = loss + cfg.human_kl * human_kl
+    if value_only:
+        loss = cfg.vf_coef * v_loss
 
     with torch.no_grad():
         stats = {
@@ -199,7 +227,29 @@ def ppo_loss(policy, mb: dict, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
             "clipfrac": masked_mean(((ratio - 1).abs() > cfg.clip_coef).float(), mask),
             "valid_steps": mask.sum().float(),
         }
+        if human_kl is not None:
+            stats["human_kl"] = human_kl.detach()
     return loss, stats
+
+
+def policy_kl(policy, logits: torch.Tensor, ref, ref_logits: torch.Tensor) -> torch.Tensor:
+    """KL(pi || pi_ref) [...] float32 (nats) per step, exact for both heads.
+
+    Args:
+        policy, ref: :class:`policy.ActorCritic` with the same action space (``ref`` frozen).
+        logits, ref_logits: [..., A] their head outputs (categorical logits, or Gaussian means
+            with each policy's state-independent ``log_std``).
+
+    Discrete: ``sum_a p(a) (log p(a) - log q(a))``. Continuous (diagonal Gaussians, summed over
+    the action dimensions): ``log(s_q / s_p) + (s_p^2 + (m_p - m_q)^2) / (2 s_q^2) - 1/2``.
+    """
+    if policy.continuous:
+        ls_p, ls_q = policy.log_std, ref.log_std
+        var_p, var_q = (2 * ls_p).exp(), (2 * ls_q).exp()
+        return (ls_q - ls_p + (var_p + (logits - ref_logits) ** 2) / (2 * var_q) - 0.5).sum(-1)
+    logp = torch.log_softmax(logits, dim=-1)
+    logq = torch.log_softmax(ref_logits, dim=-1)
+    return (logp.exp() * (logp - logq)).sum(-1)
 
 
 def _policy_forward(policy, mb: dict, autocast: str, pack: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,7 +286,8 @@ def optimizer_steps(effective_steps: int, nominal_steps: int, cfg: PPOConfig) ->
 
 
 def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: PPOConfig, n_steps: int,
-               rows_per_minibatch: int, active_rows: torch.Tensor, generator: torch.Generator | None = None) -> dict:
+               rows_per_minibatch: int, active_rows: torch.Tensor, generator: torch.Generator | None = None,
+               human=None, value_only: bool = False) -> dict:
     """Run ``n_steps`` optimizer steps on minibatches of whole rows.
 
     Rows are visited in random permutations of ``active_rows`` (rows with at least one valid
@@ -250,14 +301,24 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
         rows_per_minibatch: rows per minibatch (>= 1).
         active_rows: [n] int64 row indices to draw from (on the device).
         generator: torch generator for the permutations (on the batch's device).
+        human: HR-PPO's frozen BC policy (:func:`ppo_loss`); its ``prepare_obs`` of the active
+            rows is computed once per update, like the policy's.
+        value_only: value warm-up: the loss is the value loss and only the ``critic`` head's
+            parameters get gradients (the others' are cleared before the optimizer step).
 
     Returns:
         dict of scalar device tensors averaged over the steps (empty-statistics zeros when
-        ``n_steps == 0``) plus ``grad_norm``.
+        ``n_steps == 0``) plus ``grad_norm``; with ``human`` also ``human_kl`` and
+        ``human_kl_coef``; ``value_warmup`` (1 during the warm-up, else 0).
     """
     device = batch.device
     keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "valid_steps", "grad_norm")
+    keys = keys + (("human_kl",) if human is not None else ())
     totals = {k: torch.zeros((), device=device) for k in keys}
+    fixed = {"value_warmup": torch.tensor(float(value_only), device=device)}
+    if human is not None:
+        fixed["human_kl_coef"] = torch.tensor(float(cfg.human_kl), device=device)
+        human_obs = human.prepare_obs(batch.obs[active_rows], batch.removed[active_rows])
     if n_steps <= 0 or active_rows.numel() == 0:
         return totals
     stop = batch.bootstrap_stop()
@@ -291,12 +352,18 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
         else:
             mb["obs"] = batch.obs[idx]
         cursor += rows_per_minibatch
-        loss, stats = ppo_loss(policy, mb, cfg)
+        if human is not None:
+            mb["human_obs"], mb["human_rows"] = human_obs, pos[cursor - rows_per_minibatch: cursor]
+        loss, stats = ppo_loss(policy, mb, cfg, human=human, value_only=value_only)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if value_only:  # value warm-up: only the value head moves
+            for name, p in policy.named_parameters():
+                if not (name.startswith("critic.") or ".critic." in name):
+                    p.grad = None
         grad_norm = nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
         optimizer.step()
         for k, v in stats.items():
             totals[k] += v
         totals["grad_norm"] += grad_norm.detach()
-    return {k: v / n_steps for k, v in totals.items()}
+    return {**{k: v / n_steps for k, v in totals.items()}, **fixed}

@@ -39,6 +39,7 @@ from train.config import USER_ERRORS, TrainConfig, one_line, parse_args
 from train.extras import RunExtras
 from train.distributed import setup as setup_distributed
 from train.graphed_rollout import make_rollout
+from train.human import SHA_KEY
 from train.ppo import optimizer_steps, ppo_update
 from train.resume import nothing_to_do, prepare_run
 from train.rollout import RolloutBatch
@@ -122,7 +123,8 @@ def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
             frac = max(1.0 - global_step / cfg.total_timesteps, 0.0)
             for g in optimizer.param_groups:
                 g["lr"] = cfg.learning_rate * frac
-        stats, counts = update_policy(run.train_policy, optimizer, batch, run.hook, cfg.ppo, run.generator, dist=ranks)
+        stats, counts = update_policy(run.train_policy, optimizer, batch, run.hook, cfg.ppo, run.generator, dist=ranks,
+                                      human=run.human, value_only=update < cfg.ppo.value_warmup)
         _wait(run.device)
         t2 = time.time()
         rollout_time, update_time = rollout_time + t1 - t0, update_time + t2 - t1
@@ -152,7 +154,7 @@ def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
 
 
 def update_policy(policy, optimizer, batch: RolloutBatch, hook, ppo_cfg, generator=None,
-                  dist=None) -> tuple[dict, dict]:
+                  dist=None, human=None, value_only: bool = False) -> tuple[dict, dict]:
     """Experience hook, then the masked PPO update on one rollout.
 
     Args:
@@ -161,6 +163,7 @@ def update_policy(policy, optimizer, batch: RolloutBatch, hook, ppo_cfg, generat
         ppo_cfg: :class:`train.ppo.PPOConfig`. generator: for the minibatch permutations.
         dist: a :class:`train.distributed.Distributed` under torchrun (counts become global sums and
             the step count is agreed over the ranks with one all-reduce), else ``None``.
+        human, value_only: HR-PPO's frozen BC policy and the value warm-up (:func:`train.ppo.ppo_update`).
 
     Returns:
         ``(stats, counts)``: PPO statistics (scalar device tensors) and the host integers
@@ -193,7 +196,8 @@ def update_policy(policy, optimizer, batch: RolloutBatch, hook, ppo_cfg, generat
             rows=batch.rows, batch=batch, active_rows=active_rows, ppo_cfg=ppo_cfg)
         nominal_i, effective_i, active_slots_i = (totals[k] for k in ("nominal_steps", "effective_steps",
                                                                      "active_slots"))
-    stats = ppo_update(policy, optimizer, batch, ppo_cfg, n_steps, rows_per_mb, active_rows, generator)
+    stats = ppo_update(policy, optimizer, batch, ppo_cfg, n_steps, rows_per_mb, active_rows, generator, human=human,
+                       value_only=value_only)
     counts = {"nominal_steps": nominal_i, "effective_steps": effective_i, "active_slots": active_slots_i,
               "optimizer_steps": n_steps, "rows_per_minibatch": rows_per_mb}
     return stats, counts
@@ -211,7 +215,7 @@ def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int):
     """Write the checkpoint of ``update`` (weights, optimizer, counters, RNG, the run directory, the
     elapsed time and every rank's metric state) on rank 0; returns its path there, None elsewhere."""
     metric_log = run.metric_log
-    extra = {"run_dir": str(run_dir.resolve()), "elapsed": run.logger.elapsed,
+    extra = {"run_dir": str(run_dir.resolve()), "elapsed": run.logger.elapsed, SHA_KEY: run.human_sha,
              "env_metrics": metric_log.state_dict() if metric_log is not None else None}
     extra = ranks.checkpoint_extra(extra, metric_log)  # every rank: gathers metric and RNG states
     if not ranks.is_main:

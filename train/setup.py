@@ -26,6 +26,7 @@ from train.config import user_set as set_by_user
 from train.coplayer import coplayer_env_config
 from train.distributed import NullLogger
 from train.experience import hook_context, make_hook
+from train.human import human_policy, init_policy
 from train.logger import Logger
 from train.packs import PACK_FIELDS, adapt_env_config, data_problems, load_pack
 from train.ppo import make_optimizer
@@ -101,6 +102,8 @@ class Run:
         config_dict: the run's configuration as saved in ``config.json`` and checkpoints.
         ckpt_path: where checkpoints are written. global_step, update: counters (restored on resume).
         problems: lines naming the data files left out.
+        human, human_sha: HR-PPO's frozen BC policy and its file's SHA-256 (None without
+            ``--ppo.human-policy``; :mod:`train.human`).
     """
 
     cfg: TrainConfig
@@ -121,6 +124,8 @@ class Run:
     global_step: int = 0
     update: int = 0
     problems: list = dataclasses.field(default_factory=list)
+    human: object = None
+    human_sha: str | None = None
 
 
 def _settings(cfg: TrainConfig, ckpt: dict | None) -> tuple[EnvConfig, PolicyConfig]:
@@ -189,6 +194,9 @@ def build_run(cfg: TrainConfig, ranks, ckpt: dict | None, ckpt_file, run_dir: pa
     if ckpt is not None:
         global_step, update, elapsed, dropped = restore(ckpt, ckpt_file, policy, optimizer, metric_log, run_dir,
                                                         main=ranks.is_main)
+    if cfg.init_policy and ckpt is None:  # BC initialisation (train/human.py), before DDP copies the weights
+        init_policy(policy, cfg.init_policy, env, env_config)
+    human, human_sha = human_policy(cfg, env, env_config, ckpt)
     train_policy = ranks.wrap(policy)  # DDP under torchrun (the update trains it); rollouts use `policy`
     if hook is None:
         if isinstance(env_config, EnvConfig):  # the memory task refuses the goal-progress shaping (one rule)
@@ -211,4 +219,4 @@ def build_run(cfg: TrainConfig, ranks, ckpt: dict | None, ckpt_file, run_dir: pa
     return Run(cfg=cfg, env=env, env_config=env_config, device=device, policy=policy, train_policy=train_policy,
                optimizer=optimizer, hook=hook, buffer=buffer, cache=cache, generator=generator, logger=logger,
                metric_log=metric_log, config_dict=config_dict, ckpt_path=ckpt_path, global_step=global_step,
-               update=update, problems=problems)
+               update=update, problems=problems, human=human, human_sha=human_sha)

@@ -1,0 +1,111 @@
+"""Human-regularised PPO (HR-PPO) and BC initialisation for ``train/run.py``.
+
+HR-PPO (Cornelisse & Vinitsky 2024, "Human-compatible driving partners through data-regularized
+self-play reinforcement learning", arXiv 2403.19648) adds ``human_kl * KL(pi || pi_BC)`` on the
+visited states to the PPO loss, where ``pi_BC`` is a frozen behaviour-cloned policy
+(``train/bc.py``). :func:`train.ppo.ppo_loss` computes the term; this module loads the BC policy
+(``--ppo.human-policy PATH``), refuses one made for another observation layout, action space or
+dynamics, records the file's SHA-256 in the checkpoints and refuses a changed file on resume, and
+loads ``--init-policy PATH`` weights into a new run's policy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+
+from gpusim.config import ActionSpace
+from train.config import UserError, env_config_from_dict, resolve_path
+
+#: Key of the BC file's SHA-256 in a checkpoint's ``extra``.
+SHA_KEY = "human_policy_sha256"
+
+
+def file_sha256(path) -> str:
+    """Hex SHA-256 of the file at ``path`` (read in 1 MiB blocks)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _checkpoint_file(path: str, flag: str) -> pathlib.Path:
+    p = resolve_path(path)
+    if p.is_dir() and (p / "checkpoint.pt").is_file():
+        p = p / "checkpoint.pt"
+    if not p.is_file():
+        raise UserError(f"{flag} {path}: no such checkpoint file")
+    return p
+
+
+def load_frozen(path: str, flag: str, env, env_config):
+    """The frozen policy of the checkpoint ``path`` for driving ``env`` (set up as ``env_config``).
+
+    Returns:
+        ``(policy, payload, file)``: the :class:`policy.ActorCritic` (eval mode, no gradients, on
+        ``env.device``), the checkpoint dict and its resolved file.
+
+    Raises:
+        UserError: one line naming ``flag`` and the difference: observation layout, action count or
+            action space (:class:`train.checkpoint.PolicyMismatch`), or dynamics; an unreadable file.
+    """
+    from train.checkpoint import CheckpointError, PolicyMismatch, load_policy
+
+    file = _checkpoint_file(path, flag)
+    continuous = int(env_config.action_space) == int(ActionSpace.CONTINUOUS)
+    try:
+        policy, payload = load_policy(file, env.device, env.obs_layout, env.num_actions, continuous)
+    except PolicyMismatch as e:
+        raise UserError(f"{flag} {path}: {e.detail}") from None
+    except CheckpointError as e:
+        raise UserError(f"{flag} {path}: {e}") from None
+    theirs = env_config_from_dict(payload["env_config"])
+    for name in ("dynamics", "action_space", "dt"):
+        if getattr(theirs, name) != getattr(env_config, name):
+            raise UserError(f"{flag} {path}: trained with {name} {getattr(theirs, name)}, this run uses "
+                            f"{getattr(env_config, name)}; use a policy of this run's {name}")
+    return policy, payload, file
+
+
+def human_policy(cfg, env, env_config, ckpt: dict | None):
+    """The frozen BC policy of HR-PPO and its file's SHA-256, or ``(None, None)`` without
+    ``--ppo.human-policy`` / with ``--ppo.human-kl 0``.
+
+    Args:
+        cfg: the run's :class:`train.config.TrainConfig`. env, env_config: the run's env and setting.
+        ckpt: the checkpoint being resumed (None: a new run); its recorded SHA-256 must match.
+
+    Raises:
+        UserError: as :func:`load_frozen`; the file changed since the checkpoint was written; a
+            resumed HR-PPO run without ``--ppo.human-policy``.
+    """
+    recorded = ((ckpt or {}).get("extra") or {}).get(SHA_KEY)
+    if not cfg.ppo.human_policy or cfg.ppo.human_kl <= 0:
+        if recorded is not None:
+            saved = ((ckpt.get("config") or {}).get("ppo") or {})
+            raise UserError(f"--resume: the run trained with --ppo.human-policy {saved.get('human_policy')} "
+                            f"--ppo.human-kl {saved.get('human_kl')}; pass both again to continue it")
+        return None, None
+    flag = "--ppo.human-policy"
+    policy, _, file = load_frozen(cfg.ppo.human_policy, flag, env, env_config)
+    sha = file_sha256(file)
+    if recorded is not None and recorded != sha:
+        raise UserError(f"{flag} {cfg.ppo.human_policy}: the file changed since the run's checkpoint was written "
+                        f"(SHA-256 {sha[:12]}..., recorded {recorded[:12]}...); pass the original BC checkpoint")
+    return policy, sha
+
+
+def init_policy(policy, path: str, env, env_config) -> None:
+    """Load the weights of checkpoint ``path`` (e.g. ``train/bc.py``'s) into ``policy`` in place
+    (``--init-policy``).
+
+    Raises:
+        UserError: as :func:`load_frozen`; other policy sizes than the run's ``--policy.*``.
+    """
+    flag = "--init-policy"
+    source, payload, _ = load_frozen(path, flag, env, env_config)
+    if source.describe() != policy.describe():
+        raise UserError(f"{flag} {path}: its policy {payload['policy']['config']} differs from this run's "
+                        f"{policy.describe()['config']}; pass the same --policy.* flags as the checkpoint")
+    policy.load_state_dict(source.state_dict())
