@@ -56,7 +56,7 @@ from train.eval.report import scenario_table, summary_table
 from train.eval.sweep import (CallableDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
                               sweep_plan)
 from train.eval.streaming import first_pack, local_records, streaming_sweep
-from train.eval.settings import evaluation_config
+from train.eval.settings import evaluation_config, setting_config
 from train.eval.styles import eval_styles, partner_styles, style_env_config
 
 
@@ -109,6 +109,9 @@ class EvalConfig:
         level: confidence level of the intervals.
         resamples: bootstrap resamples (``--interval bootstrap``).
         wosac_rollouts: ``--mode wosac``: rollouts (worlds) per scenario (32 in the challenge).
+        setting: evaluate in a named setting instead of the first checkpoint's own
+            (:data:`train.eval.settings.SETTINGS`: ``goal`` or ``sim_agent``; its env fields
+            replace the checkpoint's, with a note); None: as trained.
         export_rollouts: ``--mode wosac``: write the first ``--policy``'s rollouts to this file as a
             ``SimAgentsChallengeSubmission`` binproto (incomplete when scenarios were skipped: said).
         json: also write the results as JSON to this file.
@@ -141,6 +144,7 @@ class EvalConfig:
     level: float = 0.95
     resamples: int = 2000
     wosac_rollouts: int = 32
+    setting: str | None = None
     export_rollouts: str | None = None
     json: str | None = None
     records: str | None = None
@@ -222,6 +226,8 @@ def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
         if diff:
             notes.append(f"note: {other['label']} was trained with {', '.join(diff)}; evaluated with "
                          f"{ckpts[0]['label']}'s env settings like every policy here")
+    env_config, setting_notes = setting_config(env_config, cfg.setting)
+    notes += setting_notes
     if cfg.k_trials > 0:
         env_config = env_config.replace(goal_behavior="trial", k_trials=cfg.k_trials)
     return env_config, notes

@@ -41,3 +41,35 @@ def evaluation_config(env_config) -> tuple:
     note = (f"note: evaluation drops the training randomisations {was} ({', '.join(what)}, "
             f"{config.scenario_length} steps)")
     return config, [note]
+
+
+#: The named settings (``train/evaluate.py --setting``; the training flags of docs/training.md):
+#: the EnvConfig fields each sets. ``goal``: the goal-conditioned driver's (``train/run.py``'s
+#: defaults: vehicles with a goal, from log step 0, stopped at the goal, removed at a contact).
+#: ``sim_agent``: the way WOSAC evaluates (``train/eval/wosac.py``): every object valid at step 10
+#: controlled (up to 64, the rest log-replayed), from step 10 for 80 steps, the agent drives on
+#: through its goal, contacts neither stop nor remove. The policy's memory starts at step 10 (the
+#: log's first second is not fed to it).
+SETTINGS = {
+    "goal": {"control": "vehicles_with_goal", "init_steps": 0, "scenario_length": None, "goal_behavior": "stop",
+             "max_agents": 64, "max_controlled": 8, "collision_behavior": "remove", "offroad_behavior": "remove"},
+    "sim_agent": {"control": "all_valid", "init_steps": 10, "scenario_length": 80, "goal_behavior": "continue",
+                  "max_agents": 128, "max_controlled": 64, "collision_behavior": "ignore",
+                  "offroad_behavior": "ignore"},
+}
+
+
+def setting_config(env_config, name: str | None) -> tuple:
+    """``(config, notes)``: ``env_config`` with the fields of setting ``name`` (:data:`SETTINGS`)
+    set, and a note naming the fields it changed; ``name`` None: unchanged, no note.
+
+    Raises:
+        ValueError: an unknown setting name (one line listing the names).
+    """
+    if name is None:
+        return env_config, []
+    if name not in SETTINGS:
+        raise ValueError(f"--setting {name}: unknown setting; use one of {', '.join(SETTINGS)}")
+    config = env_config.replace(**SETTINGS[name])
+    changed = [f"{k}={getattr(config, k)}" for k in SETTINGS[name] if getattr(config, k) != getattr(env_config, k)]
+    return config, ([f"note: --setting {name}: evaluated with {', '.join(changed)}"] if changed else [])
