@@ -26,10 +26,7 @@ The whole algorithm, top to bottom:
 Examples::
 
     python train/bc.py --data data/womd_sample --out runs/bc/checkpoint.pt --epochs 20
-    python train/bc.py --data TRAIN --eval-data VAL --out bc.pt --env.control all_valid \\
-        --env.init-steps 10 --env.scenario-length 80 --env.goal-behavior continue \\
-        --env.max-agents 128 --env.max-controlled 64 \\
-        --env.collision-behavior ignore --env.offroad-behavior ignore
+    python train/bc.py --data TRAIN --eval-data VAL --out bc.pt --setting sim_agent
 """
 
 from __future__ import annotations
@@ -70,6 +67,8 @@ class BCConfig:
             gradient-norm clip. minibatch_worlds: worlds (each all its controlled agents' whole
             episodes) per minibatch.
         num_worlds: worlds simulated at a time while collecting.
+        setting: a named setting (``train/run.py --setting``, :data:`train.eval.settings.SETTINGS`:
+            ``goal``, ``sim_agent``) whose fields become the ``--env.*`` defaults.
         env, policy: the env setting and the policy sizes (``--env.*`` / ``--policy.*`` as
             ``train/run.py`` takes them; defaults: its CPU defaults).
         device, seed, num_threads, quiet, debug: as ``train/run.py``.
@@ -84,6 +83,7 @@ class BCConfig:
     max_grad_norm: float = 0.5
     minibatch_worlds: int = 4
     num_worlds: int = 32
+    setting: str | None = None
     env: EnvConfig = field(default_factory=lambda: TrainConfig().env)
     policy: PolicyConfig = field(default_factory=lambda: TrainConfig().policy)
     device: str = field(default_factory=default_device)
@@ -126,7 +126,8 @@ def make_bc_env(cfg: BCConfig, data: str, say=print):
     """
     from train.setup import make_env
 
-    collect_cfg = cfg.env.replace(collision_behavior="ignore", offroad_behavior="ignore")
+    # never mirrored (EnvConfig.mirror, gpusim/data/mirror.py): the log is cloned as driven, on the right
+    collect_cfg = cfg.env.replace(collision_behavior="ignore", offroad_behavior="ignore", mirror=False)
     tcfg = dataclasses.replace(TrainConfig(), data=data, env=collect_cfg, num_worlds=cfg.num_worlds,
                                device=cfg.device, seed=cfg.seed)
     env = make_env(tcfg, collect_cfg, user_set=_user_set(cfg), say=say)
@@ -347,7 +348,14 @@ def parse_args(argv=None) -> BCConfig:
 
     from train.config import cli_registry
 
-    return tyro.cli(BCConfig, args=argv, registry=cli_registry(), description=__doc__.split("\n\n")[0])
+    from train.eval.settings import setting_config
+
+    parse = lambda default: tyro.cli(BCConfig, args=argv, registry=cli_registry(),  # noqa: E731
+                                     description=__doc__.split("\n\n")[0], default=default)
+    cfg = parse(None)
+    if cfg.setting is None:
+        return cfg
+    return parse(dataclasses.replace(BCConfig(), env=setting_config(BCConfig().env, cfg.setting)[0]))
 
 
 def main(argv=None) -> int:

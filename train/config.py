@@ -146,6 +146,9 @@ class TrainConfig:
         init_policy: a checkpoint (e.g. ``train/bc.py``'s) whose weights start a new run's policy
             (BC initialisation, ``train/human.py``); its observation layout, action space,
             dynamics and policy sizes must be the run's. Not used when resuming.
+        setting: a named env setting (:data:`train.eval.settings.SETTINGS`: ``goal``,
+            ``sim_agent``) whose fields become the ``--env.*`` defaults; ``--env.*`` flags given
+            win over it. None: :class:`TrainConfig`'s env.
         recipe: the defaults the command line starts from (:mod:`train.recipes`): ``auto`` = the
             GPU recipe on a CUDA device (1024 worlds, 40M steps, reports every 5 updates, the update on
             the non-removed steps only, ``--ppo.pack-removed``; bf16
@@ -191,6 +194,7 @@ class TrainConfig:
     cuda_graph: Literal["auto", "on", "off"] = "auto"
     recipe: Literal["auto", "cpu", "gpu"] = "auto"
     init_policy: str | None = None
+    setting: str | None = None
 
     def to_dict(self) -> dict:
         """Plain-data view (enums as lower-case names), for checkpoints and logs."""
@@ -419,7 +423,29 @@ def parse_args(argv=None, description: str | None = None) -> TrainConfig:
 
     cfg = with_recipe(cfg, lambda base: tyro.cli(TrainConfig, args=argv, registry=cli_registry(),
                                                  description=description, default=base), from_file=path is not None)
+    cfg = with_setting(cfg, lambda base: tyro.cli(TrainConfig, args=argv, registry=cli_registry(),
+                                                  description=description, default=base), default)
     return memory_task_experience(cfg, any(a == "--experience" or a.startswith("--experience=") for a in argv))
+
+
+def with_setting(cfg: TrainConfig, reparse, file_default: TrainConfig | None = None) -> TrainConfig:
+    """``cfg`` with its ``--setting`` applied: the command line parsed again (``reparse(base)``) on
+    the defaults it was parsed on (``file_default``, the ``--config`` file's, else the recipe's)
+    with the setting's env fields (:func:`train.eval.settings.setting_config`), so ``--env.*``
+    flags given still win. Without ``--setting``: ``cfg``.
+
+    Raises:
+        ValueError: an unknown setting name.
+    """
+    if cfg.setting is None:
+        return cfg
+    from train.eval.settings import setting_config
+    from train.recipes import apply_recipe
+
+    base = file_default if file_default is not None else apply_recipe(TrainConfig(device=cfg.device), cfg.recipe,
+                                                                      resuming=bool(cfg.resume))
+    env, _ = setting_config(base.env, cfg.setting)
+    return dataclasses.replace(reparse(dataclasses.replace(base, env=env)), recipe=cfg.recipe)
 
 
 def memory_task_experience(cfg: TrainConfig, explicit: bool) -> TrainConfig:
