@@ -15,7 +15,8 @@ from train.config import UserError, flag, resolve_path
 #: Fields of EnvConfig that must equal the pack's DataConfig: env field -> (data field, the
 #: ``python -m gpusim.data convert`` flag that sets it).
 PACK_FIELDS = {"max_agents": ("max_agents", "--max-agents"), "max_controlled": ("max_controlled", "--max-controlled"),
-               "init_steps": ("init_steps", "--init-steps"), "num_roads": ("grid_k", "--grid-k")}
+               "init_steps": ("init_steps", "--init-steps"), "num_roads": ("grid_k", "--grid-k"),
+               "control": ("control", "--control")}
 
 
 def load_pack(data: str, env_config: EnvConfig, device="cpu"):
