@@ -1,0 +1,112 @@
+"""Behaviour cloning (train/bc.py): the targets and their masks (counts on a real bundled scene and
+on crafted logs), the refusal of a dataset without a target, and a short training run whose loss
+falls and whose checkpoint evaluates like any other."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpusim.config import EnvConfig
+from gpusim.data import ScenarioPack
+from gpusim.env import DriveEnv
+from policy.actor_critic import ActorCritic, PolicyConfig
+from policy.encoders import ObsDims
+from train.bc import TRACK_TOLERANCE, BCConfig, check_targets, collect, train_bc
+from train.config import UserError
+
+from conftest import SAMPLE_DIR
+from synthetic import driver, lane, parked, small_config, straight_track, synthetic_pack
+
+SMALL = PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16, max_roads=8)
+
+
+def _policy(env):
+    return ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, False, SMALL)
+
+
+def test_targets_and_masks_on_a_real_scene_match_the_log():
+    # goal "continue" and contacts ignored: every active slot is in play at every step, so the
+    # invalid-log count is the count of invalid next log poses, read straight from the pack
+    f = SAMPLE_DIR / "tfrecord-00066-of-01000_343.json.xz"  # 8 vehicles, some logged with gaps
+    cfg = EnvConfig(goal_behavior="continue", collision_behavior="ignore", offroad_behavior="ignore",
+                    max_controlled=8)
+    pack = ScenarioPack.from_json([f], cfg.data_config())
+    env = DriveEnv(pack, 1, cfg)
+    data = collect(env, _policy(env))
+    n = int(pack.num_controlled[0])
+    T = env.horizon
+    nxt_valid = torch.zeros(n, T, dtype=torch.bool)
+    nxt_valid[:, : T - 1] = pack.traj_valid[0, :n, 1:T]  # target of step t: log index t + 1 (none after the log)
+    c = data.counts
+    assert data.obs.shape[:2] == (n, T) and c["agent_steps"] == n * T
+    assert c["invalid_log"] == int((~nxt_valid).sum())
+    assert c["valid"] == c["agent_steps"] - c["invalid_log"] - c["out_of_range"] == int(data.mask.sum())
+    assert not (data.mask & ~nxt_valid).any()
+    # some logged poses are beyond one step's reach, most are followed (54 of the 676 valid
+    # next poses out of range here when written)
+    assert 0 < c["out_of_range"] <= 0.1 * (c["agent_steps"] - c["invalid_log"])
+    # the targets are the env's expert actions at the recorded steps (replayed)
+    env.reset(scenarios=torch.zeros(1, dtype=torch.int64))
+    first = env.expert_actions()[0, :n]
+    assert torch.equal(data.actions[:, 0], first)
+
+
+def test_a_jump_in_the_log_is_out_of_range_and_masked():
+    track = straight_track(0.0, 0.0, 0.0, 5.0)
+    track[40] = track[40] + torch.tensor([0.0, 30.0])  # a 30 m sideways jump at log index 40
+    pack = synthetic_pack([{"agents": [driver(0, 0, 0.0, 5.0, (500.0, 0.0)) | {"pos": track}, parked(0, 30)],
+                            "num_controlled": 1, "roads": lane()}], small_config())
+    cfg = EnvConfig(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, goal_behavior="continue",
+                    collision_behavior="ignore", offroad_behavior="ignore")
+    env = DriveEnv(pack, 1, cfg)
+    data = collect(env, _policy(env))
+    assert data.counts["out_of_range"] >= 1
+    assert not data.mask[0, 39]  # the step aiming at log index 40
+    assert data.mask[0, :39].all()  # the straight log before it is followed within the tolerance
+    assert TRACK_TOLERANCE < 30.0
+
+
+def test_no_valid_target_is_refused_with_the_counts():
+    # a controlled agent logged only at step 0: every target is an invalid log pose
+    valid = [True] + [False] * 90
+    pack = synthetic_pack([{"agents": [driver(0, 0, 0.0, 5.0, (500.0, 0.0), valid=valid), parked(0, 30)],
+                            "num_controlled": 1, "roads": lane()}], small_config())
+    cfg = EnvConfig(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, goal_behavior="continue",
+                    collision_behavior="ignore", offroad_behavior="ignore")
+    env = DriveEnv(pack, 1, cfg)
+    data = collect(env, _policy(env))
+    with pytest.raises(UserError) as e:
+        check_targets(data, "--data X")
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg == ("--data X: no valid BC target: 91 controlled agent-steps, 91 with an invalid log, 0 out of the "
+                   "action range; use other scenarios or another --env setting")
+
+
+def test_bc_loss_falls_and_the_checkpoint_evaluates(tmp_path):
+    from train.checkpoint import load_policy
+    from train.evaluate import EvalConfig, evaluate
+
+    out = tmp_path / "bc.pt"
+    cfg = BCConfig(data=str(SAMPLE_DIR), eval_data=str(SAMPLE_DIR), out=str(out), epochs=3, device="cpu",
+                   num_worlds=16, minibatch_worlds=4, policy=SMALL, learning_rate=3e-3, quiet=True)
+    res = train_bc(cfg, say=lambda *_: None)
+    losses = [e["loss"] for e in res["epochs"]]
+    held = [e["eval_nll"] for e in res["epochs"]]
+    assert losses[-1] < losses[0] - 0.3 and held[-1] < held[0]
+    assert all(0.0 <= e["eval_accuracy"] <= 1.0 for e in res["epochs"]) and res["epochs"][0]["steps_per_s"] > 0
+    policy, payload = load_policy(out)
+    assert payload["extra"]["bc"]["counts"] == res["counts"] and payload["env_config"]["goal_behavior"] == "stop"
+    assert payload["global_step"] == 3 * res["counts"]["valid"]
+    ev = evaluate(EvalConfig(policy=(str(out),), data=str(SAMPLE_DIR), device="cpu", quiet=True))
+    summary = ev["runs"][0]["summary"]
+    assert 0.0 <= summary["goal_reached"].mean <= 1.0
+
+
+def test_bc_cli_bad_numbers_exit_2(capsys):
+    from train.bc import main
+
+    assert main(["--epochs", "0", "--device", "cpu", "--out", "/nonexistent/x.pt"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --epochs must be >= 1, got 0")
