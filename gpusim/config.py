@@ -12,6 +12,7 @@ Units: metres, radians, seconds, metres per second.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from gpusim import styles
@@ -25,6 +26,31 @@ from gpusim.enums import (  # noqa: F401  (re-exported: existing imports keep wo
     ObjectType,
     RoadType,
 )
+
+
+def check_finite(cfg) -> None:
+    """Refuse a non-finite number (NaN, +inf, -inf) in any field of the dataclass ``cfg``, also
+    inside tuples and lists (strings are left to the field's own parser). The one finiteness rule
+    of every config class (``DataConfig``, ``EnvConfig``, ``train.ppo.PPOConfig``,
+    ``policy.PolicyConfig``, ``train.config.TrainConfig``), run first in their validation, which
+    command-line flags, config files and checkpoints all pass through. Ranges are checked by each
+    class, and only where the physics needs them (time step, radii, lengths).
+
+    Raises:
+        ValueError: ``"<Class>.<field> must be a finite number, got nan"`` for the first such field.
+    """
+    def bad(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return v
+        if isinstance(v, (tuple, list)):
+            return next((b for b in map(bad, v) if b is not None), None)
+        return None
+
+    for f in dataclasses.fields(cfg):
+        value = bad(getattr(cfg, f.name))
+        if value is not None:
+            raise ValueError(f"{type(cfg).__name__}.{f.name} must be a finite number, got {value}")
+
 
 def _check_styles(cfg) -> None:
     """Validate and normalise (to tuples of floats) the driving-style fields of ``cfg``."""
@@ -90,6 +116,7 @@ class DataConfig:
     control: str = "vehicles_with_goal"
 
     def __post_init__(self):
+        check_finite(self)
         if self.control not in CONTROL_RULES:
             raise ValueError(f"DataConfig.control must be one of {CONTROL_RULES}, got {self.control!r}")
         if self.max_agents < 1:
@@ -248,6 +275,7 @@ class EnvConfig:
     zero_trial_index: bool = False
 
     def __post_init__(self):
+        check_finite(self)
         for name, enum_cls in (
             ("dynamics", Dynamics),
             ("action_space", ActionSpace),
@@ -288,6 +316,9 @@ class EnvConfig:
             raise ValueError(f"EnvConfig.log_ema_alpha must be in [0, 1), got {self.log_ema_alpha}")
         if self.num_partners < 1 or self.num_roads < 1:
             raise ValueError("EnvConfig.num_partners and num_roads must be >= 1")
+        for name in ("partner_radius", "road_radius"):  # observations divide positions by them
+            if getattr(self, name) <= 0:
+                raise ValueError(f"EnvConfig.{name} must be > 0 (m), got {getattr(self, name)}")
         if self.num_signals < 0:
             raise ValueError(f"EnvConfig.num_signals must be >= 0 (0: no signal block), got {self.num_signals}")
         if self.num_partners > self.max_agents - 1:

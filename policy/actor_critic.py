@@ -22,7 +22,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from gpusim.config import check_finite
 from gpusim.kernels.dynamics import NUM_ACCEL, NUM_STEER
+from gpusim.sim.actions import NO_ACTION
 from gpusim.kernels.episode_mask import episode_mask
 from policy.encoders import ObsDims, ObsEncoder
 from policy.transformer import CausalTransformer, KVCache
@@ -56,7 +58,8 @@ class PolicyConfig:
             acting (:class:`policy.actor.Actor`) and in the PPO update's forward).
 
     Raises:
-        ValueError: an unknown ``memory``.
+        ValueError: an unknown ``memory``; a non-finite ``init_log_std``
+            (:func:`gpusim.config.check_finite`).
     """
 
     d_model: int = 128
@@ -69,6 +72,7 @@ class PolicyConfig:
     memory: str = "episode"
 
     def __post_init__(self):
+        check_finite(self)
         if self.memory not in MEMORY_SPANS:
             raise ValueError(f"PolicyConfig.memory must be one of {', '.join(MEMORY_SPANS)} "
                              f"(--policy.memory), got {self.memory!r}")
@@ -291,34 +295,42 @@ class ActorCritic(nn.Module):
         argmax is one cell of a flat 7 x 13 table and can sit far from the distribution's centre;
         the expected value is the analogue of a continuous policy's mean (docs/evaluation.md).
 
+        NaN or infinite logits are an error, not an action: where a row's logits are not all
+        finite the action is :data:`gpusim.sim.actions.NO_ACTION` (discrete) or NaN (continuous),
+        which the env's action check refuses (at the step in sync mode; recorded on the device
+        and raised at the next host read in async mode, ``gpusim/sim/actions.py``). No host read.
+
         Raises:
             ValueError: ``deterministic`` not one of the values above.
         """
         if deterministic not in (False, True, "argmax", "mean"):
             raise ValueError(f"sample: deterministic must be False, True, 'argmax' or 'mean', got {deterministic!r}")
+        finite = torch.isfinite(logits).all(dim=-1)  # [...]
         if self.continuous:
-            if deterministic:
-                return logits
-            return logits + self._std() * torch.randn_like(logits)
+            action = logits if deterministic else logits + self._std() * torch.randn_like(logits)
+            return torch.where(finite[..., None], action, torch.full_like(action, float("nan")))
         if deterministic == "mean":
             p = torch.softmax(logits.float(), dim=-1).unflatten(-1, (NUM_ACCEL, NUM_STEER))
             accel = (p.sum(-1) * torch.arange(NUM_ACCEL, device=p.device)).sum(-1).round().long()
             steer = (p.sum(-2) * torch.arange(NUM_STEER, device=p.device)).sum(-1).round().long()
-            return accel * NUM_STEER + steer
-        if deterministic:
-            return logits.argmax(dim=-1)
-        # Gumbel-max sampling: argmax(logits + Gumbel noise) is a draw from softmax(logits)
-        u = torch.rand_like(logits).clamp_(1e-12, 1.0)
-        return (logits - torch.log(-torch.log(u))).argmax(dim=-1)
+            action = accel * NUM_STEER + steer
+        elif deterministic:
+            action = logits.argmax(dim=-1)
+        else:  # Gumbel-max sampling: argmax(logits + Gumbel noise) is a draw from softmax(logits)
+            u = torch.rand_like(logits).clamp_(1e-12, 1.0)
+            action = (logits - torch.log(-torch.log(u))).argmax(dim=-1)
+        return torch.where(finite, action, torch.full_like(action, NO_ACTION))
 
     def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """Log-probability [...] of ``actions`` under the head's distribution."""
+        """Log-probability [...] of ``actions`` under the head's distribution (a discrete index
+        outside ``[0, num_actions)``, such as :data:`~gpusim.sim.actions.NO_ACTION`, reads the
+        nearest valid one, so that no out-of-range index reaches the device)."""
         if self.continuous:
             log_std = self.log_std
             z = (actions - logits) / log_std.exp()
             return (-0.5 * z * z - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         logp = torch.log_softmax(logits, dim=-1)
-        return logp.gather(-1, actions.long()[..., None])[..., 0]
+        return logp.gather(-1, actions.long().clamp(0, logp.shape[-1] - 1)[..., None])[..., 0]
 
     def entropy(self, logits: torch.Tensor) -> torch.Tensor:
         """Entropy [...] (nats) of the head's distribution."""

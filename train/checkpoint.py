@@ -5,7 +5,16 @@ A checkpoint is one ``torch.save`` file written to a temporary file in the same 
 crash never leaves a half-written checkpoint; a crash *during* the write leaves only the temporary
 file, which :func:`clean_stale_temp_files` removes on the next start. Loading uses
 ``torch.load(..., weights_only=True)`` (no arbitrary code from a file), so the payload holds only
-tensors and plain data.
+tensors and plain data; an experience hook the checkpoint's config names as ``MODULE:CLASS`` is
+imported only when the user names it again (``train/resume.py``).
+
+Integrity: a checkpoint carries ``"checksums"``, the CRC-32C of every tensor in it (weights,
+optimizer state, RNG and metric state; named by their path, e.g. ``model/actor.weight``) and of
+everything else (its plain data as JSON), computed by the scenario packs' functions
+(:func:`gpusim.data.integrity.pack_checksums`). :func:`load_checkpoint` verifies them and names
+the first part that differs; a checkpoint written before checksums existed loads with a one-line
+note. It also refuses weights holding NaN or infinity and env settings that
+:class:`gpusim.config.EnvConfig` refuses (a non-finite reward, a radius of 0).
 """
 
 from __future__ import annotations
@@ -13,12 +22,13 @@ from __future__ import annotations
 import os
 import pathlib
 import pickle
+import sys
 import tempfile
 import zipfile
 
 import torch
 
-from gpusim.data.integrity import file_kind, payload_kind
+from gpusim.data.integrity import checksum_mismatch, file_kind, pack_checksums, payload_kind
 
 CHECKPOINT_VERSION = 1
 
@@ -39,7 +49,7 @@ def save_checkpoint(path, *, policy, optimizer, global_step: int, update: int, c
             directory, the elapsed wall time and the env's metric state (``train/run.py``).
 
     Returns:
-        The path written.
+        The path written (holding ``"checksums"``, :func:`checkpoint_checksums`).
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,6 +65,7 @@ def save_checkpoint(path, *, policy, optimizer, global_step: int, update: int, c
         "rng": torch.get_rng_state(),
         "extra": extra or {},
     }
+    payload["checksums"] = checkpoint_checksums(payload)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -67,6 +78,75 @@ def save_checkpoint(path, *, policy, optimizer, global_step: int, update: int, c
             os.unlink(tmp)
         raise
     return path
+
+
+def _split(x, prefix: str, tensors: dict):
+    """``x`` with every tensor replaced by a description (dtype and shape) and dict keys as strings;
+    the tensors go into ``tensors`` under their path (``model/actor.weight``)."""
+    if isinstance(x, torch.Tensor):
+        tensors[prefix] = x
+        return f"tensor {str(x.dtype).removeprefix('torch.')} {list(x.shape)}"
+    if isinstance(x, dict):
+        return {str(k): _split(v, f"{prefix}/{k}" if prefix else str(k), tensors) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_split(v, f"{prefix}/{i}", tensors) for i, v in enumerate(x)]
+    return x
+
+
+def checkpoint_parts(payload: dict) -> tuple[dict, dict]:
+    """``(plain, tensors)`` of a checkpoint payload, without its ``"checksums"``: the plain data
+    (tensors described by dtype and shape) and every tensor by its path."""
+    tensors: dict = {}
+    plain = _split({k: v for k, v in payload.items() if k != "checksums"}, "", tensors)
+    return plain, tensors
+
+
+def checkpoint_checksums(payload: dict) -> dict:
+    """The ``"checksums"`` entry of a checkpoint: :func:`gpusim.data.integrity.pack_checksums` of
+    :func:`checkpoint_parts` (CRC-32C of every tensor's bytes and of the plain data's JSON)."""
+    plain, tensors = checkpoint_parts(payload)
+    return pack_checksums(plain, tensors)
+
+
+def verify_checksums(payload: dict, path, say=None) -> None:
+    """Check a loaded checkpoint's ``"checksums"`` against its contents.
+
+    Args:
+        payload: the ``torch.load`` result. path: its file (for messages).
+        say: where the note about a checkpoint without checksums goes (default: stderr).
+
+    Raises:
+        CheckpointError: a part differs from its checksum (the message names the file and the
+            part: ``the plain data`` or a tensor path such as ``model/actor.weight``).
+    """
+    stored = payload.get("checksums")
+    if stored is None:
+        (say or (lambda m: print(m, file=sys.stderr)))(
+            f"note: checkpoint {path} has no checksum (written before checkpoints carried one); loaded unverified")
+        return
+    plain, tensors = checkpoint_parts(payload)
+    bad = checksum_mismatch({**plain, "checksums": stored}, tensors)
+    if bad is not None:
+        part = "the plain data (configs, counters)" if bad == "meta" else \
+            "the checksum entry" if bad == "checksums" else f"tensor {bad}"
+        raise CheckpointError(f"checkpoint {path}: {part} does not match its checksum: the file is corrupt or was "
+                              "changed after it was written; use another copy or an earlier checkpoint")
+
+
+def check_weights(payload: dict, path) -> None:
+    """Refuse a checkpoint whose model weights hold NaN or infinity (one reduction per tensor).
+
+    Raises:
+        CheckpointError: naming the file, the first such tensor and how many of its values.
+    """
+    weights = {k: t for k, t in payload["model"].items() if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if not weights:
+        return
+    counts = torch.stack([(~torch.isfinite(t)).sum() for t in weights.values()]).tolist()  # one host read
+    for (name, t), n_bad in zip(weights.items(), counts):
+        if n_bad:
+            raise CheckpointError(f"checkpoint {path}: weight {name} holds {n_bad} of {t.numel()} values NaN or "
+                                  "infinite; the policy cannot act. Use an earlier checkpoint")
 
 
 def stale_temp_files(path) -> list[pathlib.Path]:
@@ -90,8 +170,11 @@ def clean_stale_temp_files(path) -> list[pathlib.Path]:
     return removed
 
 
-def load_checkpoint(path, map_location="cpu") -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` (``torch.load(weights_only=True)``).
+def load_checkpoint(path, map_location="cpu", say=None) -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint` (``torch.load(weights_only=True)``),
+    verify its checksums (:func:`verify_checksums`; ``say`` gets the note about a checkpoint
+    without any, default stderr), its weights (:func:`check_weights`) and its env settings
+    (:class:`gpusim.config.EnvConfig`'s validation, e.g. every number finite).
 
     Returns:
         The payload dict (see :func:`save_checkpoint`).
@@ -99,8 +182,9 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     Raises:
         FileNotFoundError: if the file does not exist (message names it).
         CheckpointError (a ``ValueError``): the file is empty, truncated, corrupt, holds something
-            other than tensors and plain data, or is not a gpusim training checkpoint of this
-            version. The message names the file and the problem, in one line.
+            other than tensors and plain data, is not a gpusim training checkpoint of this
+            version, differs from its checksums, holds NaN or infinite weights, or records env
+            settings that are invalid. The message names the file and the problem, in one line.
     """
     path = pathlib.Path(path)
     if path.is_dir():
@@ -133,6 +217,14 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     missing = [k for k in ("policy", "optimizer", "global_step", "update", "env_config") if k not in payload]
     if missing:
         raise CheckpointError(f"{path} is not a complete gpusim training checkpoint (missing {', '.join(missing)})")
+    verify_checksums(payload, path, say)
+    check_weights(payload, path)
+    from train.config import env_config_from_dict  # lazy: train.config imports the policy and PPO modules
+
+    try:
+        env_config_from_dict(payload["env_config"] if isinstance(payload["env_config"], dict) else {})
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path}: its env settings are invalid: {e}") from e
     return payload
 
 

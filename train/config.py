@@ -21,7 +21,7 @@ from typing import Literal
 
 import torch
 
-from gpusim.config import EnvConfig, NamedEnum
+from gpusim.config import EnvConfig, NamedEnum, check_finite
 from policy.actor_critic import PolicyConfig
 from train.ppo import PPOConfig
 
@@ -143,6 +143,11 @@ class TrainConfig:
             the Triton backend (``GPUSIM_CUDA_GRAPHS=0`` turns it off), ``on`` = wanted (one
             warning with the reason when it cannot be used), ``off``. A failed capture warns once
             and runs eagerly. Same results either way.
+        trust_checkpoint_code: import an experience hook (``MODULE:CLASS``, or a ``drop`` hook's
+            ``predicate=MODULE:FUNCTION``) that a checkpoint (``--resume``) or a ``--config`` file
+            records. Without it such a hook is refused (one line, exit 2) unless ``--experience``
+            names it on the command line: a file never makes the trainer import code by itself.
+            Command line only: not saved in ``config.json`` or checkpoints, refused in a config file.
         init_policy: a checkpoint (e.g. ``train/bc.py``'s) whose weights start a new run's policy
             (BC initialisation, ``train/human.py``); its observation layout, action space,
             dynamics and policy sizes must be the run's. Not used when resuming.
@@ -195,10 +200,17 @@ class TrainConfig:
     recipe: Literal["auto", "cpu", "gpu"] = "auto"
     init_policy: str | None = None
     setting: str | None = None
+    trust_checkpoint_code: bool = False
+
+    def __post_init__(self):
+        check_finite(self)  # the groups check their own fields
 
     def to_dict(self) -> dict:
-        """Plain-data view (enums as lower-case names), for checkpoints and logs."""
-        return _plain(dataclasses.asdict(self))
+        """Plain-data view (enums as lower-case names), for checkpoints and logs; without
+        ``trust_checkpoint_code`` (a command-line decision, never replayed from a file)."""
+        out = _plain(dataclasses.asdict(self))
+        out.pop("trust_checkpoint_code", None)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict, source: str = "config") -> "TrainConfig":
@@ -216,6 +228,9 @@ class TrainConfig:
         unknown = sorted(set(d) - fields)
         if unknown:
             raise ValueError(f"{source}: unknown field(s) {', '.join(unknown)} (see python train/run.py --help)")
+        if d.get("trust_checkpoint_code"):
+            raise ValueError(f"{source}: trust_checkpoint_code is a command-line decision (--trust-checkpoint-code), "
+                             "not taken from a file")
         changes = {}
         hints = typing.get_type_hints(cls)
         for k, v in d.items():
@@ -242,7 +257,10 @@ class TrainConfig:
             elif k == "cuda_graph" and v not in ("auto", "on", "off"):
                 raise ValueError(f"{source}: cuda_graph must be 'auto', 'on' or 'off', got {v!r}")
             changes[k] = v
-        return dataclasses.replace(base, **changes)
+        try:
+            return dataclasses.replace(base, **changes)
+        except ValueError as e:  # TrainConfig's own checks (a non-finite number)
+            raise ValueError(f"{source}: {e}") from e
 
 
 def _check_type(source: str, name: str, value, hint) -> None:
@@ -425,7 +443,31 @@ def parse_args(argv=None, description: str | None = None) -> TrainConfig:
                                                  description=description, default=base), from_file=path is not None)
     cfg = with_setting(cfg, lambda base: tyro.cli(TrainConfig, args=argv, registry=cli_registry(),
                                                   description=description, default=base), default)
-    return memory_task_experience(cfg, any(a == "--experience" or a.startswith("--experience=") for a in argv))
+    named = any(a == "--experience" or a.startswith("--experience=") for a in argv)
+    if path and not named:
+        refuse_file_hook(cfg, f"--config {path}")
+    return memory_task_experience(cfg, named)
+
+
+def refuse_file_hook(cfg: TrainConfig, source: str, name: str | None = None, args=None) -> None:
+    """Refuse an experience hook read from a file (``source``: ``--config FILE`` or ``--resume
+    FILE``) that would import code (:func:`train.experience.hook_code`), unless
+    ``cfg.trust_checkpoint_code``. ``name`` / ``args``: the file's hook (default ``cfg``'s).
+
+    Raises:
+        UserError: one line naming the file and the code, and the two ways to allow it.
+    """
+    from train.experience import hook_code
+
+    name = cfg.experience if name is None else name
+    args = tuple(cfg.experience_arg if args is None else args)
+    code = hook_code(name, args)
+    if code is None or cfg.trust_checkpoint_code:
+        return
+    again = " ".join(["--experience", name] + [f"--experience-arg {a}" for a in args])
+    raise UserError(f"{source} records the experience hook {name!r}, which imports code ({code}); code named in a "
+                    f"file is not run. To run it, name it on the command line ({again}) or pass "
+                    "--trust-checkpoint-code")
 
 
 def with_setting(cfg: TrainConfig, reparse, file_default: TrainConfig | None = None) -> TrainConfig:

@@ -50,6 +50,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from gpusim.config import check_finite
 from gpusim.kernels.advantage import advantage
 
 
@@ -85,7 +86,8 @@ class PPOConfig:
             parameters get no gradient), e.g. after ``--init-policy`` from a BC checkpoint.
 
     Raises:
-        ValueError: ``autocast`` not one of ``"off"``, ``"bf16"``.
+        ValueError: ``autocast`` not one of ``"off"``, ``"bf16"``; a non-finite number
+            (:func:`gpusim.config.check_finite`).
     """
 
     gamma: float = 0.99
@@ -110,6 +112,7 @@ class PPOConfig:
     value_warmup: int = 0
 
     def __post_init__(self):
+        check_finite(self)
         if self.autocast not in AUTOCAST_DTYPES:
             raise ValueError(f"PPOConfig.autocast must be one of {', '.join(AUTOCAST_DTYPES)}, got {self.autocast!r}")
         if self.human_kl < 0 or self.value_warmup < 0:
@@ -283,6 +286,34 @@ def optimizer_steps(effective_steps: int, nominal_steps: int, cfg: PPOConfig) ->
     nominal_opt = cfg.update_epochs * cfg.num_minibatches
     n = int(math.floor(nominal_opt * effective_steps / nominal_steps + 0.5))
     return max(1, n)
+
+
+class NonFiniteLoss(ValueError):
+    """A loss statistic of an update is NaN or infinite: training stops there (the trainer prints
+    the message as one line and exits with code 2; the checkpoint of an earlier update is kept)."""
+
+
+def check_losses(stats: dict, update: int) -> None:
+    """Stop training at an update whose statistics (:func:`ppo_update`'s: ``pg_loss``, ``v_loss``,
+    ``entropy``, ``approx_kl``, ..., ``grad_norm``; every scalar it returns) are not all finite. One
+    host read per update (the statistics stacked); the trainer calls it after each update, before
+    the update can be reported or checkpointed, so the last checkpoint written holds finite weights.
+
+    Args:
+        stats: name -> scalar tensor. update: the update's number (1-based, for the message).
+
+    Raises:
+        NonFiniteLoss: naming the update and the non-finite terms with their values.
+    """
+    if not stats:
+        return
+    names = list(stats)
+    values = torch.stack([torch.as_tensor(stats[k]).float().reshape(()) for k in names]).tolist()
+    bad = [f"{k} {v}" for k, v in zip(names, values) if not math.isfinite(v)]
+    if bad:
+        raise NonFiniteLoss(f"update {update}: non-finite loss ({', '.join(bad)}); training stopped before saving "
+                            "this update (the last checkpoint is kept). Look for NaN/inf in the rewards, the "
+                            "experience hook's arguments or a too large --learning-rate")
 
 
 def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: PPOConfig, n_steps: int,

@@ -20,7 +20,7 @@ import torch
 
 from train.checkpoint import load_checkpoint
 from train.config import (TrainConfig, UserError, check_device, env_config_from_dict, flag, memory_task_experience,
-                          resolve_path, user_set)
+                          refuse_file_hook, resolve_path, user_set)
 from train.logger import truncate_jsonl
 
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -87,7 +87,10 @@ def prepare_run(cfg: TrainConfig):
 
     Raises:
         UserError: bad device, ``--wandb`` without wandb, a run directory that already holds a run,
-            resume flags that contradict the checkpoint. FileNotFoundError: missing ``--resume``.
+            resume flags that contradict the checkpoint, a checkpoint whose recorded experience hook
+            imports code (``MODULE:CLASS``) that the command line neither names nor trusts
+            (``--trust-checkpoint-code``; :func:`train.config.refuse_file_hook`).
+            FileNotFoundError: missing ``--resume``.
         train.checkpoint.CheckpointError (a ValueError): unreadable checkpoint.
     """
     check_device(cfg.device)
@@ -115,7 +118,8 @@ def prepare_run(cfg: TrainConfig):
     default = TrainConfig()
     if cfg.experience == default.experience and tuple(cfg.experience_arg) == tuple(default.experience_arg):
         # no hook named on the command line: the run's own (its shaping must not change under it)
-        if saved.get("experience"):
+        if saved.get("experience"):  # code it names is imported only when the user says so
+            refuse_file_hook(cfg, f"--resume {ckpt_file}", saved["experience"], saved.get("experience_arg") or ())
             cfg = dataclasses.replace(cfg, experience=saved["experience"],
                                       experience_arg=tuple(saved.get("experience_arg") or ()))
         else:  # a checkpoint that recorded none: the default for its env, by parse_args's rule

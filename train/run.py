@@ -9,8 +9,9 @@ optional wandb), checkpoint atomically (:mod:`train.checkpoint`).
 
 Host reads: per update, four integers after the hook (valid steps before/after the hook, active
 slots, and the indices of rows with a valid step — needed to size the minibatches and count the
-optimizer steps), and on CUDA a wait for the device at the end of the rollout and of the update
-(the reported split); with ``--ppo.pack-removed`` one count per minibatch; per report, the loss
+optimizer steps) and the update's loss statistics (all finite, :func:`train.ppo.check_losses`),
+and on CUDA a wait for the device at the end of the rollout and of the update (the reported
+split); with ``--ppo.pack-removed`` one count per minibatch; per report, the loss
 statistics and the env metrics. None per env step.
 
 Examples::
@@ -40,7 +41,7 @@ from train.extras import RunExtras
 from train.distributed import setup as setup_distributed
 from train.graphed_rollout import make_rollout
 from train.human import SHA_KEY
-from train.ppo import optimizer_steps, ppo_update
+from train.ppo import check_losses, optimizer_steps, ppo_update
 from train.resume import nothing_to_do, prepare_run
 from train.rollout import RolloutBatch
 from train.setup import build_run
@@ -129,6 +130,7 @@ def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
         t2 = time.time()
         rollout_time, update_time = rollout_time + t1 - t0, update_time + t2 - t1
         update += 1
+        check_losses(stats, update)  # one host read; a non-finite loss stops here, before any checkpoint of it
         global_step += (counts["active_slots"] if counts["active_slots"] > 0 else rows) * env.horizon
 
         last = global_step >= cfg.total_timesteps

@@ -14,6 +14,10 @@ are checked on the device, in one of two modes (``EnvConfig.check_actions``):
   corrupted. The CUDA default.
 
 ``"auto"`` means sync on the CPU, async on CUDA.
+
+A policy whose logits are NaN or infinite has no action to give: ``policy.ActorCritic.sample``
+returns :data:`NO_ACTION` (discrete) or NaN (continuous) there, which these checks refuse like any
+bad action, with a message that names the policy's output as the cause.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ from gpusim.kernels import dynamics
 
 #: Discrete joint index of zero acceleration and zero steering (the no-op of an async bad action).
 NOOP_DISCRETE = dynamics.ACCEL_VALUES.index(0.0) * dynamics.NUM_STEER + dynamics.STEER_VALUES.index(0.0)
+#: The discrete "action" of a slot whose policy logits are not finite (``policy.ActorCritic.sample``):
+#: out of range, so the check refuses it; fits int32 as well as int64.
+NO_ACTION = -(2 ** 31)
+#: What a non-finite policy output means, in the messages of both modes.
+_NO_ACTION_WORDS = ("the policy's logits are NaN or infinite, so it drew no action (its weights or its "
+                    "observations hold NaN/inf)")
 
 
 def resolve_mode(mode: str, device: torch.device) -> str:
@@ -87,13 +97,15 @@ class ActionCheck:
             if a.numel():  # one reduction (min and max), one host read
                 lo, hi = torch.aminmax(a)
                 lo, hi = torch.stack([lo, hi]).tolist() if a.is_cuda else (int(lo), int(hi))
+                if lo == NO_ACTION:
+                    raise ValueError(f"discrete actions: {_NO_ACTION_WORDS}")
                 if lo < 0 or hi >= dynamics.NUM_ACTIONS:
                     raise ValueError(f"discrete actions must be in [0, {dynamics.NUM_ACTIONS}), got values in "
                                      f"[{lo}, {hi}]")
             return a
         flags = torch.stack([torch.isnan(a).any(), (a.abs() > 1.0).any()]).tolist()
         if flags[0]:
-            raise ValueError("continuous actions contain NaN")
+            raise ValueError("continuous actions contain NaN (from a policy: its outputs are NaN or infinite)")
         if flags[1]:
             raise ValueError("continuous actions must be in [-1, 1]")
         return a
@@ -122,8 +134,9 @@ class ActionCheck:
         self._record.fill_(-1)
         C = self.shape[1]
         w, c = divmod(flat, C)
-        what = (f"out of range [0, {dynamics.NUM_ACTIONS}) (value {value})" if self.discrete
-                else "NaN or outside [-1, 1]")
+        what = (_NO_ACTION_WORDS if self.discrete and value == NO_ACTION
+                else f"out of range [0, {dynamics.NUM_ACTIONS}) (value {value})" if self.discrete
+                else "NaN or outside [-1, 1] (NaN from a policy: its outputs are NaN or infinite)")
         raise ValueError(f"bad action at env step {step}, world {w}, slot {c}: {what}; that slot's action "
                          "was applied as a no-op (zero acceleration and steering). Set "
                          "EnvConfig(check_actions='sync') to raise at the step itself")
