@@ -105,7 +105,8 @@ class EvalConfig:
         seed: env generator, ``random`` baseline and sampling seed (the same for every policy).
         device: ``cuda`` if available else ``cpu``.
         num_threads: torch CPU threads (0 = torch's default, capped at the CPU cores available).
-        interval: ``normal`` (mean +- 1.96 s / sqrt(n), default) or ``bootstrap`` (percentile).
+        interval: ``normal`` (mean +- 1.96 cluster-robust standard errors, default) or ``bootstrap``
+            (percentile, scenarios resampled); both clustered by scenario (train/eval/stats.py).
         level: confidence level of the intervals.
         resamples: bootstrap resamples (``--interval bootstrap``).
         wosac_rollouts: ``--mode wosac``: rollouts (worlds) per scenario (32 in the challenge).
@@ -508,17 +509,21 @@ def print_results(results: dict, console, per_scenario_table: bool = True) -> No
         console.print(note, soft_wrap=True)
     runs = results["runs"]
     for r in runs:
+        if r.get("repeated_episodes"):
+            console.print(escape(f"{r['label']}: {r['repeated_episodes']} repeated episode(s) identical to an earlier "
+                                 "repetition of their scenario counted once (a deterministic policy in a "
+                                 "deterministic env replays itself; docs/evaluation.md)"), soft_wrap=True)
         if r.get("partners"):
             console.print(escape(f"{r['label']}: co-players driven by {', '.join(r['partners'])} (one drawn per "
                                  "world per episode); figures are the egos'"), soft_wrap=True)
     env = results["env"]
     level = int(round(100 * results["level"]))
-    method = "normal approx." if results["interval"] == "normal" else "percentile bootstrap"
+    method = "cluster-robust normal" if results["interval"] == "normal" else "cluster bootstrap"
     title = (f"{results['data']}: {len(runs[0]['scenarios'])} scenarios x {results['episodes_per_scenario']} "
              f"episode(s); goal {env['goal_behavior']}, collision {env['collision_behavior']}, offroad "
              f"{env['offroad_behavior']}{', %d trials' % results['k_trials'] if results['k_trials'] else ''}; "
-             f"{(results.get('decode') or 'argmax') if results['deterministic'] else 'sampled'} actions; {level}% CI over agent-episodes "
-             f"({method})")
+             f"{(results.get('decode') or 'argmax') if results['deterministic'] else 'sampled'} actions; {level}% CI of the mean over "
+             f"agent-episodes, clustered by scenario ({method})")
     console.print(summary_table(runs, title))
     by_ids: dict = {}
     for r in runs:

@@ -91,9 +91,12 @@ def _ego_role(env) -> torch.Tensor:
 def outcome_summary(egos: dict, worlds: dict, num_scenarios: int, context, opts: ModeOptions) -> dict:
     """The default ``summarise`` hook: ``{"summary": {metric: Interval}, "per_scenario": [...]}`` of
     the ego agent-episode columns (goal, collision, offroad, score, return; trial scores in trial
-    mode: :func:`train.eval.report.summarise` and :func:`train.eval.report.per_scenario`)."""
-    return {"summary": summarise(egos, worlds, opts.interval, opts.level, opts.resamples, opts.seed),
-            "per_scenario": per_scenario(egos, num_scenarios)}
+    mode: :func:`train.eval.report.summarise` and :func:`train.eval.report.per_scenario`), and
+    ``"repeated_episodes"``: the number of world-episodes that replayed an earlier repetition of
+    their scenario exactly and were counted once (:func:`train.eval.report.repeated_episodes`)."""
+    repeats: list = []
+    summary = summarise(egos, worlds, opts.interval, opts.level, opts.resamples, opts.seed, repeats=repeats)
+    return {"summary": summary, "per_scenario": per_scenario(egos, num_scenarios), "repeated_episodes": len(repeats)}
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,14 @@ column). Reported metrics (:data:`METRICS`, labels in brackets):
   ``time_to_goal`` (s, over the agents that reached the goal) when the records have them
   (:data:`train.eval.styles.STYLE_METRICS`).
 
-Every mean comes with a confidence interval over agent-episodes (:mod:`train.eval.stats`),
-clipped to the metric's range (``[0, 1]`` for rates, ``[-1, 1]`` for ``ada_delta``).
+Every mean comes with a confidence interval over agent-episodes clustered by scenario
+(:mod:`train.eval.stats`: the scenario, not the agent-episode, is the independent draw), clipped
+to the metric's range (``[0, 1]`` for rates, ``[-1, 1]`` for ``ada_delta``); each
+:class:`~train.eval.stats.Interval` carries the agent-episode count ``n`` and the scenario count
+``clusters``. A repetition of a scenario whose every agent-episode record equals that of an
+earlier repetition (a deterministic policy in a deterministic env replays the same episode) is
+counted once (:func:`repeated_episodes`): repetition adds no information, so it must not narrow
+an interval or inflate ``n``. Means are unchanged by that (an exact copy has the same mean).
 """
 
 from __future__ import annotations
@@ -57,29 +63,94 @@ def _trial_count(agents: dict) -> int:
     return k
 
 
-def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", level: float = 0.95,
-              resamples: int = 2000, seed: int = 0) -> dict[str, Interval]:
-    """Means with intervals of every reported metric (module docstring).
+#: Record columns that differ between repetitions of one episode without the episode differing.
+_PLACEMENT_COLUMNS = ("world", "repetition")
+
+
+def repeated_episodes(agents: dict) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The repetitions that replay an earlier repetition of their scenario exactly.
+
+    Repetition ``r`` of scenario ``s`` repeats repetition ``r' < r`` when both hold the same
+    agent-episodes (slots) with equal values in every record column other than ``world`` and
+    ``repetition`` (bit for bit, NaN equal to NaN): outcomes, return, length and, where
+    recorded, trial scores and style metrics. A deterministic policy in a deterministic env
+    gives exactly that; sampled actions, a ``random`` policy or goals drawn again per episode
+    practically never do.
 
     Args:
-        agents: per agent-episode columns (1-D tensors of equal length).
+        agents: per agent-episode columns (1-D tensors of equal length) with ``scenario`` and
+            ``repetition`` (records without them have no repetitions: nothing is dropped).
+
+    Returns:
+        ``(keep, dropped)``: ``keep`` [n] bool, False for the agent-episodes of a repeated
+        repetition; ``dropped``: the ``(scenario, repetition)`` pairs left out, sorted.
+    """
+    n = len(next(iter(agents.values()))) if agents else 0
+    keep = torch.ones(n, dtype=torch.bool)
+    if n == 0 or "scenario" not in agents or "repetition" not in agents:
+        return keep, []
+    names = sorted(k for k in agents if k not in _PLACEMENT_COLUMNS)
+    table = torch.stack([agents[k].detach().to("cpu", torch.float64) for k in names], 1)  # [n, columns]
+    scen, reps = agents["scenario"].to("cpu", torch.int64), agents["repetition"].to("cpu", torch.int64)
+    slot = agents["slot"].to("cpu", torch.int64) if "slot" in agents else torch.zeros(n, dtype=torch.int64)
+    order = torch.arange(n)
+    for key in (slot, reps, scen):  # lexicographic (scenario, repetition, slot): stable sorts, last key first
+        order = order[torch.argsort(key[order], stable=True)]
+    pairs = torch.stack([scen[order], reps[order]], 1)
+    _, sizes = torch.unique_consecutive(pairs, dim=0, return_counts=True)
+    seen: set[tuple[int, bytes]] = set()
+    dropped = []
+    for rows in torch.split(order, sizes.tolist()):
+        s, r = int(scen[rows[0]]), int(reps[rows[0]])
+        key = (s, table[rows].numpy().tobytes())
+        if key in seen:
+            keep[rows] = False
+            dropped.append((s, r))
+        else:
+            seen.add(key)
+    return keep, sorted(dropped)
+
+
+def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", level: float = 0.95,
+              resamples: int = 2000, seed: int = 0, repeats: list | None = None) -> dict[str, Interval]:
+    """Means with intervals of every reported metric (module docstring): repeated identical
+    episodes counted once (:func:`repeated_episodes`), intervals clustered by ``scenario``.
+
+    Args:
+        agents: per agent-episode columns (1-D tensors of equal length); ``scenario`` (the
+            cluster id) and ``repetition`` when present (records without ``scenario`` are
+            treated as independent agent-episodes).
         worlds: per world-episode trial columns (``trials``, ``trials_ended_early``,
-            ``trial_steps``) or empty / None outside trial mode.
+            ``trial_steps``, ``scenario``, ``repetition``) or empty / None outside trial mode.
         method, level, resamples, seed: see :func:`train.eval.stats.mean_interval`.
+        repeats: if a list, the ``(scenario, repetition)`` pairs counted once are appended to it.
 
     Returns:
         ``{metric name: Interval}`` in table order (trial metrics after the main ones).
     """
-    def ci(x, bounds=(0.0, 1.0)):
-        return mean_interval(x, method=method, level=level, resamples=resamples, seed=seed, bounds=bounds)
-
     agents = _with_union(agents)
+    keep, dropped = repeated_episodes(agents)
+    if repeats is not None:
+        repeats.extend(dropped)
+    if dropped:
+        agents = {k: v[keep] for k, v in agents.items()}
+        if worlds:
+            gone = set(dropped)
+            wk = torch.tensor([(s, r) not in gone for s, r in zip(worlds["scenario"].tolist(),
+                                                                  worlds["repetition"].tolist())], dtype=torch.bool)
+            worlds = {k: v[wk] for k, v in worlds.items()}
+    clusters = agents.get("scenario")
+
+    def ci(x, bounds=(0.0, 1.0), where=None, groups=clusters):
+        c = None if groups is None else (groups if where is None else groups[where])
+        return mean_interval(x, method=method, level=level, resamples=resamples, seed=seed, bounds=bounds,
+                             clusters=c)
 
     out = {name: ci(agents[name], None if name == "episode_return" else (0.0, 1.0)) for name, _ in METRICS}
     for name, _ in STYLE_METRICS:
         if name in agents:  # time_to_goal: NaN for agents that did not reach the goal, left out
             x = agents[name]
-            out[name] = ci(x[~torch.isnan(x)], None)
+            out[name] = ci(x[~torch.isnan(x)], None, ~torch.isnan(x))
     K = _trial_count(agents)
     for k in range(K):
         out[f"trial_{k}_score"] = ci(agents[f"trial_{k}_score"])
@@ -92,12 +163,13 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
             out[f"trial_{k}_decoy"] = ci(agents[f"trial_{k}_decoy"])
         after = agents["trial_0_decoy"].to(torch.bool)
         for k in range(1, K):
-            out[f"decoy_then_goal_trial_{k}"] = ci(agents[f"trial_{k}_score"][after])
-            out[f"decoy_then_decoy_trial_{k}"] = ci(agents[f"trial_{k}_decoy"][after])
+            out[f"decoy_then_goal_trial_{k}"] = ci(agents[f"trial_{k}_score"][after], where=after)
+            out[f"decoy_then_decoy_trial_{k}"] = ci(agents[f"trial_{k}_decoy"][after], where=after)
     if worlds:
         trials = worlds["trials"].to(torch.float64)
-        out["trials_per_episode"] = ci(trials, (0.0, float(trials.max())))
-        out["trials_ended_early"] = ci(worlds["trials_ended_early"].to(torch.float64) / trials.clamp_min(1))
+        wc = worlds.get("scenario")
+        out["trials_per_episode"] = ci(trials, (0.0, float(trials.max())), groups=wc)
+        out["trials_ended_early"] = ci(worlds["trials_ended_early"].to(torch.float64) / trials.clamp_min(1), groups=wc)
         n_trials = float(trials.sum())
         steps = float(worlds["trial_steps"].sum()) / n_trials if n_trials else float("nan")
         out["mean_trial_length"] = Interval(steps, float("nan"), float("nan"), int(n_trials), method, level)
@@ -151,6 +223,8 @@ def summary_table(runs: list[dict], title: str):
         table.add_row(labels.get(name, name), *cells)
     n = [str(r["summary"]["goal_reached"].n) for r in runs]
     table.add_row("agent-episodes", *n, style="dim")
+    g = [str(r["summary"]["goal_reached"].clusters or "—") for r in runs]
+    table.add_row("scenarios (interval clusters)", *g, style="dim")
     return table
 
 
