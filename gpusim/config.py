@@ -222,6 +222,11 @@ class EnvConfig:
             agent practises driving to a shown place of the kind the task uses; the other agents
             play the memory task. Needs ``goal_candidates >= 2``; evaluation drops it. 0 (default):
             off, nothing drawn.
+        mirror: mirror-image scenes, a training randomisation (``gpusim/data/mirror.py``): the env
+            draws from its scenes and their copies reflected across the y axis (``x -> -x``,
+            headings ``theta -> pi - theta``; traffic then drives on the left), so each world runs
+            a mirrored scene with probability 1/2 per episode. Evaluation drops it; behaviour
+            cloning and WOSAC never use it. False (default): the scenes as logged, bit for bit.
         control: which objects the policy controls (:attr:`DataConfig.control`, passed on by
             :meth:`data_config`): ``"vehicles_with_goal"`` (default) or ``"all_valid"`` (every
             object valid at ``init_steps``, up to ``max_controlled``; the rest log-replayed).
@@ -271,6 +276,7 @@ class EnvConfig:
     random_start_steps: int = 0
     goal_resample: bool = False
     candidate_practice: float = 0.0
+    mirror: bool = False
     control: str = "vehicles_with_goal"
     zero_trial_index: bool = False
 
@@ -356,6 +362,8 @@ class EnvConfig:
         if self.candidate_practice > 0 and self.goal_candidates < 2:
             raise ValueError("EnvConfig.candidate_practice needs the memory task (--env.goal-candidates 2 or "
                              "more); drop --env.candidate-practice or set --env.goal-candidates")
+        if not isinstance(self.mirror, bool):
+            raise ValueError(f"EnvConfig.mirror must be True or False, got {self.mirror!r}")
         if not isinstance(self.zero_trial_index, bool):
             raise ValueError(f"EnvConfig.zero_trial_index must be True or False, got {self.zero_trial_index!r}")
         if self.zero_trial_index and not self.trial_mode:

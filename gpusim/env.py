@@ -19,6 +19,7 @@ import torch
 
 from gpusim.backend import normalize_device
 from gpusim.config import ActionSpace, EnvConfig
+from gpusim.data.mirror import training_pack
 from gpusim.data.pack import ScenarioPack
 from gpusim.kernels import dynamics
 from gpusim.kernels.observations import obs_layout
@@ -72,7 +73,7 @@ class DriveEnv:
         if pool is not None and normalize_device(pool.device) != self.device:
             raise ValueError(f"DriveEnv: the scenario pool lives on {pool.device}, the env on {self.device}: "
                              f"build ScenarioPool(..., device={str(self.device)!r})")
-        pack = pack.to(self.device)
+        pack = training_pack(pack.to(self.device), config)  # EnvConfig.mirror: mirrored copies too
         self.num_worlds = int(num_worlds)
         self.num_slots = config.max_controlled
         self.horizon = config.horizon
@@ -116,7 +117,7 @@ class DriveEnv:
             ValueError: as the constructor, for a pack that does not fit this env's config.
         """
         check_pack(pack, self.num_worlds, self.config)
-        self.sim.pack = pack.to(self.device)
+        self.sim.pack = training_pack(pack.to(self.device), self.config)
 
     @property
     def pool(self):

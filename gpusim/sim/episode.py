@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from gpusim.data.mirror import training_pack
 from gpusim.kernels.reset import reset_agents
 from gpusim.sim.candidates import draw_candidates
 from gpusim.sim.context import SimContext, StepVars
@@ -85,7 +86,7 @@ def restart(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         if ctx.pool is not None:  # streaming: every K episodes the next pool replaces the pack
             new = ctx.pool.episode_done()
             if new is not None:
-                ctx.pack = new
+                ctx.pack = training_pack(new, ctx.config)  # EnvConfig.mirror (gpusim/data/mirror.py)
         return begin_episode(ctx, draw_scenarios(ctx)).tensors()
     if step.restart is not None:
         return state.where(step.restart, ctx.start, keep=TRIAL_KEEP).tensors()

@@ -10,7 +10,8 @@ through :func:`evaluation_config`, so figures stay comparable between checkpoint
 * dropped, because they only widen the training distribution (:data:`TRAINING_RANDOMISATIONS`):
   random start (evaluation starts at the log step ``init_steps``, with the full episode length
   when the length was the derived default), goal resampling (the logged goals) and the memory
-  task's practice episodes (every agent plays the task). The third
+  task's practice episodes (every agent plays the task) and mirror-image scenes (the scenes as
+  logged, traffic on the right; ``gpusim/data/mirror.py``). Another
   randomisation, the reward-conditioning draw of the egos' styles, is replaced by a fixed style by
   :func:`train.eval.styles.eval_styles` (``--style``, ``default`` when not given), which every
   evaluation path applies after this rule.
@@ -19,7 +20,8 @@ through :func:`evaluation_config`, so figures stay comparable between checkpoint
 from __future__ import annotations
 
 #: ``(EnvConfig field, its value when off)`` of the training randomisations evaluation drops.
-TRAINING_RANDOMISATIONS = (("random_start_steps", 0), ("goal_resample", False), ("candidate_practice", 0.0))
+TRAINING_RANDOMISATIONS = (("random_start_steps", 0), ("goal_resample", False), ("candidate_practice", 0.0),
+                           ("mirror", False))
 
 
 def evaluation_config(env_config) -> tuple:
@@ -38,6 +40,7 @@ def evaluation_config(env_config) -> tuple:
     what = [f"episodes start at log step {config.init_steps}"]
     what += ["with the logged goals"] if "goal_resample" in dropped else []
     what += ["every agent plays the memory task"] if "candidate_practice" in dropped else []
+    what += ["the scenes as logged, not mirrored"] if "mirror" in dropped else []
     note = (f"note: evaluation drops the training randomisations {was} ({', '.join(what)}, "
             f"{config.scenario_length} steps)")
     return config, [note]
