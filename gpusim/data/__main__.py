@@ -3,6 +3,7 @@
     python -m gpusim.data convert SRC... --out DIR_OR_FILE.pt [--overwrite] [--limit N] [--workers N]
                                   [--no-progress] [--shard-size N] [--max-agents N] [--max-controlled N]
                                   [--init-steps N] [--grid-cell-size M] [--control all_valid] [...]
+    python -m gpusim.data convert PATH/TO/WOMD... --split NAME [--splits-file F] [--allow-missing] --out DIR_OR_FILE.pt
     python -m gpusim.data info PACK_DIR_OR_PT_OR_SHARDED_DIR_OR_SOURCES... [--no-verify | --verify]
 
 ``--shard-size N`` writes a sharded pack directory (``gpusim.data.shards``: shards of N scenarios
@@ -14,10 +15,21 @@ always, ``--no-verify`` never); it exits with 1 when a shard is missing, truncat
 conversion, an existing ``.pt``): ``--overwrite`` removes those files before converting.
 
 ``convert`` prints one line per bad file or record (``error: <file>: <field>: <reason>``, the
-field starting with ``record[i]`` for TFRecords) and per skipped scenario, then a summary, writes
+field starting with ``record[i]`` for TFRecords), per skipped scenario and per object dropped for a
+box size that is not a finite number > 0 (``dropped: <file>: <field>: <reason>``, the scenario
+kept; counted per scenario and in all in the summary), then a summary, writes
 the pack of the good scenarios and exits with 0 if at least one scenario was converted, 1 if none
 was, 2 for bad usage. Empty files are named (``empty file (0 bytes)``) and counted in the
-summary. A progress bar (rich, on stderr) follows the bytes read. ``info`` loads a pack
+summary. A progress bar (rich, on stderr) follows the bytes read.
+
+``convert --split NAME`` converts only the scenes of split NAME of a split file (default
+``data/splits_v2.json``) from WOMD TFRecord files (a download folder, searched recursively, or
+shard files): each scene is taken by its WOMD record (shard file and record index) or by its
+scenario id, reading only the shard files the split names unless a scene must be looked up by id,
+and checked against the split file's fingerprint (:func:`gpusim.data.convert.select_split`). One
+line per scene missing, not matching or refused, then a summary that repeats the WOMD version the
+split file records (unknown for ``data/splits_v2.json``). Any scene lost: exit 2 and no pack,
+unless ``--allow-missing``. ``info`` loads a pack
 (directory or ``.pt``; checksums and invariants checked, a pack written before checksums noted on
 stderr) or converts sources in memory and prints totals (signals included) and a per-scenario
 table.
@@ -116,11 +128,20 @@ def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, pr
     seconds = time.perf_counter() - t0
     if stats is None:
         return None
+    _print_stats(stats, seconds, limit, out)
+    return pack
+
+
+def _print_stats(stats: dict, seconds: float, limit, out) -> None:
+    """Print one line per bad file / record, skipped scenario and dropped object, then the summary
+    and its notes (the counts of ``stats``, :func:`gpusim.data.convert.convert_sources`)."""
     for e in stats["errors"]:
         print(f"error: {e['file']}: {e['reason']}", file=out)
     for e in stats["skipped"]:
         where = f"record[{e['record']}]: " if "record" in e else ""
         print(f"skipped: {e['file']}: {where}{e['reason']}", file=out)
+    for e in stats.get("dropped_objects", []):
+        print(f"dropped: {e['file']}: {e['field']}: {e['reason']}", file=out)
     what = (f"{stats['converted']} scenario(s) from {stats['files']} file(s) ({stats['records']} TFRecord record(s))"
             if stats.get("records") else f"{stats['converted']} of {stats['files']} file(s)")
     print(
@@ -138,6 +159,11 @@ def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, pr
     ):
         if stats.get(key):
             notes.append(f"{sum(stats[key].values())} {label} ({', '.join(f'{k}: {v}' for k, v in stats[key].items())})")
+    dropped = collections.Counter(pathlib.Path(e["file"]).name + (f" record[{e['record']}]" if "record" in e else "")
+                                  for e in stats.get("dropped_objects", []))
+    if dropped:
+        notes.append(f"{sum(dropped.values())} object(s) with a width or length that is not a finite number > 0 "
+                     f"dropped, their scenarios kept ({', '.join(f'{k}: {n}' for k, n in dropped.items())})")
     for key, label in (
         ("never_valid_objects", "objects never valid dropped"),
         ("controllable_over_cap", "controllable vehicles over max_controlled replayed as experts"),
@@ -153,7 +179,6 @@ def _convert_with_report(sources, config, out=None, *, limit=None, workers=1, pr
             notes.append(f"{stats[key]} {label}")
     for n in notes:
         print(f"  {n}", file=out)
-    return pack
 
 
 def _is_pack(path: pathlib.Path) -> bool:
@@ -275,6 +300,76 @@ def describe_sharded(sp: ShardedPack, out=None, *, verify: bool | None = True) -
     return len(bad)
 
 
+def _cmd_convert_split(args, config: DataConfig) -> int:
+    """``convert SRC... --split NAME``: the split's scenes from WOMD TFRecord files (by record or
+    scenario id, each checked against its fingerprint), one line per scene missing, not matching
+    or refused, a summary, and the pack of the found scenes (2 when scenes are lost, unless
+    ``--allow-missing``; no pack is written then)."""
+    from gpusim.data.convert import DEFAULT_SPLITS_FILE, build_selected, read_split_entries, select_split
+    from gpusim.data.pack import pack_scenarios
+
+    args.splits_file = args.splits_file or str(DEFAULT_SPLITS_FILE)
+
+    for flag, given in (("--shard-size", args.shard_size), ("--limit", args.limit),
+                        ("--workers", args.workers not in (None, 1))):
+        if given:
+            print(f"error: {flag} cannot be combined with --split (a split is converted whole, in one process); "
+                  f"leave it out", file=sys.stderr)
+            return 2
+    try:
+        entries, doc = read_split_entries(args.splits_file, args.split)
+        t0 = time.perf_counter()
+        raws, report = select_split(args.sources, entries)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for e in report["errors"]:
+        print(f"error: {e['file']}: {e['reason']}")
+    for key, word in (("missing", "missing"), ("mismatched", "mismatch"), ("refused", "refused")):
+        for e in report[key]:
+            where = f"{e['file']}: record[{e['record']}]: " if "file" in e else ""
+            print(f"{word}: {e['scene']}: {where}{e['reason']}")
+    build = raws and (args.allow_missing or not _lost(report))
+    scenarios, stats = build_selected(raws, config) if build else ([], None)
+    if stats is not None:
+        _print_stats(stats, time.perf_counter() - t0, None, sys.stdout)
+        stem_of = {(raw.file, rec): stem for stem, raw, rec in raws}
+        for e in stats["errors"] + stats["skipped"]:  # named above by _print_stats; lost to the split too
+            report["refused"].append({"scene": stem_of[(e["file"], e.get("record"))], "reason": e["reason"]})
+    found = {"record": 0, "id": 0}
+    for v in report["found"].values():
+        found[v["by"]] += 1
+    name = pathlib.Path(args.splits_file).name
+    version = doc.get("womd_version") or "unknown"
+    print(f"split {args.split!r} of {name}: {len(entries)} scenes; {len(report['found'])} found and matching their "
+          f"fingerprint ({found['record']} by record, {found['id']} by scenario id), {len(report['missing'])} missing, "
+          f"{len(report['mismatched'])} not matching, {len(report['refused'])} refused; "
+          f"{len(report['files_read'])} of {report['files']} TFRecord file(s) read, {report['records']} record(s)")
+    print(f"  fingerprints (object count, first valid positions within 1 cm) from {name}; the WOMD version its "
+          f"scenes were converted from: {version}")
+    lost = _lost(report)
+    if lost and not args.allow_missing:
+        print(f"error: {lost} of the {len(entries)} scenes of split {args.split!r} are missing, not matching or "
+              f"refused (named above); no pack written. Pass the folders holding them, or --allow-missing to write "
+              f"the pack of the {len(entries) - lost} found", file=sys.stderr)
+        return 2
+    if not scenarios:
+        print("nothing converted; no pack written", file=sys.stderr)
+        return 1
+    out = pathlib.Path(args.out)
+    pack = pack_scenarios(scenarios, config, {**stats, "split": {
+        "name": args.split, "splits_file": name, "scenes": len(entries), "found": report["found"],
+        "lost": [e["scene"] for k in ("missing", "mismatched", "refused") for e in report[k]],
+        "womd_version": version}})
+    _save(pack, out)
+    return 0
+
+
+def _lost(report: dict) -> int:
+    """Scenes of a split not in its pack: missing, not matching their fingerprint, or refused."""
+    return len(report["missing"]) + len(report["mismatched"]) + len(report["refused"])
+
+
 def _cmd_convert(args, config: DataConfig) -> int:
     """``convert``: check the flags and the output (one dataset per directory), convert, write."""
     for flag, v in (("--limit", args.limit), ("--workers", args.workers), ("--shard-size", args.shard_size)):
@@ -290,8 +385,14 @@ def _cmd_convert(args, config: DataConfig) -> int:
         print(f"error: --out {args.out} already holds {held}: pass --overwrite to replace it, or choose "
               f"another directory", file=sys.stderr)
         return 2
+    if args.split is None and (args.splits_file or args.allow_missing):
+        flag = "--splits-file" if args.splits_file else "--allow-missing"
+        print(f"error: {flag} needs --split NAME (the split to convert)", file=sys.stderr)
+        return 2
     if held:
         out.unlink() if out.suffix == ".pt" else clear_dataset(out)
+    if args.split is not None:
+        return _cmd_convert_split(args, config)
     pack = _convert_with_report(args.sources, config, limit=args.limit, workers=args.workers,
                                 progress=not args.no_progress and sys.stderr.isatty(),
                                 shard_dir=args.out if args.shard_size else None, shard_size=args.shard_size)
@@ -303,10 +404,15 @@ def _cmd_convert(args, config: DataConfig) -> int:
     if pack is None:
         print("nothing converted; no pack written", file=sys.stderr)
         return 1
-    path = pack.save(args.out)
+    _save(pack, args.out)
+    return 0
+
+
+def _save(pack: ScenarioPack, out) -> None:
+    """Write ``pack`` to ``out`` (a directory or a ``.pt`` file) and print what was written."""
+    path = pack.save(out)
     shown = path if path.suffix == ".pt" else path / PACK_FILE
     print(f"wrote {shown} ({shown.stat().st_size} bytes)" + ("" if path.suffix == ".pt" else f" and {path / META_FILE}"))
-    return 0
 
 
 def _cmd_info(args, config: DataConfig) -> int:
@@ -356,6 +462,15 @@ def main(argv=None) -> int:
                     help="write a sharded pack directory: shards of N scenarios + index.json")
     pc.add_argument("--overwrite", action="store_true",
                     help="--out already holds a dataset: remove its files first (else refused)")
+    pc.add_argument("--split", default=None, metavar="NAME",
+                    help="convert only the scenes of split NAME of --splits-file (train, validation, held_out), "
+                         "found in the WOMD TFRecord files SRC by record or scenario id and checked against "
+                         "their fingerprints")
+    pc.add_argument("--splits-file", default=None, metavar="FILE",
+                    help="the split file of --split (default data/splits_v2.json)")
+    pc.add_argument("--allow-missing", action="store_true",
+                    help="with --split: write the pack of the scenes found even when some are missing, not "
+                         "matching or refused (else exit 2, no pack)")
     _add_config_flags(pc)
     pi = sub.add_parser("info", help="describe a pack (directory or .pt) or JSON sources")
     pi.add_argument("sources", nargs="+", metavar="PACK_OR_SRC")

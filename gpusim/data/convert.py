@@ -9,16 +9,22 @@ shards like ``training.tfrecord-00000-of-01000`` (plain or gzip-compressed; comp
 detected from the content). TFRecords are read one record at a time; with ``workers > 1`` at most
 ``2 * workers`` records are in flight, so memory stays bounded by the scenarios kept plus a few
 records, whatever the shard size.
+
+A split's scenes from a WOMD download (``convert --split``): :func:`read_split_entries` reads a
+split file's entries, :func:`select_split` finds each scene by WOMD record or scenario id and
+checks it against the entry's fingerprint, :func:`build_selected` builds the scenes found.
 """
 
 from __future__ import annotations
 
 import collections
 import glob as _glob
+import json
 import multiprocessing
 import os
 import pathlib
 import pickle
+import re
 import time
 import warnings
 
@@ -29,15 +35,17 @@ from gpusim.data.build import ScenarioData, build_scenario
 from gpusim.data.errors import NoControllableAgentError, ScenarioError
 from gpusim.data.integrity import dataset_in, interrupted, orphan_shards
 from gpusim.data.parse import is_scenario_file, read_scenario
-from gpusim.data.parse_proto import parse_record
+from gpusim.data.parse_proto import decode_scenario, parse_record, proto_to_raw, track_fingerprint
 from gpusim.data.tfrecord import is_tfrecord_file, iter_records
 
 
 #: The reason given for a file of 0 bytes (counted in ``stats["empty_files"]``).
 EMPTY_FILE = "empty file (0 bytes)"
 
-#: Summed per-scenario counters reported in ``stats``.
-COUNTERS = ("never_valid_objects", "controllable", "controllable_over_cap", "dropped_over_max_agents",
+#: Summed per-scenario counters reported in ``stats`` (``bad_size_objects``: objects dropped for a
+#: box size that is not a finite number > 0, each also listed in ``stats["dropped_objects"]``).
+COUNTERS = ("bad_size_objects", "never_valid_objects", "controllable", "controllable_over_cap",
+            "dropped_over_max_agents",
             "road_points_in", "road_points_kept", "single_point_polylines", "zero_length_segments",
             "signals", "signal_stop_points_moved", "unknown_signal_states", "signals_without_lane")
 
@@ -157,11 +165,22 @@ def _build(file, record, payload, config):
         if isinstance(payload, ScenarioError):
             raise payload
         raw = read_scenario(file) if payload is None else parse_record(payload, file, record)
-        return "ok", build_scenario(raw, config)
+        return "ok", _build_raw(raw, file, record, config)
     except NoControllableAgentError as exc:
         return "skipped", exc
     except ScenarioError as exc:
         return "error", exc
+
+
+def _build_raw(raw, file, record, config) -> ScenarioData:
+    """:func:`build_scenario`, with the objects the reader dropped for their box size counted in
+    the scenario's ``stats`` (``bad_size_objects``) and listed (``dropped_objects``: ``{"file",
+    "field", "reason"[, "record"]}``)."""
+    sc = build_scenario(raw, config)
+    sc.stats["bad_size_objects"] = len(raw.dropped_objects)
+    sc.stats["dropped_objects"] = [{"file": str(file), **({"record": record} if record is not None else {}), **d}
+                                   for d in raw.dropped_objects]
+    return sc
 
 
 def _build_in_worker(file, record, payload, config):
@@ -226,7 +245,8 @@ def convert_sources(paths, config: DataConfig = DataConfig(), *, on_error: str =
         ``converted``, ``empty_files`` (files of 0 bytes, also listed in ``errors``),
         ``ignored_files`` (documentation files left out, see :func:`expand_sources`), ``errors`` /
         ``skipped`` (lists of ``{"file", "reason"[, "record"]}``; the reason reads
-        ``"<field>: <problem>"``), summed :data:`COUNTERS`, ``ignored_objects`` /
+        ``"<field>: <problem>"``), ``dropped_objects`` (``{"file", "field", "reason"[, "record"]}``
+        per object dropped for its box size, its scenario kept), summed :data:`COUNTERS`, ``ignored_objects`` /
         ``unknown_road_types`` (counts by name), ``limit_reached`` and ``seconds``.
 
     Raises:
@@ -244,7 +264,7 @@ def convert_sources(paths, config: DataConfig = DataConfig(), *, on_error: str =
     if errors and on_error == "raise":
         raise ScenarioError(errors[0]["file"], "", errors[0]["reason"])
     stats: dict = {"files": len(files), "records": 0, "converted": 0, "errors": list(errors), "skipped": [],
-                   "ignored_files": ignored_files,
+                   "ignored_files": ignored_files, "dropped_objects": [],
                    **{c: 0 for c in COUNTERS}, "ignored_objects": {}, "unknown_road_types": {},
                    "limit_reached": False}
     total = sum(os.path.getsize(f) for f in files if os.path.exists(f))
@@ -288,7 +308,299 @@ def _add(stats, scenarios, sc: ScenarioData) -> None:
     scenarios.append(sc)
     for c in COUNTERS:
         stats[c] += int(sc.stats.get(c, 0))
+    stats.setdefault("dropped_objects", []).extend(sc.stats.get("dropped_objects", []))
     for key in ("ignored_objects", "unknown_road_types"):
         d = stats[key]
         for k, v in sc.stats.get(key, {}).items():
             d[k] = d.get(k, 0) + int(v)
+
+
+# --------------------------------------------------------------------------- a split from a WOMD download
+
+#: The split file the ``--split`` option of ``python -m gpusim.data convert`` reads by default
+#: (the project's pool split, written by ``train/splits.py``).
+DEFAULT_SPLITS_FILE = pathlib.Path(__file__).resolve().parents[2] / "data" / "splits_v2.json"
+#: WOMD's split names as they begin its scenario shard files' names (``training/training.tfrecord-
+#: 00000-of-01000``, ``validation/validation.tfrecord-00000-of-00150``, ``testing/...``).
+WOMD_SPLITS = ("training", "validation", "testing")
+#: A recorded first position matches a record's when each coordinate is within this distance (m):
+#: a split file stores them rounded to 1 cm.
+FINGERPRINT_TOLERANCE_M = 0.01
+_SHARD_NAME = re.compile(r"^(?:(?P<prefix>.+)\.)?tfrecord-(?P<shard>\d{5})-of-(?P<n>\d{5})(?:\.gz)?$")
+
+
+def read_split_entries(path, name: str) -> tuple[list[tuple[str, dict]], dict]:
+    """The scenes of split ``name`` of a split file (``data/splits_v2.json`` layout: ``splits``
+    ``{name: [stem, ...]}`` and ``scenes`` ``{stem: entry}``), in the split's order.
+
+    An entry must carry a fingerprint (``objects``: int, ``first_xy``: list of ``[x, y]`` m or
+    None) and a way to find it: ``scenario_id`` and/or ``womd`` (``{"split", "shard",
+    "num_shards", "record"}``).
+
+    Returns:
+        ``([(stem, entry), ...], the parsed document)``.
+
+    Raises:
+        ValueError: one line naming the file: unreadable, not JSON, no such split (the names
+            listed), or a scene without an entry, a fingerprint or a way to find it.
+    """
+    path = pathlib.Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"--splits-file {path}: cannot read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--splits-file {path}: not valid JSON ({exc})") from None
+    splits = doc.get("splits") if isinstance(doc, dict) else None
+    scenes = doc.get("scenes") if isinstance(doc, dict) else None
+    if not isinstance(splits, dict) or not isinstance(scenes, dict):
+        raise ValueError(f"--splits-file {path}: no \"splits\" and \"scenes\" objects (a split file written by "
+                         f"`python train/splits.py build`, like data/splits_v2.json)")
+    if name not in splits:
+        raise ValueError(f"--split {name}: no such split in {path}; use one of: {', '.join(splits)}")
+    out = []
+    for stem in splits[name]:
+        e = scenes.get(stem)
+        if not isinstance(e, dict) or not isinstance(e.get("objects"), int) or not isinstance(e.get("first_xy"), list):
+            raise ValueError(f"--splits-file {path}: scene {stem} of split {name!r} has no entry with a fingerprint "
+                             f"(\"objects\", \"first_xy\"); rebuild the file with `python train/splits.py build`")
+        if not e.get("scenario_id") and not isinstance(e.get("womd"), dict):
+            raise ValueError(f"--splits-file {path}: scene {stem} of split {name!r} has neither a \"scenario_id\" nor "
+                             f"a \"womd\" record to find it by")
+        out.append((stem, e))
+    return out, doc
+
+
+def womd_shard_key(path) -> tuple[str | None, int, int] | None:
+    """``(split, shard, num_shards)`` of a WOMD scenario shard file, from its name
+    (``training.tfrecord-00012-of-01000``; ``.gz`` allowed), or None for another name. ``split`` is
+    the name's prefix; without one, the parent folder's name when it is a WOMD split
+    (:data:`WOMD_SPLITS`), else None (any split)."""
+    p = pathlib.Path(path)
+    m = _SHARD_NAME.match(p.name)
+    if not m:
+        return None
+    split = m["prefix"] or (p.parent.name if p.parent.name in WOMD_SPLITS else None)
+    return split, int(m["shard"]), int(m["n"])
+
+
+def shard_file_name(womd: dict) -> str:
+    """The name of the WOMD shard file holding a split entry's record (``womd``: ``{"split",
+    "shard", "num_shards"[, "record"]}``), e.g. ``training.tfrecord-00012-of-01000``."""
+    return f"{womd['split']}.tfrecord-{womd['shard']:05d}-of-{womd['num_shards']:05d}"
+
+
+def tfrecord_files(paths) -> list[str]:
+    """The TFRecord files of ``paths`` (files as given; folders searched recursively, as a WOMD
+    download nests ``training/``, ``validation/``, ...; glob patterns), sorted, de-duplicated.
+
+    Raises:
+        ValueError: one line naming a path that does not exist or matches nothing, or when no
+            TFRecord file is found at all.
+    """
+    found = set()
+    for src in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        p = pathlib.Path(src)
+        if p.is_dir():
+            found.update(str(c) for c in p.rglob("*") if c.is_file() and is_tfrecord_file(c))
+        elif p.is_file():
+            found.add(str(p))
+        elif any(ch in str(src) for ch in "*?[") and _glob.glob(str(src)):
+            found.update(c for c in _glob.glob(str(src)) if os.path.isfile(c))
+        else:
+            raise ValueError(f"{src}: no such file or directory; pass the folder of the WOMD download "
+                             f"(its scenario TFRecord shards) or shard files")
+    if not found:
+        raise ValueError(f"{', '.join(map(str, [paths] if isinstance(paths, (str, os.PathLike)) else paths))}: "
+                         f"no TFRecord file (*.tfrecord*, WOMD shards such as "
+                         f"training/training.tfrecord-00000-of-01000)")
+    return sorted(found)
+
+
+def fingerprint_mismatch(entry: dict, count: int, first: list) -> str | None:
+    """Why a record does not match a split entry's fingerprint, or None when it does: the object
+    count must be equal and each recorded first valid position (m) within
+    :data:`FINGERPRINT_TOLERANCE_M` per coordinate of the record's (``count`` / ``first`` as
+    :func:`gpusim.data.parse_proto.track_fingerprint` gives them for ``len(entry["first_xy"])``
+    tracks)."""
+    if count != entry["objects"]:
+        return f"{count} objects, the split file records {entry['objects']}"
+    for k, (want, got) in enumerate(zip(entry["first_xy"], first)):
+        if (want is None) != (got is None):
+            return (f"object {k} is never valid in the record, valid in the split file" if got is None
+                    else f"object {k} is valid in the record, never valid in the split file")
+        if want is not None:
+            d = max(abs(got[0] - want[0]), abs(got[1] - want[1]))
+            if d > FINGERPRINT_TOLERANCE_M + 1e-9:
+                return (f"object {k}'s first valid position ({got[0]:.2f}, {got[1]:.2f}) is {d:.2f} m from the "
+                        f"recorded ({want[0]:.2f}, {want[1]:.2f})")
+    return None
+
+
+def select_split(paths, entries) -> tuple[list[tuple], dict]:
+    """Find a split's scenes in WOMD TFRecord files and check each against its fingerprint.
+
+    A scene whose entry names a WOMD record (``womd``: split, shard, record index) is taken from
+    that record of its shard file (:func:`womd_shard_key` matches file names); when the entry also
+    has a ``scenario_id``, the record's id must equal it, else (or when its shard file is not
+    given, or holds fewer records) the scene is looked up by id. Scenes found by id need a scan of
+    the files: the shard files named by record are read first (only up to their last wanted record
+    when no scene is looked up by id), the other given files only when a scene is still looked up
+    by id. Each record found is decoded and compared with the entry's fingerprint
+    (:func:`fingerprint_mismatch`), then mapped to a :class:`~gpusim.data.parse.RawScenario`.
+
+    Args:
+        paths: TFRecord files, folders (searched recursively) or glob patterns.
+        entries: ``[(stem, entry)]`` (:func:`read_split_entries`).
+
+    Returns:
+        ``(raws, report)``: ``raws`` = ``[(stem, RawScenario, record index)]`` in the split's order; ``report``:
+        ``found`` (``{stem: {"file", "record", "by"}}``, ``by`` = ``"record"`` or ``"id"``),
+        ``missing`` / ``mismatched`` / ``refused`` (``[{"scene", "reason"[, "file", "record"]}]``:
+        not found; found but not matching the fingerprint; matching but refused by the reader),
+        ``errors`` (``[{"file", "reason"[, "record"]}]``: unreadable records met on the way),
+        ``files`` (TFRecord files given), ``files_read`` (files opened) and ``records`` (read).
+
+    Raises:
+        ValueError: a path that does not exist, or no TFRecord file (:func:`tfrecord_files`).
+    """
+    files = tfrecord_files(paths)
+    entry = dict(entries)
+    keys: dict = {}
+    for f in files:
+        k = womd_shard_key(f)
+        if k is not None:
+            keys.setdefault(k, f)
+
+    def shard_file(w):
+        return keys.get((w["split"], w["shard"], w["num_shards"])) or keys.get((None, w["shard"], w["num_shards"]))
+
+    wanted: dict[str, dict[int, str]] = {}  # file -> {record index: stem}
+    by_id: dict[str, str] = {}  # scenario id -> stem, still looked up
+    report: dict = {"found": {}, "missing": [], "mismatched": [], "refused": [], "errors": [], "files": len(files),
+                    "files_read": [], "records": 0}
+    raws: dict = {}
+    why_not: dict[str, str] = {}
+    for stem, e in entries:
+        w = e.get("womd") if isinstance(e.get("womd"), dict) else None
+        f = shard_file(w) if w else None
+        if f is not None:
+            wanted.setdefault(f, {})[int(w["record"])] = stem
+        elif e.get("scenario_id"):
+            by_id[e["scenario_id"]] = stem
+            if w:
+                why_not[stem] = f"its shard file {shard_file_name(w)} is not among the given files"
+        else:
+            report["missing"].append({"scene": stem, "reason": f"record {w['record']} of {shard_file_name(w)}: that "
+                                      f"shard file is not among the given files (the entry has no scenario id)"})
+
+    def take(stem, f, rec, msg, by):
+        e = entry[stem]
+        count, first = track_fingerprint(msg, len(e["first_xy"]))
+        why = fingerprint_mismatch(e, count, first)
+        where = {"file": f, "record": rec}
+        if why is not None:
+            report["mismatched"].append({"scene": stem, **where, "reason": why})
+            return
+        try:
+            raws[stem] = (proto_to_raw(msg, f, rec), rec)
+        except ScenarioError as exc:
+            report["refused"].append({"scene": stem, **where, "reason": f"{exc.field}: {exc.reason}"})
+            return
+        report["found"][stem] = {**where, "by": by}
+
+    def records(f):
+        report["files_read"].append(f)
+        for rec, item in iter_records(f):
+            report["records"] += 1
+            if isinstance(item, ScenarioError):
+                report["errors"].append(_entry(f, rec, item))
+                continue
+            try:
+                yield rec, decode_scenario(item, f, rec)
+            except ScenarioError as exc:
+                report["errors"].append(_entry(f, rec, exc))
+
+    def scan(f, targets):
+        """Read ``f``: its wanted records by index, any record whose id is looked up. True when read to the end."""
+        last = max(targets, default=-1)
+        seen = -1
+        try:
+            for rec, msg in records(f):
+                seen = rec
+                stem = targets.pop(rec, None)
+                want = entry[stem].get("scenario_id") if stem else None
+                if stem is not None and want and msg.scenario_id != want:
+                    by_id[want] = stem
+                    why_not[stem] = f"record {rec} of {f} holds scenario {msg.scenario_id or '(no id)'}"
+                    stem = None
+                if stem is not None:
+                    take(stem, f, rec, msg, "record")
+                elif msg.scenario_id in by_id:
+                    take(by_id.pop(msg.scenario_id), f, rec, msg, "id")
+                if rec >= last and not by_id:
+                    return False
+        except ScenarioError as exc:  # the file cannot be opened
+            report["errors"].append(_entry(f, None, exc))
+        for rec, stem in targets.items():  # past the file's end
+            want = entry[stem].get("scenario_id")
+            if want:
+                by_id[want] = stem
+                why_not[stem] = f"{f} holds {seen + 1} record(s), not record {rec}"
+            else:
+                report["missing"].append({"scene": stem, "reason": f"record {rec} of {f}: the file holds "
+                                          f"{seen + 1} record(s) (the entry has no scenario id)"})
+        return True
+
+    whole = set()
+    ids_before = set(by_id)
+    for f in sorted(wanted):
+        if scan(f, dict(wanted[f])):
+            whole.add(f)
+    added = set(by_id) - ids_before  # looked up by id after their own record did not hold them
+    for f in files:
+        if not by_id:
+            break
+        if f not in whole or added:
+            scan(f, {})
+    for sid, stem in by_id.items():
+        n = len(set(report["files_read"]))
+        report["missing"].append({"scene": stem, "reason": f"scenario id {sid} not in the {n} TFRecord file(s) read"
+                                  + (f" ({why_not[stem]})" if stem in why_not else "")})
+    report["files_read"] = sorted(set(report["files_read"]))
+    order = [s for s, _ in entries]
+    for key in ("missing", "mismatched", "refused"):
+        report[key].sort(key=lambda d: order.index(d["scene"]))
+    return [(s, *raws[s]) for s in order if s in raws], report
+
+
+def build_selected(raws, config: DataConfig = DataConfig()) -> tuple[list[ScenarioData], dict]:
+    """Build the scenarios :func:`select_split` found (``[(stem, RawScenario, record index)]``, in
+    its order), with the ``stats`` of :func:`convert_sources` (``files``: the TFRecord files they
+    come from, ``records``: the scenes given; ``errors`` / ``skipped`` name the file and record).
+
+    Raises:
+        ValueError: bad ``config`` values (as :class:`~gpusim.config.DataConfig`).
+    """
+    t0 = time.perf_counter()
+    stats: dict = {"files": len({raw.file for _, raw, _ in raws}), "records": len(raws), "converted": 0,
+                   "errors": [], "skipped": [],
+                   "ignored_files": [], "dropped_objects": [], **{c: 0 for c in COUNTERS}, "ignored_objects": {},
+                   "unknown_road_types": {}, "limit_reached": False}
+    scenarios: list[ScenarioData] = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as convert_sources: small tensors, threads only add synchronisation
+    try:
+        for _, raw, rec in raws:
+            try:
+                _add(stats, scenarios, _build_raw(raw, raw.file, rec, config))
+            except NoControllableAgentError as exc:
+                stats["skipped"].append(_entry(raw.file, rec, exc))
+            except ScenarioError as exc:
+                stats["errors"].append(_entry(raw.file, rec, exc))
+    finally:
+        torch.set_num_threads(threads)
+    stats["converted"] = len(scenarios)
+    stats["empty_files"] = 0
+    stats["seconds"] = round(time.perf_counter() - t0, 3)
+    return scenarios, stats

@@ -112,6 +112,9 @@ class RawScenario:
         signals: the traffic-signal states (:class:`RawSignals`, world coordinates).
         ignored_objects: count of objects of other types, by type name.
         unknown_road_types: count of polylines whose type mapped to ``OTHER``, by type name.
+        dropped_objects: the objects left out for a box size that is not a finite number > 0 at
+            an object valid at some step (:data:`BAD_SIZE`), one ``{"field", "reason"}`` each
+            (``field`` e.g. ``objects[3].width``); the rest of the scenario is kept.
     """
 
     file: str
@@ -136,6 +139,7 @@ class RawScenario:
     signals: RawSignals | None = None
     ignored_objects: dict = field(default_factory=dict)
     unknown_road_types: dict = field(default_factory=dict)
+    dropped_objects: list = field(default_factory=list)
 
     def __post_init__(self):
         n, p, t = self.pos.shape[0], self.road_type.shape[0], self.pos.shape[1]
@@ -189,15 +193,30 @@ def _numbers(seq, file, fld, n) -> np.ndarray:
     return arr
 
 
-def _scalar(obj, key, file, fld, *, positive=False) -> float:
+def _size(obj, key, file, fld) -> float:
+    """A box size (``width`` / ``length``, m) as stored, non-finite or non-positive values
+    included (the caller drops such an object, :func:`bad_size_reason`).
+
+    Raises:
+        ScenarioError: the key is missing or its value is not a number.
+    """
     if key not in obj:
         raise ScenarioError(file, fld, "missing")
     v = obj[key]
-    if not _num(v) or not math.isfinite(v):
-        raise ScenarioError(file, fld, f"expected a finite number, got {v!r}")
-    if positive and v <= 0:
-        raise ScenarioError(file, fld, f"must be > 0, got {v!r}")
+    if not _num(v):
+        raise ScenarioError(file, fld, f"expected a number, got {v!r}")
     return float(v)
+
+
+#: Why an object is dropped for its box size (the reason of a ``dropped_objects`` entry).
+BAD_SIZE = "box size must be a finite number > 0; the object is dropped, the scenario kept"
+
+
+def bad_size_reason(width: float, length: float) -> str | None:
+    """None when both box sizes (m) are finite and > 0; else the reason an object with them is
+    dropped, naming the bad values (e.g. ``"width 0.0: box size must be ..."``)."""
+    bad = [f"{k} {v!r}" for k, v in (("width", width), ("length", length)) if not (math.isfinite(v) and v > 0)]
+    return f"{', '.join(bad)}: {BAD_SIZE}" if bad else None
 
 
 def _check_finite(arr, valid, file, fld):
@@ -255,8 +274,8 @@ def parse_scenario(doc: dict, file) -> RawScenario:
             an object that is not a JSON object; an object without ``type``, ``width``, ``length``,
             ``goalPosition``, ``position``, ``heading``, ``velocity`` or ``valid``; per-step arrays
             without exactly 91 entries; non-numeric entries (non-boolean ``valid`` entries or
-            ``mark_as_expert``); non-finite numbers at valid steps; non-finite or non-positive
-            width/length; non-finite goal; a road without a list ``geometry`` or with non-finite
+            ``mark_as_expert``, a ``width`` / ``length`` that is not a number); non-finite numbers
+            at valid steps; non-finite goal; a road without a list ``geometry`` or with non-finite
             points; ``metadata.sdc_track_index`` out of range; ``metadata.objects_of_interest`` /
             ``tracks_to_predict`` not lists, or a ``tracks_to_predict`` entry without a valid
             ``track_index``; malformed ``tl_states``.
@@ -294,6 +313,7 @@ def parse_scenario(doc: dict, file) -> RawScenario:
         signals=parse_json_signals(doc.get("tl_states"), file, T),
         ignored_objects=obj["ignored"],
         unknown_road_types=dict(unknown_roads),
+        dropped_objects=obj["dropped"],
     )
 
 
@@ -324,13 +344,17 @@ def _parse_objects(objects: list, file: str, T: int) -> dict:
         dict with, for the N kept objects in file order: ``pos`` [N, T, 2], ``heading`` [N, T]
         (rad, wrapped to [-pi, pi)), ``vel`` [N, T, 2] float64 (all 0 at invalid steps), ``valid``
         [N, T] bool, ``obj_type`` [N] int8, ``length``, ``width`` [N] float64 (m), ``goal`` [N, 2]
-        float64 (m), ``expert`` [N] bool, ``source_index`` (list of N ints, index in ``objects``)
-        and ``ignored`` (dict: count of skipped objects by type name).
+        float64 (m), ``expert`` [N] bool, ``source_index`` (list of N ints, index in ``objects``),
+        ``ignored`` (dict: count of skipped objects by type name) and ``dropped`` (list of
+        ``{"field", "reason"}``: objects valid at some step whose width or length is not a finite
+        number > 0, left out; such an object never valid is kept as read and dropped by the
+        builder with the other never-valid objects).
 
     Raises:
         ScenarioError: for any invalid kept object (see :func:`parse_scenario`).
     """
     ignored: collections.Counter = collections.Counter()
+    dropped: list[dict] = []
     pos_l, head_l, vel_l, valid_l = [], [], [], []
     types, lengths, widths, goals, experts, src = [], [], [], [], [], []
     for i, obj in enumerate(objects):
@@ -340,8 +364,12 @@ def _parse_objects(objects: list, file: str, T: int) -> dict:
             ignored[str(obj["type"])] += 1
             continue
         pos, heading, vel, valid = _parse_track(obj, f, file, T)
-        width = _scalar(obj, "width", file, f + ".width", positive=True)
-        length = _scalar(obj, "length", file, f + ".length", positive=True)
+        width = _size(obj, "width", file, f + ".width")
+        length = _size(obj, "length", file, f + ".length")
+        why = bad_size_reason(width, length)
+        if why is not None and valid.any():  # never valid: the builder drops it with the other never-valid objects
+            dropped.append({"field": f, "reason": why})
+            continue
         goal = _parse_goal(obj, f, file)
         exp = _parse_expert(obj, f, file)
 
@@ -375,6 +403,7 @@ def _parse_objects(objects: list, file: str, T: int) -> dict:
         "expert": np.array(experts, dtype=bool),
         "source_index": src,
         "ignored": dict(ignored),
+        "dropped": dropped,
     }
 
 

@@ -8,7 +8,8 @@ The mapping gives the same :class:`~gpusim.data.parse.RawScenario` as the GPUDri
 * per-step position (``center_x/y``), heading (radians, as logged — no unit guessing) and
   velocity; invalid steps hold 0.
 * ``length`` / ``width``: those of the last valid state (the GPUDrive JSON converter does the
-  same); goal = the last valid position.
+  same); goal = the last valid position. A track whose size there is not a finite number > 0 is
+  dropped (``RawScenario.dropped_objects``), the scenario kept.
 * ``mark_as_expert`` does not exist in the protos: false for every track.
 * map features → polylines: lane / road_line / road_edge polylines, crosswalk / speed_bump /
   driveway polygons (as listed, not closed — as in the JSON files), stop sign = one point.
@@ -28,7 +29,7 @@ import numpy as np
 
 from gpusim.config import WOMD_STEPS, ObjectType, RoadType
 from gpusim.data.errors import ScenarioError
-from gpusim.data.parse import RawScenario
+from gpusim.data.parse import RawScenario, bad_size_reason
 from gpusim.data.signals import SignalState, signals_from_observations
 from gpusim.data.womd_proto import messages
 
@@ -130,8 +131,8 @@ def proto_to_raw(msg, file, index: int) -> RawScenario:
     Raises:
         ScenarioError: naming ``file`` and ``record[index]``: no tracks (``.tracks``), no map
             features (``.map_features``), a track without 91 states, non-finite values at valid
-            steps or in map geometry, ``sdc_track_index`` out of range, or a kept track never valid
-            with no box size.
+            steps or in map geometry, or ``sdc_track_index`` out of range. (A track with a bad box
+            size is dropped, not refused: ``dropped_objects``.)
     """
     file = str(file)
     rec = f"record[{index}]"
@@ -141,16 +142,23 @@ def proto_to_raw(msg, file, index: int) -> RawScenario:
     if len(msg.map_features) == 0:
         raise ScenarioError(file, f"{rec}.map_features", "missing (the scenario has no map)")
     keep, arr, valid, ignored = _tracks(msg, file, rec, T)
+    last = np.where(valid.any(axis=1), T - 1 - np.argmax(valid[:, ::-1], axis=1), 0)
+    rows = np.arange(len(keep))
+    length, width = arr[rows, last, 5], arr[rows, last, 6]
+    dropped, ok = [], np.ones(len(keep), bool)
+    for k in np.flatnonzero(valid.any(axis=1)):
+        why = bad_size_reason(float(width[k]), float(length[k]))
+        if why is not None:
+            dropped.append({"field": f"{rec}.tracks[{keep[k][0]}].states[{last[k]}]", "reason": why})
+            ok[k] = False
+    keep = [kp for kp, o in zip(keep, ok) if o]
+    arr, valid, last, length, width = arr[ok], valid[ok], last[ok], length[ok], width[ok]
     n = len(keep)
     pos, heading, vel = arr[..., 0:2].copy(), arr[..., 2].copy(), arr[..., 3:5].copy()
-    last = np.where(valid.any(axis=1), T - 1 - np.argmax(valid[:, ::-1], axis=1), 0)
-    rows = np.arange(n)
-    length, width = arr[rows, last, 5], arr[rows, last, 6]
-    goal = pos[rows, last].copy()
-    for k in np.flatnonzero(valid.any(axis=1) & ~((length > 0) & (width > 0))):
-        raise ScenarioError(file, f"{rec}.tracks[{keep[k][0]}].states[{last[k]}]", "length/width must be > 0")
-    length = np.where(length > 0, length, 1.0)  # never-valid tracks are dropped later
-    width = np.where(width > 0, width, 1.0)
+    goal = pos[np.arange(n), last].copy()
+    good = np.isfinite(length) & np.isfinite(width) & (length > 0) & (width > 0)
+    length = np.where(good, length, 1.0)  # never-valid tracks (the only ones left with a bad size) are dropped later
+    width = np.where(good, width, 1.0)
     inv = ~valid
     pos[inv] = 0.0
     heading[inv] = 0.0
@@ -176,9 +184,22 @@ def proto_to_raw(msg, file, index: int) -> RawScenario:
         predict=np.isin(src, list(ttp)),
         signals=_signals(msg, file, rec, T),
         ignored_objects=dict(ignored),
+        dropped_objects=dropped,
     )
 
 
 def parse_record(payload: bytes, file, index: int) -> RawScenario:
     """:func:`decode_scenario` then :func:`proto_to_raw`. Raises :class:`ScenarioError`."""
     return proto_to_raw(decode_scenario(payload, file, index), file, index)
+
+
+def track_fingerprint(msg, count: int) -> tuple[int, list]:
+    """What GPUDrive's JSON converter would record of a decoded ``Scenario``: the number of tracks
+    (that converter writes every track, of any type, as one object, in track order) and the first
+    valid ``(center_x, center_y)`` (m, float) of each of the first ``count`` tracks, None for a
+    track never valid. Compared with a split file's ``objects`` / ``first_xy``."""
+    first = []
+    for tr in list(msg.tracks)[:count]:
+        st = next((s for s in tr.states if s.valid), None)
+        first.append(None if st is None else (float(st.center_x), float(st.center_y)))
+    return len(msg.tracks), first
