@@ -28,6 +28,7 @@ count or ``global_step``. Metrics: the env logs egos and co-players apart (``Dri
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 
 import torch
 
@@ -66,28 +67,48 @@ class Partner:
     policy: torch.nn.Module
 
 
-def load_partner(path: str, obs_layout, num_actions: int, continuous: bool, device) -> Partner:
+def partner_file(path: str) -> pathlib.Path:
+    """The checkpoint file of ``--coplayer PATH``: the file, or ``checkpoint.pt`` of a run directory.
+
+    Raises:
+        UserError: neither exists (names the path).
+    """
+    p = resolve_path(path)
+    if p.is_dir() and (p / "checkpoint.pt").is_file():
+        p = p / "checkpoint.pt"
+    if not p.is_file():
+        raise UserError(f"--coplayer {path}: no such checkpoint file or run directory")
+    return p
+
+
+def load_partner(path: str, obs_layout, num_actions: int, continuous: bool, device,
+                 reward_conditioning: bool | None = None) -> Partner:
     """Load one partner checkpoint, frozen and on ``device``.
 
     Args:
         path: checkpoint file of ``train/run.py`` or its run directory.
         obs_layout: the env's observation layout (the partner must read the same observation).
         num_actions, continuous: the env's action space.
+        reward_conditioning: the env's ``reward_conditioning`` (None: unknown), to name a partner
+            whose observations differ by it as such.
 
     Raises:
-        UserError: missing file, or a checkpoint whose observation/action sizes do not match the env
+        UserError: missing file, a partner trained with reward conditioning for an env without it
+            (or the reverse), or a checkpoint whose observation/action sizes do not match the env
             (message names the path and both sizes). CheckpointError: unreadable file.
     """
-    from train.checkpoint import PolicyMismatch, load_policy
+    from train.checkpoint import PolicyMismatch, load_checkpoint, load_policy
 
-    p = resolve_path(path)
-    if p.is_dir() and (p / "checkpoint.pt").is_file():
-        p = p / "checkpoint.pt"
-    if not p.exists():
-        raise UserError(f"--coplayer {path}: no such checkpoint file or run directory")
+    p = partner_file(path)
     try:
         policy, ck = load_policy(p, device, obs_layout, num_actions, continuous)
     except PolicyMismatch as e:
+        theirs = bool((load_checkpoint(p).get("env_config") or {}).get("reward_conditioning", False))
+        if reward_conditioning is not None and theirs != bool(reward_conditioning):
+            on = lambda x: "with" if x else "without"  # noqa: E731
+            raise UserError(f"--coplayer {path}: the partner was trained {on(theirs)} reward conditioning and this "
+                            f"env runs {on(reward_conditioning)} it (--env.reward-conditioning), so it reads other "
+                            "observations; use a partner trained the same way") from None
         raise UserError(f"--coplayer {path}: {e.detail}; train the partner with the same "
                         "--env.num-partners/--env.num-roads and action space") from None
     label = f"{p.parent.name}/{p.name}@{int(ck.get('global_step', 0))}"
@@ -207,7 +228,8 @@ def make_pool(paths, env, device, seed: int, deterministic: bool = True) -> Copl
     from gpusim.config import ActionSpace
 
     continuous = int(env.config.action_space) == int(ActionSpace.CONTINUOUS)
-    partners = [load_partner(p, env.obs_layout, env.num_actions, continuous, device) for p in paths]
+    partners = [load_partner(p, env.obs_layout, env.num_actions, continuous, device,
+                             reward_conditioning=env.config.reward_conditioning) for p in paths]
     return CoplayerPool(partners, env.num_worlds, env.num_slots, env.horizon, device, seed=seed,
                         deterministic=deterministic)
 

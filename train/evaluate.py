@@ -58,6 +58,7 @@ from train.eval.sweep import (CallableDriver, PolicyDriver, default_num_worlds, 
 from train.eval.streaming import first_pack, local_records, streaming_sweep
 from train.eval.settings import evaluation_config, setting_config
 from train.eval.styles import eval_styles, partner_styles, style_env_config
+from train.coplayer import partner_file
 
 
 @dataclass
@@ -78,7 +79,8 @@ class EvalConfig:
             agent), ``coplayer`` (one ego per world, the other controlled agents driven by the
             ``--coplayer`` partners) and/or ``human_replay`` (one ego per world, others log-replayed);
             or ``wosac`` alone (WOSAC realism, ``train/eval/wosac.py``; ``log_replay`` is a policy there).
-        coplayer: partner checkpoints of ``--mode coplayer`` (one drawn per world per episode);
+        coplayer: partner checkpoints of ``--mode coplayer`` (one drawn per world per episode;
+            refused without that mode, a missing path named before any work);
             ``PATH@STYLE`` gives a conditioned partner its driving style (the distinct styles
             form the partners' style table, one drawn per world per episode; docs/styles.md).
         style: driving styles (names of ``gpusim.styles.STYLES`` or R comma-separated weights) to
@@ -101,7 +103,8 @@ class EvalConfig:
             every trial start and the ``trial_index`` observation column zeroed
             (``EnvConfig.zero_trial_index``), so trial k differs from trial 0 only by chance
             (sampled actions, partners), never by memory (docs/trial.md); ``episode``: kept across the trials of an episode;
-            default: as each checkpoint was trained (``--policy.memory``). Checkpoints only.
+            default: as each checkpoint was trained (``--policy.memory``). Checkpoints only;
+            ``trial`` is refused when the evaluation runs no trials (pass ``--k-trials K``).
         seed: env generator, ``random`` baseline and sampling seed (the same for every policy).
         device: ``cuda`` if available else ``cpu``.
         num_threads: torch CPU threads (0 = torch's default, capped at the CPU cores available).
@@ -292,11 +295,17 @@ def _check_modes(modes: list, cfg: EvalConfig, opts: ModeOptions):
     """Run every mode's ``check``; return the mode with its own protocol among ``modes`` (None if none).
 
     Raises:
-        UserError: a mode's check; a protocol mode beside others, ``--export-rollouts`` without
-            one, ``--wosac-rollouts`` < 1.
+        UserError: a mode's check; an option only other modes read (``--coplayer`` without
+            ``--mode coplayer``); a protocol mode beside others, ``--export-rollouts`` without one,
+            ``--wosac-rollouts`` < 1.
     """
     for mode in modes:
         mode.check(opts)
+    default, read = ModeOptions(), {o for m in modes for o in m.options}
+    for name in sorted({o for m in MODES.values() for o in m.options} - read):
+        if getattr(opts, name) != getattr(default, name):  # a flag that would do nothing
+            owners = " / ".join(m.name for m in MODES.values() if name in m.options)
+            raise UserError(f"--{name.replace('_', '-')} is read by --mode {owners} only: add that mode, or drop the flag")
     own = [m for m in modes if m.protocol is not None]
     if own and len(modes) > 1:
         raise UserError(f"--mode {own[0].name} runs alone: evaluate the other modes in a separate call")
@@ -342,6 +351,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     """
     specs = _check(cfg)
     coplayers, partner_table = partner_styles(cfg.coplayer)
+    for path in coplayers:  # named before any work, whatever the modes
+        partner_file(path)
     cfg = dataclasses.replace(cfg, coplayer=tuple(coplayers))
     modes = [get_mode(m) for m in (("human_replay",) if cfg.human_replay else cfg.mode)]
     opts = ModeOptions.from_config(cfg)
@@ -350,6 +361,10 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     device = check_device(cfg.device)
     policies = _load_policies(specs, device, tuple(n for m in modes for n in m.policies))
     base, base_notes = base_env_config(policies, cfg)
+    if cfg.memory == "trial" and not base.trial_mode:  # no trial start to clear at: it would change nothing
+        raise UserError(f"--memory trial: this evaluation runs no trials (goal behaviour {base.goal_behavior}, as the "
+                        "first checkpoint was trained), so clearing the memory at trial starts changes nothing and the "
+                        "figures would be the policy's as trained; pass --k-trials K")
     if cfg.memory == "trial" and base.trial_mode and not base.zero_trial_index:  # the exact memoryless control
         base = base.replace(zero_trial_index=True)
         base_notes.append("note: --memory trial: the trial_index observation column is zeroed "

@@ -24,6 +24,7 @@ Examples::
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import pathlib
 import sys
@@ -36,7 +37,7 @@ import torch
 
 from gpusim.fileio import check_output_path, lock_directory
 from train.checkpoint import save_checkpoint
-from train.config import USER_ERRORS, TrainConfig, one_line, parse_args
+from train.config import USER_ERRORS, TrainConfig, UserError, one_line, parse_args, resolve_path
 from train.extras import RunExtras
 from train.distributed import setup as setup_distributed
 from train.graphed_rollout import make_rollout
@@ -90,12 +91,29 @@ def _prepare_locked(cfg: TrainConfig, held: list):
     locked (:func:`gpusim.fileio.lock_directory`, the lock appended to ``held``); a new run checks
     again under the lock that no other run finished into the directory meanwhile."""
     cfg, ckpt, ckpt_file, run_dir = prepare_run(cfg)
+    cfg = _resumed_data(cfg, ckpt)
     flag = "--resume" if ckpt is not None else "--log-dir"
     check_output_path(run_dir, flag, kind="dir")
     held.append(lock_directory(run_dir, hint="wait for it to end, or pass another --run-name"))
     if ckpt is None:
         prepare_run(cfg)  # the same run name: the directory must still hold no run
     return cfg, ckpt, ckpt_file, run_dir
+
+
+def _resumed_data(cfg: TrainConfig, ckpt: dict | None) -> TrainConfig:
+    """A resumed run without ``--data`` trains on the data its checkpoint recorded, not on the
+    default (the bundled sample); ``--data`` given explicitly wins.
+
+    Raises:
+        UserError: the recorded data is no longer there (names it; pass ``--data``).
+    """
+    recorded = ((ckpt or {}).get("config") or {}).get("data")
+    if ckpt is None or not recorded or cfg.data != TrainConfig().data or recorded == cfg.data:
+        return cfg
+    if not resolve_path(recorded).exists():
+        raise UserError(f"--resume: the run trained on --data {recorded}, which is not there any more; pass --data "
+                        "PATH (the same scenarios) to continue it")
+    return dataclasses.replace(cfg, data=recorded)
 
 
 def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:

@@ -119,6 +119,8 @@ class EvalMode:
             "skipped", "notes", ...}``; it runs alone (not with other modes).
         policies: extra ``--policy`` names the mode understands besides the baselines.
         report: ``report(results, console)`` prints a ``protocol`` mode's results (default None).
+        options: the :class:`ModeOptions` fields only this mode reads (e.g. ``coplayer``); the
+            evaluator refuses one set away from its default when no mode that reads it runs.
     """
 
     name: str
@@ -134,6 +136,7 @@ class EvalMode:
     protocol: Callable | None = None
     policies: tuple[str, ...] = ()
     report: Callable | None = None
+    options: tuple[str, ...] = ()
 
     def env_config(self, base):
         """``base`` (an :class:`~gpusim.config.EnvConfig`) with this mode's changes."""
@@ -219,7 +222,7 @@ register_mode(EvalMode(
     "coplayer", "one ego per world (the SDC where controllable), the other controlled agents driven by the "
     "--coplayer partners", env_changes=(("ego_slots", 1), ("ego_fraction", 0.0)), egos=_ego_role,
     check=_needs_partners, prepare=_partner_pool, drive=_with_partners,
-    describe=lambda pool: {"partners": pool.labels}))
+    describe=lambda pool: {"partners": pool.labels}, options=("coplayer", "coplayer_sample")))
 register_mode(EvalMode("human_replay", "one ego per world (first controlled slot), all others log-replayed",
                        env_changes=(("max_controlled", 1),) + _NO_ROLES))
 

@@ -57,14 +57,22 @@ def style_env_config(env_config, values):
 def partner_styles(specs) -> tuple[list[str], tuple | None]:
     """Split ``--coplayer PATH@STYLE`` specs: ``(paths, [P][R] style table or None)``. The distinct
     styles form the table (one drawn per world per episode); a path without ``@`` uses
-    ``default`` when another spec names a style.
+    ``default`` when another spec names a style. The style is what follows the last ``@``,
+    unless the whole spec is an existing file or directory or that part holds a path separator:
+    a path may itself contain ``@`` (``runs/a@b/checkpoint.pt``, ``runs/x.pt@fast``).
 
     Raises:
         UserError: an unknown style name.
     """
+    import os
+
+    from train.config import resolve_path
+
     paths, names = [], []
     for spec in specs:
-        path, _, name = str(spec).partition("@")
+        path, at, name = str(spec).rpartition("@")
+        if not at or "/" in name or os.sep in name or resolve_path(str(spec)).exists():
+            path, name = str(spec), ""
         paths.append(path)
         if name and name not in STYLES and "," not in name:
             raise UserError(f"--coplayer {spec}: unknown style {name!r}; named styles: {', '.join(STYLES)}")
