@@ -37,19 +37,20 @@ def check_finite(cfg) -> None:
     class, and only where the physics needs them (time step, radii, lengths).
 
     Raises:
-        ValueError: ``"<Class>.<field> must be a finite number, got nan"`` for the first such field.
+        ValueError: ``"<Class>.<field> must be a finite number, got nan"`` for the first such field
+            (with the entry's index inside a tuple: ``EnvConfig.style[0]``).
     """
-    def bad(v):
+    def bad(v, where: str):
         if isinstance(v, float) and not math.isfinite(v):
-            return v
+            return where, v
         if isinstance(v, (tuple, list)):
-            return next((b for b in map(bad, v) if b is not None), None)
+            return next((b for i, x in enumerate(v) if (b := bad(x, f"{where}[{i}]")) is not None), None)
         return None
 
     for f in dataclasses.fields(cfg):
-        value = bad(getattr(cfg, f.name))
-        if value is not None:
-            raise ValueError(f"{type(cfg).__name__}.{f.name} must be a finite number, got {value}")
+        found = bad(getattr(cfg, f.name), f"{type(cfg).__name__}.{f.name}")
+        if found is not None:
+            raise ValueError(f"{found[0]} must be a finite number, got {found[1]}")
 
 
 def _check_styles(cfg) -> None:

@@ -69,8 +69,10 @@ def test_every_float_field_refuses_non_finite(cls, name, value):
 
 
 def test_style_tuples_are_checked_too():
-    with pytest.raises(ValueError, match=r"EnvConfig\.reward_ranges must be a finite number, got nan"):
+    with pytest.raises(ValueError, match=r"^EnvConfig\.reward_ranges\[8\]\[1\] must be a finite number, got nan$"):
         EnvConfig(reward_conditioning=True, reward_ranges=[(0.0, 1.0)] * 8 + [(1.0, NAN)])
+    with pytest.raises(ValueError, match=r"^EnvConfig\.style\[0\] must be a finite number, got inf$"):
+        EnvConfig(reward_conditioning=True, style=(INF,) + (1.0,) * 8)
 
 
 def test_reward_weights_take_any_finite_value_radii_must_be_positive():

@@ -143,7 +143,7 @@ def test_triton_backend_matches_torch_with_styles():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(style=(float("nan"),) + STYLE[1:]), r"goal = nan is outside the allowed range \[0.5, 1.5\]"),
+    (dict(style=(float("nan"),) + STYLE[1:]), r"EnvConfig\.style\[0\] must be a finite number, got nan"),
     (dict(style=STYLE[:-1] + (30.0,)), r"target_speed = 30.0 is outside"),
     (dict(style=STYLE[:3]), r"expected 9 numbers"),
     (dict(partner_styles=(STYLE[:-1] + (1.0,),)), r"partner_styles: target_speed = 1.0"),
