@@ -77,6 +77,8 @@ DT = 0.1
 WOMD_STEPS = 91
 #: Values of ``EnvConfig.ego_choice`` (gpusim/sim/roles.py).
 EGO_CHOICES = ("sdc", "random", "first")
+#: Values of ``EnvConfig.partner_task`` (gpusim/sim/partner_task.py).
+PARTNER_TASKS = ("none", "crossing")
 #: Values of ``DataConfig.control`` (gpusim/data/build.py :func:`select_agents`).
 CONTROL_RULES = ("vehicles_with_goal", "all_valid")
 
@@ -236,6 +238,11 @@ class EnvConfig:
             with the same observation and a policy whose cache is cleared at every trial start acts
             the same in every trial. Needs trial mode. False (default): the column is
             ``trial_count / k_trials``.
+        partner_task: ``"crossing"``: the partner task (docs/trial.md, ``gpusim/sim/partner_task.py``):
+            a scripted car crosses the ego's logged path, as a yielder or a non-yielder (hidden,
+            drawn per world per episode, kept across trials). Needs ``max_controlled = 1`` (the
+            task's ego). ``"none"`` (default): off, nothing drawn.
+        partner_type_prob: the probability of the non-yielder type per world and episode (in [0, 1]).
     """
 
     max_agents: int = 64
@@ -280,6 +287,8 @@ class EnvConfig:
     mirror: bool = False
     control: str = "vehicles_with_goal"
     zero_trial_index: bool = False
+    partner_task: str = "none"
+    partner_type_prob: float = 0.5
 
     def __post_init__(self):
         check_finite(self)
@@ -370,6 +379,14 @@ class EnvConfig:
         if self.zero_trial_index and not self.trial_mode:
             raise ValueError("EnvConfig.zero_trial_index needs trial mode (--env.goal-behavior trial); drop "
                              "--env.zero-trial-index")
+        if self.partner_task not in PARTNER_TASKS:
+            raise ValueError(f"EnvConfig.partner_task must be one of {', '.join(PARTNER_TASKS)}, got "
+                             f"{self.partner_task!r}")
+        if not 0.0 <= self.partner_type_prob <= 1.0:
+            raise ValueError(f"EnvConfig.partner_type_prob must be in [0, 1], got {self.partner_type_prob!r}")
+        if self.partner_task != "none" and (self.max_controlled != 1 or self.max_agents < 2):
+            raise ValueError(f"EnvConfig.partner_task {self.partner_task} needs one controlled agent per world "
+                             f"(--env.max-controlled 1, got {self.max_controlled}) and max_agents >= 2")
 
     @property
     def style_ranges(self) -> tuple:

@@ -113,6 +113,10 @@ class EnvState:
         "WCG2", torch.float32, "[w, c, g]: candidate goal g of the slot (m), drawn per episode", "keep")
     cand_true: torch.Tensor = _field("WC", torch.int64, "index of the true goal among the candidates", "keep")
     at_decoy: torch.Tensor = _field("WC", torch.bool, "stopped at a wrong candidate in the current trial")
+    # ---- partner task (gpusim/sim/partner_task.py; all 0 when partner_task is "none")
+    partner_type: torch.Tensor = _field(
+        "W", torch.int8, "the world's partner type (gpusim.sim.partner_task.PARTNER_TYPES), drawn per episode, "
+        "never observed", "keep")
     # ---- random start (gpusim/sim/random_start.py; all 0 when random_start_steps = 0)
     start_offset: torch.Tensor = _field(
         "W", torch.int32, "log steps skipped at the episode start: the world's log index is init_steps + "

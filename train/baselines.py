@@ -13,6 +13,11 @@ env.
   and heading (straight ahead; the kinematic bicycle keeps the speed exactly with 0 m/s^2).
 * ``expert``: ``env.expert_actions()`` (inverse dynamics that track the log).
 * ``random``: uniform over the action space, from a generator seeded by ``seed``.
+* ``partner_ceiling`` / ``partner_floor``: the scripted references of the partner task
+  (``gpusim/sim/partner_task.py``, docs/trial.md): :class:`PartnerCeiling` is told the partner's
+  type and plays the best response (log tracking against a yielder; against a non-yielder, log
+  tracking on a delayed clock that arrives at the conflict place after the partner has crossed and
+  catches up afterwards); :func:`partner_floor` ignores the type (log tracking, like ``expert``).
 
 ``make_baseline(name, seed)`` builds one by name (:data:`BASELINES`).
 """
@@ -26,7 +31,7 @@ import torch
 from gpusim.kernels import dynamics
 
 #: Names accepted by :func:`make_baseline` (and by ``train/evaluate.py --policy``).
-BASELINES = ("steer_to_goal", "constant_speed", "expert", "random")
+BASELINES = ("steer_to_goal", "constant_speed", "expert", "random", "partner_ceiling", "partner_floor")
 
 
 def _action_space(env) -> int:
@@ -118,6 +123,86 @@ def expert(env) -> torch.Tensor:
     return env.expert_actions()
 
 
+def partner_floor(env) -> torch.Tensor:
+    """The partner task's floor: log tracking whatever the partner's type (``env.expert_actions()``:
+    the best response to a yielder, a collision with a non-yielder)."""
+    return env.expert_actions()
+
+
+@dataclass(frozen=True)
+class PartnerCeiling:
+    """The partner task's ceiling: told each world's partner type (``env.state.partner_type``),
+    it plays the best response (``gpusim/sim/partner_task.py``).
+
+    Against a yielder, or without a partner: log tracking (``env.expert_actions()``). Against a
+    non-yielder: the same inverse dynamics toward the ego's logged pose on a delayed log clock,
+    ``u = x - lag(x)`` at log step ``x``, interpolated linearly between log steps (speed times the
+    clock's rate). ``lag`` rises linearly from 0 at ``init_steps`` to ``delta`` at ``lead_steps``
+    before the logged arrival ``t_c`` at the conflict place, stays ``delta`` until ``pass_steps``
+    after the delayed arrival, then falls linearly to 0 at ``catchup_end_steps`` before the trial's
+    last log step (at least 10 steps later). ``delta`` (s) is the time the non-yielder needs to
+    clear the ego's path, ``(PARTNER_LENGTH + ego width) / 2 / APPROACH_SPEED``, plus the time the
+    ego's own half length and the partner's half width take at the logged speed ``v_c`` there,
+    ``(ego length + PARTNER_WIDTH) / 2 / v_c``, plus ``margin`` (unscaled boxes: a safety margin
+    over the collision boxes).
+
+    Attributes: margin (s), lead_steps, pass_steps, catchup_end_steps (log steps).
+    """
+
+    margin: float = 0.3
+    lead_steps: int = 5
+    pass_steps: int = 10
+    catchup_end_steps: int = 3
+
+    def __call__(self, env) -> torch.Tensor:
+        """Actions ``[W, C]`` int64 (discrete) or ``[W, C, 2]`` float32 (continuous)."""
+        from gpusim.config import DT
+        from gpusim.sim import partner_task as pt
+        from gpusim.sim.motion import model_for
+        from gpusim.sim.random_start import log_origin
+
+        ctx, st, cfg, p = env.sim, env.state, env.config, env.sim.pack
+        base = env.expert_actions()
+        if cfg.partner_task == "none":
+            return base
+        has, t_c = pt.conflict_log_step(ctx, st)
+        s = st.scenario
+        T = p.traj_pos.shape[2]
+        x = (cfg.init_steps + st.step - log_origin(ctx, st) + 1).to(torch.float32)  # the next log step
+        t_c = t_c.to(torch.float32)
+        v_c = torch.linalg.vector_norm(p.traj_vel[s, 0, t_c.to(torch.int64)], dim=-1).clamp_min(pt.MIN_SPEED)
+        delta = (self.margin + (pt.PARTNER_LENGTH + st.width[:, 0]) / 2 / pt.APPROACH_SPEED
+                 + (st.length[:, 0] + pt.PARTNER_WIDTH) / 2 / v_c) / DT  # [W] log steps
+        x_b = t_c - self.lead_steps
+        x_c = t_c + delta + self.pass_steps
+        x_d = torch.maximum(x_c + 10, torch.full_like(x_c, cfg.init_steps + cfg.scenario_length - 1
+                                                        - self.catchup_end_steps))
+        ramp_in = ((x - cfg.init_steps) / (x_b - cfg.init_steps)).clamp(0.0, 1.0)
+        ramp_out = (1.0 - (x - x_c) / (x_d - x_c)).clamp(0.0, 1.0)
+        lag = delta * torch.where(x <= x_c, ramp_in, ramp_out)
+        one = torch.ones_like(x)  # the clock's rate du/dx: slower on the way in, faster while catching up
+        rate = torch.where(x <= x_b, 1.0 - delta / (x_b - cfg.init_steps),
+                           torch.where((x > x_c) & (x <= x_d), 1.0 + delta / (x_d - x_c), one)).clamp_min(0.0)
+        u = (x - lag).clamp(0.0, T - 1.0)
+        i0 = u.floor().to(torch.int64)
+        i1 = (i0 + 1).clamp(max=T - 1)
+        w = u - i0.to(torch.float32)
+        pos = p.traj_pos[s, 0, i0] * (1 - w)[:, None] + p.traj_pos[s, 0, i1] * w[:, None]
+        h0, h1 = p.traj_heading[s, 0, i0], p.traj_heading[s, 0, i1]
+        heading = h0 + torch.atan2(torch.sin(h1 - h0), torch.cos(h1 - h0)) * w
+        vel = p.traj_vel[s, 0, i0] * (1 - w)[:, None] + p.traj_vel[s, 0, i1] * w[:, None]
+        speed = torch.linalg.vector_norm(vel, dim=-1) * rate
+        valid = p.traj_valid[s, 0, i0] & p.traj_valid[s, 0, i1] & (x < T)
+        accel, steer = model_for(ctx).inverse(
+            pos=st.pos[:, :1].contiguous(), heading=st.heading[:, :1].contiguous(),
+            speed=st.speed[:, :1].contiguous(), length=st.length[:, :1].contiguous(),
+            target_pos=pos[:, None].contiguous(), target_heading=heading[:, None].contiguous(),
+            target_speed=speed[:, None].contiguous(), target_valid=valid[:, None].contiguous(), dt=cfg.dt)
+        warped = dynamics.encode_actions(accel, steer, _action_space(env))
+        ny = (has & (st.partner_type == 1))[:, None]
+        return torch.where(ny if warped.dim() == 2 else ny[..., None], warped, base)
+
+
 class RandomActions:
     """Uniformly random actions from a seeded generator on the env's device.
 
@@ -156,5 +241,9 @@ def make_baseline(name: str, seed: int = 0):
         return expert
     if name == "random":
         return RandomActions(seed)
+    if name == "partner_ceiling":
+        return PartnerCeiling()
+    if name == "partner_floor":
+        return partner_floor
     raise ValueError(f"unknown baseline {name!r}; known: {', '.join(BASELINES)}")
 

@@ -105,6 +105,11 @@ class EvalConfig:
             (sampled actions, partners), never by memory (docs/trial.md); ``episode``: kept across the trials of an episode;
             default: as each checkpoint was trained (``--policy.memory``). Checkpoints only;
             ``trial`` is refused when the evaluation runs no trials (pass ``--k-trials K``).
+        partner_task: ``crossing``: evaluate on the partner task (``EnvConfig.partner_task``,
+            docs/trial.md; one controlled agent per world), e.g. the scripted references
+            ``partner_ceiling`` and ``partner_floor``; default: as the first checkpoint was trained.
+        partner_type_prob: the non-yielder probability of the partner task (default: as trained,
+            else 0.5).
         seed: env generator, ``random`` baseline and sampling seed (the same for every policy).
         device: ``cuda`` if available else ``cpu``.
         num_threads: torch CPU threads (0 = torch's default, capped at the CPU cores available).
@@ -141,6 +146,8 @@ class EvalConfig:
     stochastic: bool = False
     decode: Literal["argmax", "mean"] = "argmax"
     memory: Literal["episode", "trial"] | None = None
+    partner_task: Literal["none", "crossing"] | None = None
+    partner_type_prob: float | None = None
     seed: int = 12345
     device: str = field(default_factory=default_device)
     num_threads: int = 0
@@ -361,6 +368,16 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     device = check_device(cfg.device)
     policies = _load_policies(specs, device, tuple(n for m in modes for n in m.policies))
     base, base_notes = base_env_config(policies, cfg)
+    if cfg.partner_task is not None or cfg.partner_type_prob is not None:
+        task = dict(partner_task=cfg.partner_task or base.partner_task, max_controlled=1)
+        if cfg.partner_type_prob is not None:
+            task["partner_type_prob"] = cfg.partner_type_prob
+        if task["partner_task"] == "none":
+            raise UserError("--partner-type-prob needs the partner task: add --partner-task crossing")
+        try:
+            base = base.replace(**task)
+        except ValueError as e:
+            raise UserError(f"--partner-task / --partner-type-prob: {one_line(e)}") from None
     if cfg.memory == "trial" and not base.trial_mode:  # no trial start to clear at: it would change nothing
         raise UserError(f"--memory trial: this evaluation runs no trials (goal behaviour {base.goal_behavior}, as the "
                         "first checkpoint was trained), so clearing the memory at trial starts changes nothing and the "

@@ -15,6 +15,7 @@ from gpusim.kernels.reset import reset_agents
 from gpusim.sim.candidates import draw_candidates
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.goal_resample import resample_goals
+from gpusim.sim.partner_task import begin_partner
 from gpusim.sim.random_start import start_state
 from gpusim.sim.roles import assign_roles
 from gpusim.sim.styles import draw_styles
@@ -72,10 +73,11 @@ def begin_episode(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
     (``gpusim.sim.candidates.draw_candidates``), remembers the start state (``ctx.start``, for trial
     restarts) and returns a copy of it to run. With the training randomisations on, each world
     first moves to its random start step (``gpusim.sim.random_start.start_state``) and the goals
-    are redrawn last (``gpusim.sim.goal_resample.resample_goals``); off, neither draws."""
+    are redrawn (``gpusim.sim.goal_resample.resample_goals``); off, neither draws. The partner task
+    draws its partner types last (``gpusim.sim.partner_task.begin_partner``)."""
     ctx.t = 0
     state = assign_roles(ctx, start_state(ctx, initial_state(ctx, scenario)))
-    ctx.start = resample_goals(ctx, draw_candidates(ctx, draw_styles(ctx, state)))
+    ctx.start = begin_partner(ctx, resample_goals(ctx, draw_candidates(ctx, draw_styles(ctx, state))))
     return ctx.start.clone()
 
 

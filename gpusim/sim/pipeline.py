@@ -2,7 +2,7 @@
 
 ::
 
-    actions ─▶ signals_before ─▶ motion ─▶ replay ─▶ signals ─▶ contacts ─▶ rewards ─▶ decoys ─▶ goals
+    actions ─▶ signals_before ─▶ motion ─▶ replay ─▶ partner ─▶ signals ─▶ contacts ─▶ rewards ─▶ decoys ─▶ goals
             ─▶ trial ─▶ accounting ─▶ restart ─▶ observe ─▶ StepResult
 
 Each stage is ``fn(ctx, state, step) -> changes`` (see :mod:`gpusim.sim.context`); the pipeline
@@ -24,6 +24,7 @@ from gpusim.sim.episode import restart
 from gpusim.sim.goals import goals
 from gpusim.sim.motion import motion
 from gpusim.sim.observe import observe
+from gpusim.sim.partner_task import partner
 from gpusim.sim.replay import replay
 from gpusim.sim.rewards import rewards
 from gpusim.sim.signals import signals, signals_before
@@ -43,6 +44,7 @@ PIPELINE: tuple[Stage, ...] = (
     Stage("signals_before", signals_before),  # slot centres before the motion (red-light test)
     Stage("motion", motion),          # who acts; actions -> controls -> dynamics (controlled agents)
     Stage("replay", replay),          # clock +1; experts follow the log
+    Stage("partner", partner),        # partner task: the scripted crossing partner (slot A - 1)
     Stage("signals", signals),        # red-light crossings of this step (signals on the log clock)
     Stage("contacts", contacts),      # collisions, offroad, hit-by (collision REMOVE)
     Stage("rewards", rewards),        # reward, goals reached, contact behaviours, terminal
