@@ -1,9 +1,10 @@
 """Atomic checkpoints: weights, optimizer, progress counters, RNG state, metric state and the config.
 
-A checkpoint is one ``torch.save`` file written to a temporary file in the same directory
-(``<name>.<random>.tmp``), flushed to disk, then renamed over the target (``os.replace``), so a
-crash never leaves a half-written checkpoint; a crash *during* the write leaves only the temporary
-file, which :func:`clean_stale_temp_files` removes on the next start. Loading uses
+A checkpoint is one ``torch.save`` file written through :func:`gpusim.fileio.torch_save` (the one
+atomic writer: a temporary file in the same directory, ``<name>.<random>.tmp``, flushed to disk,
+then renamed over the target with ``os.replace``), so a crash never leaves a half-written
+checkpoint; a crash *during* the write leaves only the temporary file, which
+:func:`clean_stale_temp_files` removes on the next start. Loading uses
 ``torch.load(..., weights_only=True)`` (no arbitrary code from a file), so the payload holds only
 tensors and plain data; an experience hook the checkpoint's config names as ``MODULE:CLASS`` is
 imported only when the user names it again (``train/resume.py``).
@@ -19,16 +20,15 @@ note. It also refuses weights holding NaN or infinity and env settings that
 
 from __future__ import annotations
 
-import os
 import pathlib
 import pickle
 import sys
-import tempfile
 import zipfile
 
 import torch
 
 from gpusim.data.integrity import checksum_mismatch, file_kind, pack_checksums, payload_kind
+from gpusim.fileio import temp_name_glob, torch_save
 
 CHECKPOINT_VERSION = 1
 
@@ -50,6 +50,11 @@ def save_checkpoint(path, *, policy, optimizer, global_step: int, update: int, c
 
     Returns:
         The path written (holding ``"checksums"``, :func:`checkpoint_checksums`).
+
+    Raises:
+        gpusim.fileio.OutputError (a ``ValueError``): the file cannot be written (a full disk, a
+            read-only file system), one line naming it and the cause; the previous checkpoint is
+            left as it was.
     """
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,18 +71,7 @@ def save_checkpoint(path, *, policy, optimizer, global_step: int, update: int, c
         "extra": extra or {},
     }
     payload["checksums"] = checkpoint_checksums(payload)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(payload, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    return torch_save(payload, path)  # the one atomic writer: temporary file, fsync, rename
 
 
 def _split(x, prefix: str, tensors: dict):
@@ -155,7 +149,7 @@ def stale_temp_files(path) -> list[pathlib.Path]:
     path = pathlib.Path(path)
     if not path.parent.is_dir():
         return []
-    return sorted(path.parent.glob(path.name + ".*.tmp"))
+    return sorted(path.parent.glob(temp_name_glob(path)))
 
 
 def clean_stale_temp_files(path) -> list[pathlib.Path]:
