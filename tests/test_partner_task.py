@@ -133,3 +133,18 @@ def test_partner_task_errors_are_one_line(sample_dir, capsys):
     assert main(["--policy", "partner_floor", "--partner-type-prob", "0.3", "--data", str(sample_dir)]) == 2
     err = capsys.readouterr().err
     assert "--partner-type-prob needs the partner task" in err and "\n" not in err.strip()
+
+
+def test_ada_delta_on_the_clean_score_hand_computed():
+    """``ada_delta_clean_trial_1_minus_0`` is the mean of the per-agent clean-score differences
+    (here a goal kept but a collision avoided in trial 1 counts, the goal-only figure does not)."""
+    from train.eval.report import summarise
+
+    goal = torch.ones(4)
+    c0, c1 = torch.tensor([0.0, 0.0, 1.0, 1.0]), torch.tensor([1.0, 1.0, 1.0, 0.0])
+    agents = {"trial_0_score": goal, "trial_1_score": goal, "trial_0_clean_score": c0, "trial_1_clean_score": c1,
+              "scenario": torch.arange(4), **{k: goal for k in ("goal_reached", "collided", "offroad", "score",
+                                                                   "episode_return")}}
+    s = summarise(agents)
+    assert s["ada_delta_clean_trial_1_minus_0"].mean == pytest.approx(0.25)  # (1 + 1 + 0 - 1) / 4
+    assert s["ada_delta_trial_1_minus_0"].mean == 0.0

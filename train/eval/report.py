@@ -11,7 +11,8 @@ column). Reported metrics (:data:`METRICS`, labels in brackets):
   ``trial_k_clean_score`` (goal in trial k without collision/offroad — what the env's training
   metrics call ``trial_k_score`` today) and ``ada_delta_trial_k_minus_0`` = the mean over
   agent-episodes of ``trial_k_score - trial_0_score`` (paired, so its interval is that of the
-  per-agent differences), plus per world-episode trial logs (trials completed, share ended before
+  per-agent differences), ``ada_delta_clean_trial_k_minus_0`` the same on the clean scores,
+  plus per world-episode trial logs (trials completed, share ended before
   the timeout, mean trial length in steps); on the memory task also ``trial_k_decoy`` (reached a
   wrong candidate in trial k) and, over the agent-episodes whose trial 0 ended at a wrong
   candidate, ``decoy_then_goal_trial_k`` (reached the true goal in trial k) and
@@ -158,6 +159,9 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
         out[f"trial_{k}_clean_score"] = ci(agents[f"trial_{k}_clean_score"])
     for k in range(1, K):
         out[f"ada_delta_trial_{k}_minus_0"] = ci(agents[f"trial_{k}_score"] - agents["trial_0_score"], (-1.0, 1.0))
+    for k in range(1, K):  # the same on the clean score (the partner task's figure: a collision avoided)
+        out[f"ada_delta_clean_trial_{k}_minus_0"] = ci(agents[f"trial_{k}_clean_score"] - agents["trial_0_clean_score"],
+                                                       (-1.0, 1.0))
     if "trial_0_decoy" in agents:  # the memory task: what follows a wrong candidate in trial 0
         for k in range(K):
             out[f"trial_{k}_decoy"] = ci(agents[f"trial_{k}_decoy"])
