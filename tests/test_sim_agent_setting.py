@@ -72,8 +72,15 @@ def test_all_valid_controls_every_object_valid_at_init_steps_up_to_the_cap(cap):
         assert pack.traj_valid[s, :, 10][pack.agent_exists[s]].all()
     env = DriveEnv(pack, 2, cfg)
     env.reset(seed=0, scenarios=torch.tensor([0, 1]))
-    want = [min(cap, int(read_scenario(f).valid[:, 10].sum())) for f in files]
-    assert env.state.slot_active.sum(1).tolist() == want
+    valid = [int(read_scenario(f).valid[:, 10].sum()) for f in files]
+    assert env.state.slot_active.sum(1).tolist() == [min(cap, v) for v in valid]
+    # the objects over the cap are counted in one line (training and BC print it)
+    from train.packs import over_cap
+
+    over = sum(max(0, v - cap) for v in valid)
+    assert over_cap(pack, cfg) == ([f"data: {over} of {sum(valid)} controllable objects are over --env.max-controlled "
+                                    f"{cap} per scenario: log-replayed, not controlled"] if over else [])
+    assert over_cap(pack, cfg.replace(control="vehicles_with_goal")) == []
 
 
 def test_default_control_leaves_out_pedestrians_that_all_valid_controls():

@@ -73,6 +73,19 @@ def data_problems(pack) -> list[str]:
     return lines
 
 
+def over_cap(pack, env_config: EnvConfig) -> list[str]:
+    """With the ``all_valid`` control rule, one line counting the controllable objects of ``pack``
+    beyond ``env_config.max_controlled`` per scenario (``pack.stats["controllable_over_cap"]``; they
+    are log-replayed, or left out beyond ``max_agents``); ``[]`` when none is, or with another rule."""
+    n = int((getattr(pack, "stats", None) or {}).get("controllable_over_cap", 0) or 0)
+    if n <= 0 or env_config.control != "all_valid":
+        return []
+    max_controlled = env_config.max_controlled
+    total = int(pack.stats.get("controllable", 0) or 0)
+    return [f"data: {n} of {total} controllable objects are over --env.max-controlled {max_controlled} per scenario: "
+            "log-replayed, not controlled"]
+
+
 def adapt_env_config(env_config: EnvConfig, pack, user_set: set[str] = frozenset(),
                      resuming: bool = False) -> tuple[EnvConfig, list[str]]:
     """Make ``env_config`` match the data config the pack was built with (:data:`PACK_FIELDS`).

@@ -28,7 +28,7 @@ from train.distributed import NullLogger
 from train.experience import hook_context, make_hook
 from train.human import human_policy, init_policy
 from train.logger import Logger
-from train.packs import PACK_FIELDS, adapt_env_config, data_problems, load_pack
+from train.packs import PACK_FIELDS, adapt_env_config, data_problems, load_pack, over_cap
 from train.ppo import make_optimizer
 from train.resume import CHECKPOINT_FILE, announce, resolve_out, restore
 from train.rollout import RolloutBatch
@@ -61,7 +61,7 @@ def make_env(cfg: TrainConfig, env_config: EnvConfig, user_set: set[str] | None 
         say(f"streaming: pool of {pool.pool_size} of {pool.num_scenarios} scenarios, {pool.replace} replaced "
             f"every {cfg.resample_every} episode(s)")
     pack = pool.current if pool is not None else load_pack(cfg.data, env_config, cfg.device)
-    for line in data_problems(pack):
+    for line in data_problems(pack) + over_cap(pack, env_config):
         say(line)
     env_config, notes = adapt_env_config(env_config, pack, set_by_user(cfg, "env") if user_set is None
                                          else user_set, resuming=resuming)
