@@ -119,10 +119,52 @@ class RolloutBatch:
     def for_env(cls, env, continuous: bool, device=None) -> "RolloutBatch":
         """:meth:`empty` buffers for one rollout of ``env``: ``rows = W * C``, ``horizon =
         env.horizon``, ``env.obs_dim``; actions [R, H, ``env.num_actions``] float32 if
-        ``continuous`` else [R, H] int64. ``device`` defaults to ``env.device``."""
+        ``continuous`` else [R, H] int64. ``device`` defaults to ``env.device``.
+
+        The size is worked out first (the same buffers on the ``meta`` device, which allocates
+        nothing) and compared with the memory free on ``device``.
+
+        Raises:
+            UserError: the buffers need more memory than is free (names the size, its factors and
+                the flags that set them) instead of the allocator's raw error.
+        """
         rows = env.num_worlds * env.num_slots
         action_dim = env.num_actions if continuous else 1
-        return cls.empty(rows, env.horizon, env.obs_dim, continuous, action_dim, env.device if device is None else device)
+        device = torch.device(env.device if device is None else device)
+        need = cls.empty(rows, env.horizon, env.obs_dim, continuous, action_dim, "meta").nbytes()
+        free = free_memory(device)
+        if free is not None and need > free:
+            from train.config import UserError
+
+            cfg = env.config
+            trials = f" = {cfg.k_trials} trials x {cfg.scenario_length} steps" if cfg.trial_mode else ""
+            raise UserError(f"the rollout needs {need / 2**30:.1f} GiB ({env.num_worlds} worlds x {env.num_slots} slots x "
+                            f"horizon {env.horizon}{trials} x {env.obs_dim} observation floats, plus actions and "
+                            f"flags), more than the {free / 2**30:.1f} GiB free on {device}: lower --env.k-trials, "
+                            "--env.scenario-length, --num-worlds or --env.max-controlled")
+        return cls.empty(rows, env.horizon, env.obs_dim, continuous, action_dim, device)
+
+    def nbytes(self) -> int:
+        """Bytes of all the buffers (their shapes and dtypes; also for ``meta`` tensors)."""
+        return sum(t.numel() * t.element_size() for t in dataclasses.astuple(self) if isinstance(t, torch.Tensor))
+
+
+def free_memory(device) -> int | None:
+    """Bytes free for new tensors on ``device``: ``torch.cuda.mem_get_info`` on CUDA, the OS's
+    ``MemAvailable`` (``/proc/meminfo``) on the CPU; None where it cannot be known."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def trial_clock(state) -> torch.Tensor:

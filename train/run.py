@@ -35,7 +35,7 @@ if __package__ in (None, ""):  # `python train/run.py` from a checkout without `
 
 import torch
 
-from gpusim.fileio import check_output_path, lock_directory
+from gpusim.fileio import check_output_path, lock_directory, write_errors
 from train.checkpoint import save_checkpoint
 from train.config import USER_ERRORS, TrainConfig, UserError, one_line, parse_args, resolve_path
 from train.extras import RunExtras
@@ -43,7 +43,7 @@ from train.distributed import setup as setup_distributed
 from train.graphed_rollout import make_rollout
 from train.human import SHA_KEY
 from train.ppo import check_losses, optimizer_steps, ppo_update
-from train.resume import nothing_to_do, prepare_run
+from train.resume import nothing_to_do, prepare_run, resolve_out
 from train.rollout import RolloutBatch
 from train.setup import build_run
 
@@ -94,6 +94,8 @@ def _prepare_locked(cfg: TrainConfig, held: list):
     cfg = _resumed_data(cfg, ckpt)
     flag = "--resume" if ckpt is not None else "--log-dir"
     check_output_path(run_dir, flag, kind="dir")
+    if cfg.checkpoint_dir:
+        check_output_path(resolve_out(cfg.checkpoint_dir), "--checkpoint-dir", kind="dir")
     held.append(lock_directory(run_dir, hint="wait for it to end, or pass another --run-name"))
     if ckpt is None:
         prepare_run(cfg)  # the same run name: the directory must still hold no run
@@ -233,15 +235,21 @@ def _wait(device) -> None:
 
 def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int):
     """Write the checkpoint of ``update`` (weights, optimizer, counters, RNG, the run directory, the
-    elapsed time and every rank's metric state) on rank 0; returns its path there, None elsewhere."""
+    elapsed time and every rank's metric state) on rank 0; returns its path there, None elsewhere.
+
+    Raises:
+        OutputError: the checkpoint cannot be written (full disk, read-only file system): one line
+            naming the file and the cause; the previous checkpoint is left whole.
+    """
     metric_log = run.metric_log
     extra = {"run_dir": str(run_dir.resolve()), "elapsed": run.logger.elapsed, SHA_KEY: run.human_sha,
              "env_metrics": metric_log.state_dict() if metric_log is not None else None}
     extra = ranks.checkpoint_extra(extra, metric_log)  # every rank: gathers metric and RNG states
     if not ranks.is_main:
         return None
-    return save_checkpoint(run.ckpt_path, policy=run.policy, optimizer=run.optimizer, global_step=global_step,
-                           update=update, config=run.config_dict, env_config=run.config_dict["env"], extra=extra)
+    with write_errors(run.ckpt_path):
+        return save_checkpoint(run.ckpt_path, policy=run.policy, optimizer=run.optimizer, global_step=global_step,
+                               update=update, config=run.config_dict, env_config=run.config_dict["env"], extra=extra)
 
 
 def _report_record(update, global_step, elapsed, sps, rollout_time, update_time, counts, optimizer, stats, env):
