@@ -449,16 +449,30 @@ def parse_args(argv=None, description: str | None = None) -> TrainConfig:
     return memory_task_experience(cfg, named)
 
 
+def hook_code(name: str, args=()) -> str | None:
+    """The code an experience-hook setting would import (:func:`train.experience.make_hook`): ``name``
+    itself when it is a ``MODULE:CLASS`` (the shipped hooks' names hold no colon), or the
+    ``predicate=MODULE:FUNCTION`` of the ``drop`` hook among ``args``; None when it imports nothing.
+    The trainer imports such code only when the user names it on the command line (or passes
+    ``--trust-checkpoint-code``), never because a checkpoint or a config file records it
+    (:func:`refuse_file_hook`)."""
+    if ":" in str(name):
+        return str(name)
+    for a in args or ():
+        key, _, value = str(a).partition("=")
+        if key.strip().replace("-", "_") == "predicate" and ":" in value:
+            return value.strip()
+    return None
+
+
 def refuse_file_hook(cfg: TrainConfig, source: str, name: str | None = None, args=None) -> None:
     """Refuse an experience hook read from a file (``source``: ``--config FILE`` or ``--resume
-    FILE``) that would import code (:func:`train.experience.hook_code`), unless
+    FILE``) that would import code (:func:`hook_code`), unless
     ``cfg.trust_checkpoint_code``. ``name`` / ``args``: the file's hook (default ``cfg``'s).
 
     Raises:
         UserError: one line naming the file and the code, and the two ways to allow it.
     """
-    from train.experience import hook_code
-
     name = cfg.experience if name is None else name
     args = tuple(cfg.experience_arg if args is None else args)
     code = hook_code(name, args)

@@ -321,22 +321,6 @@ def hook_context(env, gamma: float) -> dict:
             "candidate_dist_columns": columns, "decoy_column": decoy}
 
 
-def hook_code(name: str, args=()) -> str | None:
-    """The code a hook setting would import: ``name`` itself when it is a ``MODULE:CLASS`` (not a
-    name in :data:`HOOKS`), or the ``predicate=MODULE:FUNCTION`` of :class:`DropExperience` among
-    ``args``; None when it imports nothing (built-in hooks with plain arguments). The trainer
-    imports such code only when the user names it on the command line (or passes
-    ``--trust-checkpoint-code``), never because a checkpoint or a config file records it
-    (``train/resume.py``, :func:`train.config.parse_args`)."""
-    if name not in HOOKS and ":" in str(name):
-        return str(name)
-    for a in args or ():
-        key, _, value = str(a).partition("=")
-        if key.strip().replace("-", "_") == "predicate" and ":" in value:
-            return value.strip()
-    return None
-
-
 def make_hook(name: str, args=(), context: dict | None = None) -> ExperienceHook:
     """Build the hook registered as ``name`` (or ``MODULE:CLASS`` for a user hook class).
 
