@@ -137,6 +137,44 @@ def atomic_write(path, mode: str = "w", *, flag: str | None = None, encoding: st
                     os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def atomic_path(path, *, flag: str | None = None):
+    """Like :func:`atomic_write` for writers that need a file *name* (e.g. ffmpeg): yields a
+    temporary path ``<dir>/<name>.<random>.tmp<suffix>`` (the target's extension kept last, for
+    writers that pick the format from it); when the block ends without an error that file is
+    ``fsync``-ed and renamed over ``path``; on any error it is removed and ``path`` left as it was.
+
+    Raises:
+        OutputError: an ``OSError`` while creating, syncing or renaming (one line naming the file
+            and the cause), or the writer left no file at the temporary path.
+    """
+    path = pathlib.Path(path)
+    tmp = None
+    with write_errors(path, flag):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp" + path.suffix)
+            os.close(fd)
+            tmp = pathlib.Path(name)
+            yield tmp
+            if not tmp.is_file():
+                raise OutputError(f"cannot write {_label(path, flag)}: the writer produced no file")
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+            tmp = None
+            _fsync_dir(path.parent)
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+
+
 def _fsync_dir(directory: pathlib.Path) -> None:
     """``fsync`` a directory so a rename in it survives a power loss (best effort: some file
     systems refuse to open a directory)."""

@@ -102,3 +102,36 @@ def test_bad_arguments():
             pass
     with pytest.raises(ValueError, match="kind"):
         check_output_path("x", "--out", kind="socket")
+
+
+def test_atomic_path_for_writers_that_need_a_name(tmp_path):
+    target = tmp_path / "v.mp4"
+    target.write_bytes(b"old")
+    with fileio.atomic_path(target) as tmp:
+        assert tmp.parent == tmp_path and tmp.suffix == ".mp4" and tmp != target
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+    with pytest.raises(RuntimeError):
+        with fileio.atomic_path(target) as tmp:
+            tmp.write_bytes(b"partial")
+            raise RuntimeError("encoder died")
+    assert target.read_bytes() == b"new" and _leftovers(tmp_path) == [] and len(list(tmp_path.iterdir())) == 1
+    with pytest.raises(OutputError, match="produced no file"):
+        with fileio.atomic_path(target) as tmp:
+            tmp.unlink()
+    assert target.read_bytes() == b"new"
+
+
+def test_lock_directory_is_exclusive_and_cleans_up(tmp_path):
+    run = tmp_path / "runs" / "x"
+    lock = fileio.lock_directory(run)
+    assert (run / fileio.LOCK_FILE).read_text().strip() == str(os.getpid())
+    with pytest.raises(fileio.DirectoryInUse, match=rf"^{run} is in use by another run \(pid {os.getpid()}\)$") as e:
+        fileio.lock_directory(run)  # a second open file: flock refuses it even in one process
+    assert e.value.pid == os.getpid()
+    lock.release(cleanup=True)  # nothing but the lock file in it: the directories it made go
+    assert not (tmp_path / "runs").exists()
+    with fileio.lock_directory(run) as again:
+        (run / "metrics.jsonl").write_text("x")
+        assert again.held
+    assert not again.held and (run / "metrics.jsonl").exists()

@@ -202,3 +202,61 @@ def test_fewer_than_32_rollouts_are_named_by_export_and_scorer(tmp_path, capsys)
     assert wosac_main([str(ONE), "--submission", str(sub)]) == 0
     err = capsys.readouterr().err
     assert f"note: {sub}: 2 rollout(s) per scenario; the challenge requires 32" in err
+
+
+def test_plot_out_under_a_file_is_refused_first_and_a_failed_write_keeps_the_old_image(tmp_path, capsys,
+                                                                                       monkeypatch):
+    import json
+
+    from train.plot import main as plot_main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"update": i, "global_step": 1000 * i, "goal_reached": 0.1 * i})
+                                               + "\n" for i in range(1, 4)))
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert plot_main([str(run), "--out", str(afile / "c.png")]) == 2
+    assert _error_line(capsys) == f"error: --out {afile / 'c.png'}: {afile} is a file, not a directory"
+    out = tmp_path / "c.png"
+    assert plot_main([str(run), "--out", str(out)]) == 0
+    good = out.read_bytes()
+    assert good[:8] == b"\x89PNG\r\n\x1a\n"
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fileio.os, "fsync", full)
+    assert plot_main([str(run), "--out", str(out), "--title", "other"]) == 2
+    assert _error_line(capsys) == f"error: cannot write --out {out}: no space left on device"
+    assert out.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "c.png", "run"]
+
+
+def test_render_out_at_a_directory_is_refused_before_rendering(tmp_path, capsys, monkeypatch):
+    from gpusim.render import cli as render_cli
+
+    def ran(*a, **k):
+        raise AssertionError("rendering started before the output path was checked")
+
+    monkeypatch.setattr(render_cli, "_load_data", ran)
+    (tmp_path / "v.gif").mkdir()
+    assert render_cli.main(["--data", str(ONE), "--log", "--out", str(tmp_path / "v.gif")]) == 2
+    assert f"--out {tmp_path / 'v.gif'} is a directory: give a file name" in capsys.readouterr().err
+
+
+def test_write_video_failing_keeps_the_previous_file(tmp_path, monkeypatch):
+    import numpy as np
+
+    from gpusim.render.video import write_video
+
+    frames = [np.full((8, 8, 3), v, np.uint8) for v in (0, 128, 255)]
+    out = write_video(frames, tmp_path / "v.gif")
+    good = out.read_bytes()
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(fileio.os, "fsync", full)
+    with pytest.raises(fileio.OutputError, match="no space left on device"):
+        write_video(frames[::-1], out)
+    assert out.read_bytes() == good and [p.name for p in tmp_path.iterdir()] == ["v.gif"]

@@ -38,6 +38,7 @@ if __package__ in (None, ""):  # `python train/plot.py` from a checkout without 
 
 import tyro
 
+from gpusim.fileio import OutputError, atomic_write, check_output_path
 from train.config import UserError
 
 METRICS_FILE = "metrics.jsonl"
@@ -167,7 +168,9 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
 
     Raises:
         UserError: see :func:`load_records`; no run given; an unknown image extension; a bad
-            ``source``, or no run with a periodic evaluation for it.
+            ``source``, or no run with a periodic evaluation for it. OutputError (a ValueError):
+            ``out`` cannot be written (checked before any work: :func:`gpusim.fileio.check_output_path`;
+            the image is written atomically).
     """
     import matplotlib
 
@@ -176,6 +179,8 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
 
     if not runs:
         raise UserError("give at least one run directory")
+    if out is not None:  # before any work
+        check_output_path(out, "--out")
     prefix = _prefix(source)
     data = [load_records(r) for r in runs]
     if prefix and not any(_series(recs, "goal_reached", prefix)[0] for recs in data):
@@ -217,8 +222,8 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
         out = pathlib.Path(out)
         if out.suffix.lstrip(".").lower() not in fig.canvas.get_supported_filetypes():
             raise UserError(f"--out {out}: unknown image format {out.suffix!r}; use .png, .pdf or .svg")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(out, dpi=110)
+        with atomic_write(out, "wb", flag="--out") as f:
+            fig.savefig(f, format=out.suffix.lstrip(".").lower(), dpi=110)
     return fig
 
 
@@ -246,7 +251,7 @@ def main(argv=None) -> int:
     cfg = tyro.cli(PlotConfig, args=argv, description=__doc__.split("\n\n")[0])
     try:
         plot_runs(list(cfg.runs), cfg.out, cfg.title, cfg.source)
-    except UserError as e:
+    except (UserError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {cfg.out}")

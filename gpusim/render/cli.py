@@ -146,10 +146,13 @@ def render_from_args(args: argparse.Namespace, *, config=None, make_policy: Call
     """
     from gpusim.config import EnvConfig
 
+    from gpusim.fileio import check_output_path
+
     out = pathlib.Path(args.out)
     still = out.suffix.lower() == ".png"
     legend = not getattr(args, "no_legend", False)
     try:
+        check_output_path(out, "--out")  # before any frame is rendered
         overrides = _parse_overrides(args.set)
         cfg = (config.replace(**overrides) if overrides else config) if config is not None else EnvConfig(**overrides)
         pack = _load_data(args.data, args.scenario, cfg.data_config())
@@ -191,5 +194,6 @@ def render_from_args(args: argparse.Namespace, *, config=None, make_policy: Call
 def _write_png(out: pathlib.Path, img: np.ndarray) -> None:
     import imageio.v3 as iio
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    iio.imwrite(out, img)
+    from gpusim.fileio import write_bytes
+
+    write_bytes(out, iio.imwrite("<bytes>", img, extension=".png"), flag="--out")

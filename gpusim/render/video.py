@@ -56,11 +56,13 @@ def write_video(frames: list, out, fps: int = 10) -> pathlib.Path:
 
     ``.gif``: animated GIF, frame durations ``1000 / fps`` ms (GIF stores 10 ms units, so 10 fps
     is exact). ``.mp4`` (H.264) and ``.webm`` (VP9): through ffmpeg from the ``imageio-ffmpeg``
-    package; never a silent fallback to another format. Returns the path written (= ``out``).
+    package; never a silent fallback to another format. Written atomically
+    (:mod:`gpusim.fileio`: a failed write leaves a previous file whole). Returns the path written
+    (= ``out``).
 
     Raises:
         ValueError: no frames, ``fps <= 0``, or an unsupported/unavailable format (see
-            :func:`video_format`).
+            :func:`video_format`). OutputError (a ValueError): the file cannot be written.
     """
     import imageio.v3 as iio
 
@@ -68,13 +70,15 @@ def write_video(frames: list, out, fps: int = 10) -> pathlib.Path:
         raise ValueError("write_video: no frames")
     if fps <= 0:
         raise ValueError(f"write_video: fps must be > 0, got {fps}")
+    from gpusim.fileio import atomic_path, write_bytes
+
     out = pathlib.Path(out)
     suffix = video_format(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".gif":
-        iio.imwrite(out, np.stack(frames), extension=".gif", duration=1000.0 / fps, loop=0)
+    if suffix == ".gif":  # encoded in memory, then written atomically
+        write_bytes(out, iio.imwrite("<bytes>", np.stack(frames), extension=".gif", duration=1000.0 / fps, loop=0))
     else:
-        _write_ffmpeg(out, frames, fps, VIDEO_FORMATS[suffix])
+        with atomic_path(out) as tmp:  # ffmpeg writes a named file: a temporary one, renamed when whole
+            _write_ffmpeg(tmp, frames, fps, VIDEO_FORMATS[suffix])
     return out
 
 
