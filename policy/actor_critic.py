@@ -203,7 +203,7 @@ class ActorCritic(nn.Module):
         return out.masked_fill_(rm, 0.0) if out is not obs else out.masked_fill(rm, 0.0)
 
     def forward(self, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, prepared: bool = False,
-                rows: torch.Tensor | None = None, pack: bool | None = None):
+                rows: torch.Tensor | None = None, pack: bool | None = None, kept: int | None = None):
         """Whole rollout rows.
 
         Args:
@@ -220,6 +220,10 @@ class ActorCritic(nn.Module):
                 kept-step count to the host: one synchronisation per call, which the rollout's
                 CUDA graph could not hold, so only the PPO update asks for it,
                 ``PPOConfig.pack_removed``); ``False`` computes every step.
+            kept: the number of non-removed steps of the rows, when the caller knows it (a host
+                int; ``train.ppo.ppo_update`` counts every minibatch's at once, one read per
+                update): packing then reads nothing from the device (:func:`kept_index`).
+                ``None``: packing reads the count.
 
         Returns:
             ``(logits [B, T, num_actions], values [B, T])``. At every non-removed step these equal
@@ -237,9 +241,9 @@ class ActorCritic(nn.Module):
         removed = removed.to(torch.bool)
         if pack is None:
             pack = self.pack_removed and obs.device.type == "cpu"
-        if pack and removed.any():  # host read (the count of kept steps)
+        if pack and (removed.any() if kept is None else int(kept) < removed.numel()):  # kept None: a host read
             allowed, position = episode_mask(terminal.to(torch.bool), removed)
-            return self._forward_kept(obs, removed, allowed, position, prepared, rows)
+            return self._forward_kept(obs, removed, allowed, position, prepared, rows, kept)
         h = self._hidden(obs, terminal, removed, prepared, rows)
         return self._logits(h), self.critic(h)[..., 0]
 
@@ -263,14 +267,16 @@ class ActorCritic(nn.Module):
         tokens = self.encoder(obs, compact=True) if prepared else self.encoder(_clear_removed(obs, removed))
         return self.transformer(tokens, allowed, position)
 
-    def _forward_kept(self, obs, removed, allowed, position, prepared, rows=None):
+    def _forward_kept(self, obs, removed, allowed, position, prepared, rows=None, kept=None):
         """:meth:`forward` computed on the non-removed steps only (CPU). A removed step is hidden
         from every other step and never trained on (its ``loss_mask`` is 0), so only the attention
         needs the whole [B, T] grid; the encoder, the per-token transformer layers and the heads
         run on the kept steps (half of a default training minibatch's steps are removed: agents
-        out after a collision or at the goal). Removed steps get logits 0 and value 0."""
+        out after a collision or at the goal). Removed steps get logits 0 and value 0. ``kept``:
+        the number of kept steps when known (no host read), else ``None``."""
         B, T = removed.shape
-        index = torch.nonzero(~removed.reshape(-1)).flatten()  # [M]
+        flat = ~removed.reshape(-1)
+        index = torch.nonzero(flat).flatten() if kept is None else kept_index(flat, int(kept))  # [M]
         source = index if rows is None else rows.index_select(0, index // T) * T + index % T
         kept = obs.reshape(-1, obs.shape[-1]).index_select(0, source)
         h = self.transformer.forward_packed(self.encoder(kept, compact=prepared), index, allowed, position)
@@ -339,6 +345,18 @@ class ActorCritic(nn.Module):
             return ent.expand(logits.shape[:-1])
         logp = torch.log_softmax(logits, dim=-1)
         return -(logp.exp() * logp).sum(-1)
+
+
+def kept_index(keep: torch.Tensor, count: int) -> torch.Tensor:
+    """The positions of the True entries of ``keep`` [N] bool, in order: [count] int64, what
+    ``torch.nonzero(keep).flatten()`` gives, without its host read of the size (the caller knows
+    ``count``, the number of True entries). A stable partition: a kept entry goes to its running
+    count of kept entries (``cumsum - 1``), the others after them in order (``count`` + their running
+    count), every place written once; the first ``count`` places are the kept positions. Cost: two
+    cumsums and a scatter over N entries, all on the device."""
+    place = torch.where(keep, torch.cumsum(keep, 0) - 1, torch.cumsum(~keep, 0) - 1 + count)
+    out = torch.empty(keep.numel(), dtype=torch.int64, device=keep.device)
+    return out.scatter_(0, place, torch.arange(keep.numel(), device=keep.device))[:count]
 
 
 def _check_rows(name: str, obs: torch.Tensor, terminal: torch.Tensor, removed: torch.Tensor, rows) -> None:

@@ -1,4 +1,5 @@
-"""No host sync in ``DriveEnv.step`` / ``expert_actions`` on the Triton path (docs/design.md section 3).
+"""No host sync in ``DriveEnv.step`` / ``expert_actions`` on the Triton path (docs/design.md section 3),
+and one per PPO update with ``--ppo.pack-removed`` (``train.ppo.ppo_update``).
 
 A :class:`TorchDispatchMode` watches every aten op while the env steps with
 ``check_actions="async"`` on the Triton backend (on ``synthetic.KERNEL_DEVICE``: CUDA tensors and
@@ -19,6 +20,11 @@ not exist (the compiled kernel takes device pointers) and the real CUDA step is 
 
 The torch (CPU) backend's observation compaction uses ``nonzero`` on purpose (no sync on a CPU);
 it is not exercised here.
+
+The PPO update with ``pack_removed`` (the policy's forward on the kept steps only) reads the packed
+size of every minibatch once per update, in one ``tolist``; the counter watches the whole update
+(minibatches, forward, loss, backward, clipping, Adam) and skips only ``torch/optim`` (the default
+Adam's step counters are host tensors on every device, so reading them is no device sync).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from gpusim.config import EnvConfig
 from gpusim.cuda_graph import FakeGraphCapture
 from gpusim.env import DriveEnv
 from synthetic import KERNEL_DEVICE, driver, lane, parked, small_config, synthetic_pack
+from train.rollout import RolloutBatch
 
 SYNC_OPS = {"_local_scalar_dense", "item", "equal", "is_nonzero", "nonzero", "masked_select", "unique",
             "_unique", "_unique2", "unique_dim", "unique_consecutive", "lift_fresh", "lift_fresh_copy"}
@@ -52,17 +59,21 @@ def _in_triton_interpreter() -> bool:
 class SyncCounter(TorchDispatchMode):
     """Records the sync-causing aten ops run inside the block (name and where they came from)."""
 
-    def __init__(self):
+    def __init__(self, skip: tuple = ()):
         super().__init__()
         self.hits: list[str] = []
+        self.skip = tuple(skip)  # path parts: an op called from a frame of such a file is not counted
 
     def _hit(self, what: str) -> None:
         if _in_triton_interpreter():
             return
         frames, f = [], sys._getframe(2)
-        while f is not None and len(frames) < 4:
-            if "gpusim" in f.f_code.co_filename:
-                frames.append(f"{f.f_code.co_filename.split('gpusim')[-1]}:{f.f_lineno}")
+        while f is not None:
+            name = f.f_code.co_filename.replace("\\", "/")
+            if any(part in name for part in self.skip):
+                return
+            if len(frames) < 4 and any(part in name for part in ("gpusim/", "train/", "policy/")):
+                frames.append(f"{'/'.join(name.split('/')[-2:])}:{f.f_lineno}")
             f = f.f_back
         self.hits.append(f"{what} at {' <- '.join(frames)}")
 
@@ -169,6 +180,50 @@ def test_step_and_expert_actions_make_no_host_sync(space, trial, styles, count_t
             count_tolist.clear()
     assert any(bool(e) for e in ended)  # the auto-reset ran inside the counter
     assert counter.hits == [], "\n".join(counter.hits)
+
+
+def _update_batch(R: int, H: int, obs_dim: int, device) -> RolloutBatch:
+    """A rollout of R rows x H steps: row r's agent is removed after step 2 + r (later rows keep more
+    steps), random observations, actions and returns."""
+    g = torch.Generator().manual_seed(0)
+    b = RolloutBatch.empty(R, H, obs_dim, False, 1, "cpu")
+    b.obs.copy_(torch.randn(R, H, obs_dim, generator=g))
+    b.actions.copy_(torch.randint(91, (R, H), generator=g))
+    b.logprobs.fill_(-4.5)
+    b.rewards.copy_(torch.randn(R, H, generator=g))
+    b.values.copy_(torch.randn(R, H, generator=g))
+    b.removed.copy_(torch.arange(H)[None, :] > 2 + torch.arange(R)[:, None])
+    b.loss_mask.copy_(~b.removed)
+    b.terminal[:, -1] = True
+    b.slot_active.fill_(True)
+    return RolloutBatch(**{k: v.to(device) for k, v in vars(b).items()})
+
+
+@pytest.mark.parametrize("n_steps", [2, 8])
+def test_ppo_update_with_pack_removed_reads_once_per_update(n_steps, count_tolist, monkeypatch):
+    """``PPOConfig(pack_removed=True)``: one host read (the ``tolist`` of the packed sizes) per
+    update, however many minibatches; before, one per minibatch (the forward's kept-step count)."""
+    import policy.encoders as encoders
+    from policy.actor_critic import ActorCritic, PolicyConfig
+    from policy.encoders import ObsDims
+    from train.ppo import PPOConfig, ppo_update
+
+    monkeypatch.setattr(encoders, "COMPACT_MIN_ROWS", 10**12)  # the encoder's CPU-only slot compaction reads
+    dims = ObsDims(4, 2, 3, 3, 4)
+    torch.manual_seed(0)
+    model = ActorCritic(dims, 91, False, PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16)).to(KERNEL_DEVICE)
+    model.pack_removed = False  # the device path: packing only because the update asks for it
+    batch = _update_batch(6, 8, dims.obs_dim, KERNEL_DEVICE)
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    rows = torch.arange(6, device=KERNEL_DEVICE)
+    counter = SyncCounter(skip=("torch/optim/",))
+    with counter:
+        count_tolist.append(counter)
+        stats = ppo_update(model, opt, batch, PPOConfig(pack_removed=True), n_steps, 2, rows)
+        count_tolist.clear()
+    assert len(counter.hits) == 1 and counter.hits[0].startswith("Tensor.tolist at train/ppo.py"), \
+        "\n".join(counter.hits)
+    assert all(torch.isfinite(v) for v in stats.values())
 
 
 def test_counter_catches_syncs(count_tolist):

@@ -32,8 +32,14 @@ Speed options for a GPU (all off by default, so a CPU run is bit for bit what it
 * ``pack_removed=True``: the policy's forward in the update runs its encoder and per-token layers
   on the non-removed steps only, on every device (``ActorCritic.forward(pack=True)``; the CPU
   always does so). Removed steps (agents out of play after a collision, an off-road exit or the
-  goal) are most of a trained policy's rollout rows, so this removes most of the update's work;
-  on CUDA it costs one host read per minibatch (the kept-step count).
+  goal) are most of a trained policy's rollout rows, so this removes most of the update's work.
+  The packed size of every minibatch (its kept-step count) is read once per update, all
+  minibatches at once (:func:`ppo_update` draws the update's permutations first), so the
+  minibatch loop reads nothing (``ActorCritic.forward(kept=...)``); a test counts the reads.
+* ``ent_coef_final``: the entropy coefficient goes linearly from ``ent_coef`` at the start of the
+  run to ``ent_coef_final`` at its end (:meth:`PPOConfig.at_progress`, applied by the trainer
+  before each update, like the learning-rate annealing); the update reports the coefficient it
+  used (``ent_coef``).
 * Without ``pack_removed`` the update itself reads nothing back to the host: no ``.item()``, ``.tolist()`` or
   data-dependent shape per minibatch (its statistics stay device tensors; the trainer reads them
   once per report). Only the policy's CPU paths read (they pack the kept steps and the valid road
@@ -43,6 +49,7 @@ Speed options for a GPU (all off by default, so a CPU run is bit for bit what it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -67,6 +74,8 @@ class PPOConfig:
         vtrace: use V-trace importance clipping (rho_clip, c_clip) on the policy ratio.
         clip_coef: PPO ratio clip epsilon. clip_vloss: clip the value loss (same epsilon unless
             ``vf_clip_coef`` is set). vf_coef, ent_coef: loss weights.
+        ent_coef_final: the entropy schedule: ``ent_coef`` falls (or rises) linearly over the run
+            to this value (:meth:`at_progress`); ``None`` (default): constant ``ent_coef``.
         norm_adv: normalise advantages per minibatch over valid entries.
         max_grad_norm: global gradient-norm clip.
         update_epochs, num_minibatches: nominal optimizer steps per update =
@@ -77,8 +86,9 @@ class PPOConfig:
         fused_adam: build the optimizer with ``torch.optim.Adam(fused=True)`` where the
             parameters are on CUDA (:func:`make_optimizer`); ignored on other devices.
         pack_removed: compute the policy's forward in the update on the non-removed steps only,
-            on every device (the CPU packs them anyway); on CUDA one host read per minibatch.
-            The outputs at the steps trained on are the same (to float32 rounding).
+            on every device (the CPU packs them anyway); one host read per update (the packed
+            size of every minibatch). The outputs at the steps trained on are the same (to
+            float32 rounding).
         human_kl, human_policy: HR-PPO (``train/human.py``): ``human_kl * KL(pi || pi_BC)`` on the
             update's valid steps is added to the loss, ``pi_BC`` the frozen policy of the
             checkpoint ``human_policy`` (``train/bc.py``); 0 / None: off.
@@ -100,6 +110,7 @@ class PPOConfig:
     vf_clip_coef: float | None = None
     vf_coef: float = 0.5
     ent_coef: float = 0.01
+    ent_coef_final: float | None = None
     norm_adv: bool = True
     max_grad_norm: float = 0.5
     update_epochs: int = 4
@@ -120,6 +131,17 @@ class PPOConfig:
         if self.human_kl > 0 and not self.human_policy:
             raise ValueError("PPOConfig.human_kl > 0 needs human_policy (--ppo.human-policy PATH, a train/bc.py "
                              "checkpoint)")
+
+
+    def at_progress(self, progress: float) -> "PPOConfig":
+        """The settings of the update at ``progress`` (agent-steps done / total, clipped to
+        [0, 1]): with ``ent_coef_final`` set, ``ent_coef`` becomes
+        ``ent_coef + progress * (ent_coef_final - ent_coef)`` (the linear schedule); otherwise
+        ``self`` unchanged."""
+        if self.ent_coef_final is None:
+            return self
+        f = min(max(float(progress), 0.0), 1.0)
+        return dataclasses.replace(self, ent_coef=self.ent_coef + f * (self.ent_coef_final - self.ent_coef))
 
 
 def make_optimizer(parameters, lr: float, eps: float, fused: bool = False) -> torch.optim.Adam:
@@ -263,6 +285,8 @@ def _policy_forward(policy, mb: dict, autocast: str, pack: bool = False) -> tupl
     scope = (torch.autocast(device_type=mb["loss_mask"].device.type, dtype=dtype) if dtype is not None
              else contextlib.nullcontext())
     kw = {"pack": True} if pack else {}
+    if pack and mb.get("kept") is not None:  # the minibatch's kept-step count, read once per update
+        kw["kept"] = mb["kept"]
     with scope:
         if mb.get("prepared", False):  # obs from policy.prepare_obs (ppo_update): compact, removed steps cleared
             logits, values = policy(mb["obs"], mb["terminal"], mb["removed"], prepared=True, rows=mb.get("obs_rows"),
@@ -340,15 +364,22 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
     Returns:
         dict of scalar device tensors averaged over the steps (empty-statistics zeros when
         ``n_steps == 0``) plus ``grad_norm``; with ``human`` also ``human_kl`` and
-        ``human_kl_coef``; ``value_warmup`` (1 during the warm-up, else 0).
+        ``human_kl_coef``; ``value_warmup`` (1 during the warm-up, else 0); ``ent_coef`` (the
+        entropy coefficient used, :meth:`PPOConfig.at_progress`).
+
+    With ``cfg.pack_removed`` the update's permutations are drawn first and the kept-step count
+    of every minibatch is read in one transfer (the only host read of the update); without it the
+    update reads nothing (the policy's CPU-only paths aside).
     """
     device = batch.device
     keys = ("pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "valid_steps", "grad_norm")
     keys = keys + (("human_kl",) if human is not None else ())
     totals = {k: torch.zeros((), device=device) for k in keys}
-    fixed = {"value_warmup": torch.tensor(float(value_only), device=device)}
+    # torch.full: filled on the device (torch.tensor of a number would copy it from the host)
+    fixed = {"value_warmup": torch.full((), float(value_only), device=device),
+             "ent_coef": torch.full((), float(cfg.ent_coef), device=device)}
     if human is not None:
-        fixed["human_kl_coef"] = torch.tensor(float(cfg.human_kl), device=device)
+        fixed["human_kl_coef"] = torch.full((), float(cfg.human_kl), device=device)
         human_obs = human.prepare_obs(batch.obs[active_rows], batch.removed[active_rows])
     if n_steps <= 0 or active_rows.numel() == 0:
         return totals
@@ -362,15 +393,22 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
     # (unused road slots dropped, removed steps cleared; policy.prepare_obs), indexed by position
     prepare = getattr(policy, "prepare_obs", None)
     obs = prepare(batch.obs[active_rows], batch.removed[active_rows]) if prepare is not None else None
-    perm = pos = None
-    cursor = n_rows
-    policy.train()
+    # the update's minibatches (rows, and their positions in active_rows), drawn before any step
+    plan, pos, cursor = [], None, n_rows
     for _ in range(n_steps):
         if cursor >= n_rows:
             pos = torch.randperm(n_rows, generator=generator, device=device)
-            perm = active_rows[pos]
             cursor = 0
-        idx = perm[cursor: cursor + rows_per_minibatch]
+        plan.append(pos[cursor: cursor + rows_per_minibatch])
+        cursor += rows_per_minibatch
+    kept = [None] * n_steps
+    if cfg.pack_removed:  # the packed size of every minibatch: the update's one host read
+        kept_per_row = (~batch.removed.index_select(0, active_rows)).sum(dim=1)
+        kept = torch.stack([kept_per_row.index_select(0, p).sum() for p in plan]).tolist()
+    policy.train()
+    for step in range(n_steps):
+        mb_pos = plan[step]
+        idx = active_rows.index_select(0, mb_pos)
         mb = {
             "actions": batch.actions[idx], "logprobs": batch.logprobs[idx],
             "values": batch.values[idx], "rewards": batch.rewards[idx], "terminal": reset[idx],
@@ -379,12 +417,12 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
         if obs is not None:
             # the whole prepared tensor and the minibatch's rows in it: the forward copies only
             # the rows' kept steps (one copy instead of a minibatch copy and a kept-step copy)
-            mb["obs"], mb["obs_rows"], mb["prepared"] = obs, pos[cursor: cursor + rows_per_minibatch], True
+            mb["obs"], mb["obs_rows"], mb["prepared"] = obs, mb_pos, True
         else:
             mb["obs"] = batch.obs[idx]
-        cursor += rows_per_minibatch
+        mb["kept"] = kept[step]
         if human is not None:
-            mb["human_obs"], mb["human_rows"] = human_obs, pos[cursor - rows_per_minibatch: cursor]
+            mb["human_obs"], mb["human_rows"] = human_obs, mb_pos
         loss, stats = ppo_loss(policy, mb, cfg, human=human, value_only=value_only)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -97,9 +97,8 @@ class RolloutBatch:
     def bootstrap_stop(self) -> torch.Tensor:
         """[R, H] bool: ``terminal | truncation | removed | ~loss_mask[t + 1]`` (last column True),
         as docs/contracts.md defines it."""
-        nxt = torch.ones_like(self.loss_mask)
+        nxt = torch.ones_like(self.loss_mask)  # the last column stays True
         nxt[:, :-1] = ~self.loss_mask[:, 1:]
-        nxt[:, -1] = True
         return self.terminal | self.truncation | self.removed | nxt
 
     @classmethod

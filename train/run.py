@@ -144,7 +144,8 @@ def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
             frac = max(1.0 - global_step / cfg.total_timesteps, 0.0)
             for g in optimizer.param_groups:
                 g["lr"] = cfg.learning_rate * frac
-        stats, counts = update_policy(run.train_policy, optimizer, batch, run.hook, cfg.ppo, run.generator, dist=ranks,
+        ppo_now = cfg.ppo.at_progress(global_step / cfg.total_timesteps)  # the entropy schedule (train/ppo.py)
+        stats, counts = update_policy(run.train_policy, optimizer, batch, run.hook, ppo_now, run.generator, dist=ranks,
                                       human=run.human, value_only=update < cfg.ppo.value_warmup)
         _wait(run.device)
         t2 = time.time()
