@@ -89,9 +89,10 @@ class PPOConfig:
             on every device (the CPU packs them anyway); one host read per update (the packed
             size of every minibatch). The outputs at the steps trained on are the same (to
             float32 rounding).
-        human_kl, human_policy: HR-PPO (``train/human.py``): ``human_kl * KL(pi || pi_BC)`` on the
-            update's valid steps is added to the loss, ``pi_BC`` the frozen policy of the
-            checkpoint ``human_policy`` (``train/bc.py``); 0 / None: off.
+        human_kl: HR-PPO's coefficient (``train/human.py``): ``human_kl * KL(pi || pi_BC)`` on the
+            update's valid steps is added to the loss; 0: off.
+        human_policy: the checkpoint of ``pi_BC`` (``train/bc.py``), frozen; needed when
+            ``human_kl`` > 0.
         value_warmup: the first this many updates train the value head only (the other
             parameters get no gradient), e.g. after ``--init-policy`` from a BC checkpoint.
 
