@@ -398,7 +398,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     specs = [Spec.from_dict(d) for d in json.loads(pathlib.Path(args.specs).read_text())]
     results = [compile_spec(s, cap) for s in specs for cap in args.capabilities]
-    pathlib.Path(args.results).write_text(json.dumps(results, indent=1))
+    from gpusim.fileio import write_text
+
+    write_text(args.results, json.dumps(results, indent=1))
     return 0
 
 

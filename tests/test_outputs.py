@@ -260,3 +260,17 @@ def test_write_video_failing_keeps_the_previous_file(tmp_path, monkeypatch):
     with pytest.raises(fileio.OutputError, match="no space left on device"):
         write_video(frames[::-1], out)
     assert out.read_bytes() == good and [p.name for p in tmp_path.iterdir()] == ["v.gif"]
+
+
+def test_data_convert_out_under_a_file_is_refused_before_converting(tmp_path, capsys, monkeypatch):
+    import gpusim.data.__main__ as data_cli
+
+    def ran(*a, **k):
+        raise AssertionError("the conversion started before the output path was checked")
+
+    monkeypatch.setattr(data_cli, "_convert_with_report", ran)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out in (afile / "pack", afile / "p.pt"):
+        assert data_main(["convert", str(ONE), "--out", str(out)]) == 2
+        assert _error_line(capsys) == f"error: --out {out}: {afile} is a file, not a directory"

@@ -36,6 +36,8 @@ import pathlib
 import re
 import sys
 
+from gpusim.fileio import OutputError, check_output_path, write_text
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 #: The split of the 250-scene pool (train / validation / held_out): the default of every loader.
 SPLITS_FILE = REPO / "data" / "splits_v2.json"
@@ -420,12 +422,11 @@ def _main_build(argv) -> int:
         if out.exists():
             raise SplitError(f"--out {out}: exists; a split file is never rewritten (a new split gets a new salt "
                              f"and a new file)")
+        check_output_path(out, "--out")  # before the scenes are read
         doc = build_pool_split(args.data, pathlib.Path(args.parent), args.salt,
                                progress=lambda i, n: print(f"read {i}/{n} scenes", file=sys.stderr) if i % 50 == 0 or i == n else None)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        tmp.replace(out)
-    except (SplitError, OSError) as e:
+        write_text(out, json.dumps(doc, indent=1) + "\n", flag="--out")
+    except (SplitError, OSError, OutputError) as e:
         print(f"train/splits.py: {e}", file=sys.stderr)
         return 2
     print(f"{out}: {doc['counts']}")

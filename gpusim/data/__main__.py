@@ -51,6 +51,7 @@ from gpusim.data.pack import META_FILE, PACK_FILE, ScenarioPack
 from gpusim.data.integrity import check_one_dataset, clear_dataset, dataset_in
 from gpusim.data.shards import ShardedPack, convert_sharded, is_sharded
 from gpusim.data.signals import SignalState
+from gpusim.fileio import OutputError, check_output_path
 
 #: ``info`` verifies shard checksums by default up to this many bytes of shards (1 GiB).
 VERIFY_LIMIT = 1 << 30
@@ -380,6 +381,11 @@ def _cmd_convert(args, config: DataConfig) -> int:
         print(f"error: --out {args.out}: a sharded pack is a directory, not a .pt file", file=sys.stderr)
         return 2
     out = pathlib.Path(args.out)
+    try:  # before any conversion: the finished pack must have a place to go
+        check_output_path(out, "--out", kind="file" if out.suffix == ".pt" else "dir")
+    except OutputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     held = f"the pack file {out}" if out.suffix == ".pt" and out.exists() else dataset_in(out)
     if held and not args.overwrite:
         print(f"error: --out {args.out} already holds {held}: pass --overwrite to replace it, or choose "
@@ -389,8 +395,8 @@ def _cmd_convert(args, config: DataConfig) -> int:
         flag = "--splits-file" if args.splits_file else "--allow-missing"
         print(f"error: {flag} needs --split NAME (the split to convert)", file=sys.stderr)
         return 2
-    if held:
-        out.unlink() if out.suffix == ".pt" else clear_dataset(out)
+    if held and out.suffix != ".pt":  # a .pt file is replaced atomically when the new one is whole
+        clear_dataset(out)
     if args.split is not None:
         return _cmd_convert_split(args, config)
     pack = _convert_with_report(args.sources, config, limit=args.limit, workers=args.workers,
@@ -492,7 +498,11 @@ def main(argv=None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return _cmd_convert(args, config) if args.cmd == "convert" else _cmd_info(args, config)
+    try:
+        return _cmd_convert(args, config) if args.cmd == "convert" else _cmd_info(args, config)
+    except OutputError as exc:  # a write that failed after the checks (full disk, ...): one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
