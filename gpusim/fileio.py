@@ -12,6 +12,10 @@ before it starts its work, so a finished evaluation or export is not lost to a p
 never be written (its parent is a file, the path is a directory, the directory cannot be created
 or is on a read-only file system).
 
+A directory a process writes to for a while (a training run's folder) is held with
+:func:`lock_directory`: an OS lock (``fcntl.flock``) that the kernel drops when the process ends
+or is killed, so a second writer is refused with the holder's pid and no stale lock is left.
+
 A write that fails anyway (a full disk, a file system remounted read-only, a permission change)
 raises :class:`OutputError`: one line naming the file and the cause ("no space left on device"),
 never a traceback from deep inside ``torch.save``. :func:`write_errors` does that conversion for
