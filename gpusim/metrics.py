@@ -111,12 +111,16 @@ def episode_values(ep_return, ep_length, goal_reached, collided, offroad, extra=
 
 
 def _add_derived(out: dict[str, float]) -> dict[str, float]:
-    """Add ``ada_delta_trial_k_minus_0`` for every ``trial_k_score`` (k >= 1) when ``trial_0_score`` exists."""
+    """Add ``ada_delta_trial_k_minus_0`` for every ``trial_k_score`` (k >= 1) when ``trial_0_score`` exists,
+    and ``ada_delta_clean_trial_k_minus_0`` (the same on ``trial_k_clean_score``) when the clean scores exist."""
     if "trial_0_score" not in out:
         return out
     k = 1
     while f"trial_{k}_score" in out:
         out.setdefault(f"ada_delta_trial_{k}_minus_0", out[f"trial_{k}_score"] - out["trial_0_score"])
+        if f"trial_{k}_clean_score" in out and "trial_0_clean_score" in out:
+            out.setdefault(f"ada_delta_clean_trial_{k}_minus_0",
+                           out[f"trial_{k}_clean_score"] - out["trial_0_clean_score"])
         k += 1
     return out
 

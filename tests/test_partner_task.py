@@ -148,3 +148,19 @@ def test_ada_delta_on_the_clean_score_hand_computed():
     s = summarise(agents)
     assert s["ada_delta_clean_trial_1_minus_0"].mean == pytest.approx(0.25)  # (1 + 1 + 0 - 1) / 4
     assert s["ada_delta_trial_1_minus_0"].mean == 0.0
+
+
+def test_training_reports_derive_ada_delta_on_the_clean_score():
+    """The env's reports (``metrics.jsonl``) derive ``ada_delta_clean_trial_k_minus_0`` from the
+    clean-score columns: two agents, goals in both trials, one collision in trial 0 only."""
+    from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, episode_values, trial_metric_names
+
+    names = METRIC_NAMES + trial_metric_names(2)
+    em = EpisodeMetrics(2, 1, alpha=0.5, names=names)
+    z = torch.zeros(2, 1, dtype=torch.bool)
+    trials = torch.tensor([[[1.0, 1.0, 0.0, 1.0]], [[1.0, 1.0, 1.0, 1.0]]])  # goal 0, goal 1, clean 0, clean 1
+    em.add(episode_values(torch.zeros(2, 1), torch.ones(2, 1, dtype=torch.int32), z, z, z, extra=trials),
+           torch.ones(2, 1, dtype=torch.bool))
+    m = em.report()
+    assert m["ada_delta_trial_1_minus_0"] == pytest.approx(0.0)
+    assert m["ada_delta_clean_trial_1_minus_0"] == pytest.approx(0.5)
