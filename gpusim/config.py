@@ -241,7 +241,7 @@ class EnvConfig:
         partner_task: ``"crossing"``: the partner task (docs/trial.md, ``gpusim/sim/partner_task.py``):
             a scripted car crosses the ego's logged path, as a yielder or a non-yielder (hidden,
             drawn per world per episode, kept across trials). Needs ``max_controlled = 1`` (the
-            task's ego). ``"none"`` (default): off, nothing drawn.
+            task's ego); not with ``random_start_steps``. ``"none"`` (default): off, nothing drawn.
         partner_type_prob: the probability of the non-yielder type per world and episode (in [0, 1]).
     """
 
@@ -387,6 +387,9 @@ class EnvConfig:
         if self.partner_task != "none" and (self.max_controlled != 1 or self.max_agents < 2):
             raise ValueError(f"EnvConfig.partner_task {self.partner_task} needs one controlled agent per world "
                              f"(--env.max-controlled 1, got {self.max_controlled}) and max_agents >= 2")
+        if self.partner_task != "none" and self.random_start_steps > 0:
+            raise ValueError("EnvConfig.partner_task does not work with random_start_steps (the crossing is placed "
+                             "on the log's clock from init_steps); drop --env.random-start-steps")
 
     @property
     def style_ranges(self) -> tuple:

@@ -124,7 +124,8 @@ def test_ceiling_beats_floor_against_non_yielders_only(pack):
 def test_partner_task_errors_are_one_line(sample_dir, capsys):
     for kw, text in ((dict(partner_task="braker"), "partner_task must be one of none, crossing"),
                      (dict(partner_task="crossing", partner_type_prob=1.5), "partner_type_prob must be in [0, 1]"),
-                     (dict(partner_task="crossing", max_controlled=8), "--env.max-controlled 1")):
+                     (dict(partner_task="crossing", max_controlled=8), "--env.max-controlled 1"),
+                     (dict(partner_task="crossing", random_start_steps=5), "drop --env.random-start-steps")):
         with pytest.raises(ValueError) as e:
             EnvConfig(**{**CFG, **kw})
         assert text in str(e.value) and "\n" not in str(e.value)

@@ -16,7 +16,7 @@ log. The ego's goal, the log replay of every other agent and the rewards are tho
 drawn at every episode start (non-yielder with probability ``EnvConfig.partner_type_prob``, one
 ``[W]`` uniform from the env's generator), kept across the trials of the episode, never observed.
 With ``tau`` = seconds since the ego's logged arrival at ``P`` (log step ``t_c``; the world's log
-clock, so random start is taken into account) and ``s`` the partner's signed distance along its
+clock) and ``s`` the partner's signed distance along its
 line (0 at ``P``):
 
 * ``yielder`` (type 0): approaches like the other type until ``tau = -REVEAL_S``, then brakes at
