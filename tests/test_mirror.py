@@ -174,3 +174,19 @@ def test_env_option_doubles_the_scenes_for_training_only(pack):
     assert ev.mirror is False and "mirror=True" in notes[0]
     with pytest.raises(ValueError, match="EnvConfig.mirror"):
         EnvConfig(mirror="yes")
+
+
+def test_streaming_pool_gets_mirrored_copies_at_every_swap(pack):
+    """With a scenario pool (``--pool-size``) every pool the stream hands over is doubled too."""
+    from gpusim.data.pool import ScenarioPool
+
+    pool = ScenarioPool(pack, 4, replace_fraction=0.5, seed=0, resample_every=1, background=False)
+    env = DriveEnv(pool, 4, EnvConfig(mirror=True, scenario_length=5), seed=0)
+    env.reset()
+    seen = []
+    for _ in range(3 * env.horizon):  # three episode ends: three swaps
+        env.step(env.expert_actions())
+        ids = env.pack.scenario_ids
+        seen.append(tuple(ids))
+        assert len(ids) == 8 and ids[4:] == [i + MIRROR_SUFFIX for i in ids[:4]]
+    assert len(set(seen)) > 1  # the pool did change
