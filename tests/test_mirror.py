@@ -190,3 +190,14 @@ def test_streaming_pool_gets_mirrored_copies_at_every_swap(pack):
         seen.append(tuple(ids))
         assert len(ids) == 8 and ids[4:] == [i + MIRROR_SUFFIX for i in ids[:4]]
     assert len(set(seen)) > 1  # the pool did change
+
+
+def test_behaviour_cloning_never_mirrors():
+    """``train/bc.py`` clones the log as driven (on the right) whatever ``--env.mirror`` says."""
+    from train.bc import BCConfig, make_bc_env
+    from train.config import TrainConfig
+
+    cfg = BCConfig(env=TrainConfig().env.replace(mirror=True), num_worlds=4, device="cpu")
+    env, setting = make_bc_env(cfg, "data/womd_sample", say=lambda *_: None)
+    assert not env.config.mirror
+    assert not any(i.endswith(MIRROR_SUFFIX) for i in env.pack.scenario_ids)
