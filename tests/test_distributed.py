@@ -299,7 +299,7 @@ def test_two_ranks_gradient_lockstep_one_log_one_checkpoint_reduced_metrics(tmp_
     assert r0["summary"]["global_step"] == r1["summary"]["global_step"] >= 600
     assert r1["reports"] == [] and r1["summary"]["checkpoint"] is None
     run_dir = tmp_path / "runs" / "r"
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.json", "metrics.jsonl"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoint.pt", "config.json", "metrics.jsonl"]
     assert [p for p in (tmp_path / "runs").iterdir()] == [run_dir]
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in records] == list(range(1, len(records) + 1))
@@ -385,7 +385,7 @@ def test_torchrun_command_line_on_the_sample(tmp_path):
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stderr[-3000:]
     run_dir = tmp_path / "runs" / "tr"
-    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoint.pt", "config.json", "metrics.jsonl"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock", "checkpoint.pt", "config.json", "metrics.jsonl"]
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["global_step"] >= 400 and lines[-1]["world_size"] == 2 and "goal_reached" in lines[-1]
 
