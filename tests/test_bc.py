@@ -89,7 +89,13 @@ def test_bc_loss_falls_and_the_checkpoint_evaluates(tmp_path):
     from train.evaluate import EvalConfig, evaluate
 
     out = tmp_path / "bc.pt"
-    cfg = BCConfig(data=str(SAMPLE_DIR), eval_data=str(SAMPLE_DIR), out=str(out), epochs=3, device="cpu",
+    files = sorted(SAMPLE_DIR.glob("*.json.xz"))
+    train_dir, held_dir = tmp_path / "train", tmp_path / "held"
+    for d, part in ((train_dir, files[:6]), (held_dir, files[6:])):
+        d.mkdir()
+        for f in part:
+            (d / f.name).symlink_to(f)
+    cfg = BCConfig(data=str(train_dir), eval_data=str(held_dir), out=str(out), epochs=3, device="cpu",
                    num_worlds=16, minibatch_worlds=4, policy=SMALL, learning_rate=3e-3, quiet=True)
     res = train_bc(cfg, say=lambda *_: None)
     losses = [e["loss"] for e in res["epochs"]]
@@ -99,7 +105,7 @@ def test_bc_loss_falls_and_the_checkpoint_evaluates(tmp_path):
     policy, payload = load_policy(out)
     assert payload["extra"]["bc"]["counts"] == res["counts"] and payload["env_config"]["goal_behavior"] == "stop"
     assert payload["global_step"] == 3 * res["counts"]["valid"]
-    ev = evaluate(EvalConfig(policy=(str(out),), data=str(SAMPLE_DIR), device="cpu", quiet=True))
+    ev = evaluate(EvalConfig(policy=(str(out),), data=str(held_dir), device="cpu", quiet=True))
     summary = ev["runs"][0]["summary"]
     assert 0.0 <= summary["goal_reached"].mean <= 1.0
 

@@ -13,8 +13,9 @@ skipped with a one-line reason and counted):
   (``scenario_length 81``, so no auto-reset lands in the record), actions sampled (checkpoints:
   ``deterministic=False``; each world draws its own samples), torch seeded per scenario;
 * contacts and goals neither stop nor remove agents: collisions and offroad ``ignore``; goals
-  ``stop`` with a 1 mm radius (the env has no goal behaviour that drives on after the goal; at
-  1 mm no agent meets it);
+  ``stop`` with a 1 mm radius (at 1 mm only an object that does not move from its logged end
+  meets it; the goal behaviour ``continue``, which drives on, gives the same figures for the
+  baselines that follow the log or hold their speed, docs/wosac.md);
 * positions after every step (x, y, heading; z = the object's z at step 10) are matched to the
   scene's sim agents by :func:`gpusim.wosac.rollouts.assemble_rollouts` and scored by
   :func:`gpusim.wosac.metrics.score`.
