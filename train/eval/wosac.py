@@ -147,12 +147,14 @@ def _log_rollouts(scene, rollouts: int) -> torch.Tensor:
 
 def _summary(rows: list[dict], opts) -> dict:
     """metric -> :class:`train.eval.stats.Interval` over the scenarios' rows (clipped to [0, 1],
-    the range of every likelihood)."""
+    the range of every likelihood). One row per scenario, so each row is its own cluster (the
+    interval is the plain one; ``Interval.clusters`` counts the scenarios)."""
     from train.eval.stats import mean_interval
 
     names = ("metametric", *C.BUCKETS, *C.COMPONENTS)
+    scenes = list(range(len(rows)))
     return {n: mean_interval([r[n] for r in rows], opts.interval, opts.level, opts.resamples, opts.seed,
-                             bounds=(0.0, 1.0))
+                             bounds=(0.0, 1.0), clusters=scenes)
             for n in names if rows and n in rows[0]}
 
 
