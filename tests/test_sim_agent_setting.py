@@ -123,3 +123,16 @@ def test_evaluate_setting_overrides_the_checkpoint_env():
     back, _ = setting_config(sa, "goal")
     assert back == own  # the goal setting is the trainer's defaults
     assert set(SETTINGS["goal"]) == set(SETTINGS["sim_agent"])
+
+
+def test_a_saved_config_with_a_setting_replays_its_own_env(tmp_path):
+    import json
+
+    from train.config import TrainConfig, parse_args
+
+    run = parse_args(["--setting", "sim_agent", "--device", "cpu", "--env.max-controlled", "16"])
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(run.to_dict()))
+    again = parse_args(["--config", str(path), "--device", "cpu"])
+    assert again.env == run.env and again.env.max_controlled == 16 and again.setting == "sim_agent"
+    assert TrainConfig().env.max_controlled == 8

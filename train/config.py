@@ -486,20 +486,23 @@ def refuse_file_hook(cfg: TrainConfig, source: str, name: str | None = None, arg
 
 def with_setting(cfg: TrainConfig, reparse, file_default: TrainConfig | None = None) -> TrainConfig:
     """``cfg`` with its ``--setting`` applied: the command line parsed again (``reparse(base)``) on
-    the defaults it was parsed on (``file_default``, the ``--config`` file's, else the recipe's)
-    with the setting's env fields (:func:`train.eval.settings.setting_config`), so ``--env.*``
-    flags given still win. Without ``--setting``: ``cfg``.
+    the recipe's defaults with the setting's env fields (:func:`train.eval.settings.setting_config`),
+    so ``--env.*`` flags given still win. Without ``--setting``, or with a ``--config`` file
+    (``file_default``: its env fields, which a saved ``config.json`` records resolved, are the
+    defaults): ``cfg``.
 
     Raises:
         ValueError: an unknown setting name.
     """
-    if cfg.setting is None:
-        return cfg
     from train.eval.settings import setting_config
+
+    if cfg.setting is None or file_default is not None:
+        if cfg.setting is not None:
+            setting_config(cfg.env, cfg.setting)  # an unknown name is refused all the same
+        return cfg
     from train.recipes import apply_recipe
 
-    base = file_default if file_default is not None else apply_recipe(TrainConfig(device=cfg.device), cfg.recipe,
-                                                                      resuming=bool(cfg.resume))
+    base = apply_recipe(TrainConfig(device=cfg.device), cfg.recipe, resuming=bool(cfg.resume))
     env, _ = setting_config(base.env, cfg.setting)
     return dataclasses.replace(reparse(dataclasses.replace(base, env=env)), recipe=cfg.recipe)
 
