@@ -136,3 +136,26 @@ def test_a_saved_config_with_a_setting_replays_its_own_env(tmp_path):
     again = parse_args(["--config", str(path), "--device", "cpu"])
     assert again.env == run.env and again.env.max_controlled == 16 and again.setting == "sim_agent"
     assert TrainConfig().env.max_controlled == 8
+
+
+def test_a_bc_checkpoint_of_the_sim_agent_setting_is_scored_in_wosac_mode_and_in_the_goal_setting(tmp_path):
+    from policy.actor_critic import PolicyConfig
+    from train.bc import BCConfig, train_bc
+    from train.eval.settings import setting_config
+    from train.evaluate import EvalConfig, evaluate
+
+    data = tmp_path / "d"
+    data.mkdir()
+    for f in sorted(SAMPLE_DIR.glob("*.json.xz"))[:2]:
+        (data / f.name).symlink_to(f)
+    out = tmp_path / "bc.pt"
+    env = setting_config(BCConfig().env, "sim_agent")[0]
+    train_bc(BCConfig(data=str(data), out=str(out), epochs=1, device="cpu", num_worlds=2, env=env, quiet=True,
+                      policy=PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16, max_roads=8)),
+             say=lambda *_: None)
+    res = evaluate(EvalConfig(policy=(str(out),), data="data/womd_tfrecord", mode=("wosac",), wosac_rollouts=2,
+                              device="cpu", quiet=True))
+    row = res["runs"][0]["per_scenario"][0]
+    assert 0.0 < row["metametric"] < 1.0 and row["replayed"] == 0
+    goal = evaluate(EvalConfig(policy=(str(out),), data=str(data), setting="goal", device="cpu", quiet=True))
+    assert any("--setting goal" in n for n in goal["notes"]) and goal["env"]["control"] == "vehicles_with_goal"
