@@ -82,13 +82,14 @@ def test_paired_difference_by_hand():
         paired_difference(a, b[:5], c)
 
 
-def _records(reps: int, vary: bool) -> dict:
-    """Two scenarios, two slots, ``reps`` repetitions; identical repetitions unless ``vary``."""
+def _records(reps: int, vary: bool, scenarios: int = 2) -> dict:
+    """``scenarios`` scenarios, two slots, ``reps`` repetitions; identical repetitions unless
+    ``vary`` (then repetition r flips scenario 1's goals when r is odd)."""
     rows = []
-    for s in range(2):
+    for s in range(scenarios):
         for r in range(reps):
             for slot in range(2):
-                goal = float((s + slot + (r if vary else 0)) % 2)
+                goal = float((s * slot + (r if vary and s == 1 else 0)) % 2)
                 rows.append((s, r, slot, s * 10 + r, goal, 1.0 - goal, goal * 2.0))
     cols = list(zip(*rows))
     names = ("scenario", "repetition", "slot", "world", "goal_reached", "collided", "episode_return")
@@ -99,20 +100,29 @@ def _records(reps: int, vary: bool) -> dict:
 
 
 def test_identical_repetitions_are_counted_once():
-    rec = _records(5, vary=False)
+    rec = _records(5, vary=False, scenarios=3)
     keep, dropped = repeated_episodes(rec)
-    assert dropped == [(0, r) for r in range(1, 5)] + [(1, r) for r in range(1, 5)]
-    assert int(keep.sum()) == 4
-    once = summarise(_records(1, vary=False))
+    assert dropped == [(s, r) for s in range(3) for r in range(1, 5)]
+    assert int(keep.sum()) == 6
+    once = summarise(_records(1, vary=False, scenarios=3))["goal_reached"]
     repeats = []
-    five = summarise(rec, repeats=repeats)
-    assert len(repeats) == 8
-    assert five["goal_reached"] == once["goal_reached"] and five["goal_reached"].n == 4
-    assert five["goal_reached"].clusters == 2
-    # repetitions that differ are all kept
-    keep, dropped = repeated_episodes(_records(5, vary=True))
-    assert dropped == [(0, 2), (0, 3), (0, 4), (1, 2), (1, 3), (1, 4)]  # period 2: r and r + 2 are the same
-    assert int(keep.sum()) == 8
+    five = summarise(rec, repeats=repeats)["goal_reached"]
+    assert len(repeats) == 12
+    # goals 0,0 | 0,1 | 0,0: mean 1/6; scenario residual sums -1/3, 2/3, -1/3 -> se^2 = 3/2 * (2/3) / 36
+    half = Z95 * math.sqrt(1.5 * (2 / 3) / 36)
+    assert (once.mean, once.n, once.clusters) == (pytest.approx(1 / 6), 6, 3)
+    assert (once.lo, once.hi) == pytest.approx((0.0, 1 / 6 + half), abs=1e-12)  # clipped at 0
+    assert (five.mean, five.lo, five.hi) == pytest.approx((once.mean, once.lo, once.hi), abs=1e-12)
+    assert (five.n, five.clusters) == (6, 3)  # repetition adds neither agent-episodes nor width
+
+
+def test_differing_repetitions_are_all_counted_and_weights_kept():
+    rec = _records(4, vary=True)  # scenario 0 repeats itself, scenario 1 alternates (period 2)
+    keep, dropped = repeated_episodes(rec)
+    assert dropped == [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
+    iv = summarise(rec)["goal_reached"]
+    assert iv.n == int(keep.sum()) == 2 + 4
+    assert iv.mean == pytest.approx(float(rec["goal_reached"].mean()))  # every run keeps its weight
 
 
 def _two_scenes(tmp_path) -> pathlib.Path:
@@ -134,7 +144,8 @@ def test_deterministic_repetitions_do_not_shrink_the_reported_intervals(tmp_path
     cs1, cs4 = one["constant_speed"], four["constant_speed"]
     assert cs4["repeated_episodes"] == 2 * 3 and cs1["repeated_episodes"] == 0
     for name in ("goal_reached", "collided", "offroad", "score", "episode_return"):
-        assert cs4["summary"][name] == cs1["summary"][name]
+        a, b = cs4["summary"][name], cs1["summary"][name]
+        assert (a.mean, a.lo, a.hi, a.n, a.clusters) == pytest.approx((b.mean, b.lo, b.hi, b.n, b.clusters), abs=1e-9)
     assert cs4["summary"]["goal_reached"].n == cs1["summary"]["goal_reached"].n > 2
     assert cs4["summary"]["goal_reached"].clusters == 2
     rnd = four["random"]

@@ -28,12 +28,15 @@ to the metric's range (``[0, 1]`` for rates, ``[-1, 1]`` for ``ada_delta``); eac
 :class:`~train.eval.stats.Interval` carries the agent-episode count ``n`` and the scenario count
 ``clusters``. A repetition of a scenario whose every agent-episode record equals that of an
 earlier repetition (a deterministic policy in a deterministic env replays the same episode) is
-counted once (:func:`repeated_episodes`): repetition adds no information, so it must not narrow
-an interval or inflate ``n``. Means are unchanged by that (an exact copy has the same mean).
+counted once in ``n`` (:func:`repeated_episodes`): it adds no information. Every row still enters
+the means (each scenario keeps the weight of its ``--episodes-per-scenario`` runs, as the sweep
+ran them), and the clustered intervals are not narrowed by repetition: their width is set by the
+number of scenarios.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -114,8 +117,8 @@ def repeated_episodes(agents: dict) -> tuple[torch.Tensor, list[tuple[int, int]]
 
 def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", level: float = 0.95,
               resamples: int = 2000, seed: int = 0, repeats: list | None = None) -> dict[str, Interval]:
-    """Means with intervals of every reported metric (module docstring): repeated identical
-    episodes counted once (:func:`repeated_episodes`), intervals clustered by ``scenario``.
+    """Means with intervals of every reported metric (module docstring): intervals clustered by
+    ``scenario``; ``n`` counts repeated identical episodes once (:func:`repeated_episodes`).
 
     Args:
         agents: per agent-episode columns (1-D tensors of equal length); ``scenario`` (the
@@ -133,19 +136,22 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
     keep, dropped = repeated_episodes(agents)
     if repeats is not None:
         repeats.extend(dropped)
-    if dropped:
-        agents = {k: v[keep] for k, v in agents.items()}
-        if worlds:
+    wkeep = None
+    if worlds:  # the world-episodes of the repetitions counted once
+        wkeep = torch.ones(len(worlds["trials"]), dtype=torch.bool)
+        if dropped and "scenario" in worlds and "repetition" in worlds:
             gone = set(dropped)
-            wk = torch.tensor([(s, r) not in gone for s, r in zip(worlds["scenario"].tolist(),
-                                                                  worlds["repetition"].tolist())], dtype=torch.bool)
-            worlds = {k: v[wk] for k, v in worlds.items()}
+            wkeep = torch.tensor([(s, r) not in gone for s, r in zip(worlds["scenario"].tolist(),
+                                                                     worlds["repetition"].tolist())], dtype=torch.bool)
     clusters = agents.get("scenario")
 
-    def ci(x, bounds=(0.0, 1.0), where=None, groups=clusters):
+    def ci(x, bounds=(0.0, 1.0), where=None, groups=clusters, distinct=keep):
+        """The clustered interval of ``x`` (rows ``where`` of the records), ``n`` = its distinct
+        agent-episodes (every row enters the mean: the sweep's weights are kept)."""
         c = None if groups is None else (groups if where is None else groups[where])
-        return mean_interval(x, method=method, level=level, resamples=resamples, seed=seed, bounds=bounds,
-                             clusters=c)
+        iv = mean_interval(x, method=method, level=level, resamples=resamples, seed=seed, bounds=bounds,
+                           clusters=c)
+        return dataclasses.replace(iv, n=int((distinct if where is None else distinct[where]).sum()))
 
     out = {name: ci(agents[name], None if name == "episode_return" else (0.0, 1.0)) for name, _ in METRICS}
     for name, _ in STYLE_METRICS:
@@ -172,8 +178,9 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
     if worlds:
         trials = worlds["trials"].to(torch.float64)
         wc = worlds.get("scenario")
-        out["trials_per_episode"] = ci(trials, (0.0, float(trials.max())), groups=wc)
-        out["trials_ended_early"] = ci(worlds["trials_ended_early"].to(torch.float64) / trials.clamp_min(1), groups=wc)
+        out["trials_per_episode"] = ci(trials, (0.0, float(trials.max())), groups=wc, distinct=wkeep)
+        out["trials_ended_early"] = ci(worlds["trials_ended_early"].to(torch.float64) / trials.clamp_min(1), groups=wc,
+                                       distinct=wkeep)
         n_trials = float(trials.sum())
         steps = float(worlds["trial_steps"].sum()) / n_trials if n_trials else float("nan")
         out["mean_trial_length"] = Interval(steps, float("nan"), float("nan"), int(n_trials), method, level)
