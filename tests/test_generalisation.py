@@ -199,3 +199,26 @@ def test_checkpoint_trained_with_them_evaluates_at_log_start_with_log_goals(pack
     st = env.state
     assert torch.equal(st.goal, env.pack.agent_goal[st.scenario])
     assert torch.equal(st.pos, env.pack.traj_pos[st.scenario, :, 0])
+
+
+def test_goal_resample_keeps_the_logged_goal_of_an_agent_without_places(pack):
+    """A scenario whose lanes are all gone (relabelled road edges) gives its agents no place: goal
+    resampling warns with the count and the scenario, and those agents keep their logged goals while
+    the other scenarios' agents are resampled (a real case: one agent of the pool's train split)."""
+    import dataclasses
+
+    from gpusim.enums import RoadType
+
+    rt = pack.road_type.clone()
+    rt[0][rt[0] == int(RoadType.LANE)] = int(RoadType.ROAD_EDGE)
+    bare = dataclasses.replace(pack, road_type=rt)
+    with pytest.warns(UserWarning, match=rf"{int(pack.num_controlled[0])} of \d+ controlled agents have no lane "
+                                         rf"place to resample \(first in scenario {pack.scenario_ids[0]}\)"):
+        places, count = goal_pool(bare, EnvConfig(**CFG, goal_resample=True))
+    assert int(count[0].sum()) == 0 and bool((count[1:, 0] > 0).all())
+    env = _env(bare, W=16, goal_resample=True)
+    st = env.state
+    C = env.num_slots
+    mine = (st.scenario == 0)[:, None] & st.slot_active
+    assert bool(mine.any())
+    assert torch.equal(st.goal[:, :C][mine], pack.agent_goal[st.scenario][:, :C][mine])

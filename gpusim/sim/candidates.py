@@ -163,20 +163,23 @@ def _driving_distance(path: np.ndarray, valid: np.ndarray) -> float:
                          MIN_RADIUS, MAX_RADIUS))
 
 
-def candidate_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
+def candidate_pool(pack, config, strict: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The candidate places of every controlled agent of ``pack`` (module docstring).
 
     Args:
         pack: :class:`~gpusim.data.ScenarioPack`. config: :class:`~gpusim.config.EnvConfig`
             (``goal_candidates``, ``max_controlled``, ``init_steps``).
+        strict: raise when an agent has fewer than ``goal_candidates`` places (the memory task
+            needs them all); False: such an agent gets count 0 (goal resampling keeps its logged
+            goal).
 
     Returns:
         ``(places [S, C, M, 2] float32 (m, scenario frame), count [S, C] int64)`` on the pack's
         device; slots without a controlled agent have count 0.
 
     Raises:
-        ValueError: an agent has fewer than ``goal_candidates`` places (names the scenario, the
-            slot and how many were found).
+        ValueError: with ``strict``, an agent has fewer than ``goal_candidates`` places (names the
+            scenario, the slot and how many were found).
     """
     need, C, t0 = int(config.goal_candidates), int(config.max_controlled), int(config.init_steps)
     t1 = t0 + 1 + int(config.scenario_length)  # the log steps an episode (a trial) covers
@@ -194,6 +197,8 @@ def candidate_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
             r = _driving_distance(tp[s, c, t0:t1], tv[s, c, t0:t1])
             reach = reachable_places(lanes, succ, tp[s, c, t0], float(th[s, c, t0]), r)
             places = _agent_places(mid, tp[s, c, t0], float(th[s, c, t0]), goal[s, c], need, reach)
+            if len(places) < need and not strict:
+                continue
             if len(places) < need:
                 raise ValueError(
                     f"goal_candidates={need}: scenario {pack.scenario_ids[s]} has only {len(places)} candidate "

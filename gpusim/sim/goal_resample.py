@@ -15,6 +15,8 @@ the same goal. Off (default) nothing is drawn: the env is bit for bit the env wi
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from gpusim.sim.candidates import candidate_pool
@@ -23,21 +25,24 @@ from gpusim.state import EnvState
 
 
 def goal_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
-    """The goal places of every controlled agent of ``pack``: ``candidate_pool`` asked for at
-    least one place per agent.
+    """The goal places of every controlled agent of ``pack``: ``candidate_pool`` asked for one
+    place per agent. An agent without any lane place ahead of it (no lane point at a driving-like
+    distance, e.g. one agent of scenario 69f302124faf77b6 of the pool's train split) gets count 0
+    and keeps its logged goal in every episode; a warning gives how many agents and the first scenario.
 
     Returns:
         ``(places [S, C, M, 2] float32 (m, scenario frame), count [S, C] int64)`` on the pack's device.
-
-    Raises:
-        ValueError: an agent without any lane place (names the scenario and the slot, and what to do).
     """
-    try:
-        return candidate_pool(pack, config.replace(goal_candidates=1))
-    except ValueError as e:
-        where = str(e).split(";")[0].replace("goal_candidates=1: ", "")
-        raise ValueError(f"EnvConfig.goal_resample (--env.goal-resample): no goal place: {where}; leave the scenario "
-                         "out or train without --env.goal-resample") from None
+    places, count = candidate_pool(pack, config.replace(goal_candidates=1), strict=False)
+    C = count.shape[1]
+    controlled = torch.arange(C, device=count.device)[None, :] < pack.num_controlled.to(count.device)[:, None]
+    none = controlled & (count == 0)
+    if bool(none.any()):
+        first = pack.scenario_ids[int(none.any(1).nonzero()[0, 0])]
+        warnings.warn(f"EnvConfig.goal_resample: {int(none.sum())} of {int(controlled.sum())} controlled agents have "
+                      f"no lane place to resample (first in scenario {first}); they keep their logged goals",
+                      stacklevel=2)
+    return places, count
 
 
 def resample_goals(ctx: SimContext, state: EnvState) -> EnvState:
