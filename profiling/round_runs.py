@@ -135,7 +135,7 @@ def pack_results(work: pathlib.Path, out: pathlib.Path, limit: int = 15_000_000)
         size += n
     if cur:
         groups.append(cur)
-    for i, g in enumerate(groups[:7]):
+    for i, g in enumerate(groups[:5]):
         with tarfile.open(out / f"results_{i}.tgz", "w:gz") as tar:
             for f in g:
                 tar.add(f, arcname=str(f.relative_to(work)))
