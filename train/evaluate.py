@@ -368,6 +368,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     device = check_device(cfg.device)
     policies = _load_policies(specs, device, tuple(n for m in modes for n in m.policies))
     base, base_notes = base_env_config(policies, cfg)
+    base_notes = training_scene_notes(policies, cfg.data) + base_notes
     if cfg.partner_task is not None or cfg.partner_type_prob is not None:
         task = dict(partner_task=cfg.partner_task or base.partner_task, max_controlled=1)
         if cfg.partner_type_prob is not None:
@@ -526,6 +527,42 @@ def skipped_header(results: dict) -> str:
     return "data: " + "; ".join(parts) + ":"
 
 
+#: The summary title's words for ``--memory`` (what was run, with the flag that runs it again).
+MEMORY_TITLES = {
+    "trial": "memoryless control (--memory trial: KV cache cleared at every trial start); ",
+    "episode": "memory kept across the trials (--memory episode); ",
+}
+
+
+def training_scene_notes(policies: list[dict], data: str) -> list[str]:
+    """A warning for every checkpoint evaluated on the data it was trained on.
+
+    A checkpoint records its training ``--data`` (``ckpt["config"]["data"]``: a path, or a list of
+    paths); when it names the same directory or file as ``data`` (compared after
+    :func:`train.config.resolve_path` and ``Path.resolve``), the figures are training figures, not
+    held-out ones. A recorded path that no longer exists is compared as written.
+
+    Args:
+        policies: :func:`_load_policies` entries. data: the evaluation's ``--data``.
+
+    Returns:
+        One ``warning: LABEL was trained on DATA: these are its training scenes ...`` line per
+        such checkpoint (empty when none).
+    """
+    here = resolve_path(data).resolve()
+    out = []
+    for p in policies:
+        if p["kind"] != "checkpoint":
+            continue
+        trained = (p["ckpt"].get("config") or {}).get("data")
+        for src in ([trained] if isinstance(trained, str) else list(trained or [])):
+            if resolve_path(str(src)).resolve() == here:
+                out.append(f"warning: {p['label']} was trained on {src}: these are its training scenes, so its "
+                           "figures here are not held-out figures (docs/data.md: the split)")
+                break
+    return out
+
+
 def print_results(results: dict, console, per_scenario_table: bool = True) -> None:
     """The skipped files, the summary table and (optionally) the per-scenario table(s)."""
     reports = {get_mode(r["mode"]).report for r in results["runs"]} - {None}
@@ -554,7 +591,8 @@ def print_results(results: dict, console, per_scenario_table: bool = True) -> No
     title = (f"{results['data']}: {len(runs[0]['scenarios'])} scenarios x {results['episodes_per_scenario']} "
              f"episode(s); goal {env['goal_behavior']}, collision {env['collision_behavior']}, offroad "
              f"{env['offroad_behavior']}{', %d trials' % results['k_trials'] if results['k_trials'] else ''}; "
-             f"{(results.get('decode') or 'argmax') if results['deterministic'] else 'sampled'} actions; {level}% CI of the mean over "
+             f"{(results.get('decode') or 'argmax') if results['deterministic'] else 'sampled'} actions; "
+             f"{MEMORY_TITLES.get(results.get('memory'), '')}{level}% CI of the mean over "
              f"agent-episodes, clustered by scenario ({method})")
     console.print(summary_table(runs, title))
     by_ids: dict = {}
@@ -576,6 +614,7 @@ def main(argv=None) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from train.config import cli_registry
+    from train.logger import make_console
 
     cfg = tyro.cli(EvalConfig, args=argv, registry=cli_registry(), description=__doc__.split("\n\n")[0])
     err = Console(stderr=True, highlight=False)
@@ -593,7 +632,7 @@ def main(argv=None) -> int:
         print(f"error: {one_line(e)}  (--debug shows the traceback)", file=sys.stderr)
         return 2
     if not cfg.quiet:  # the table first: a write that fails after the checks still shows it
-        console = Console(highlight=False)
+        console = make_console()  # the terminal's width, or wide enough for a file or pipe (no cut cells)
         print_results(results, console, cfg.per_scenario)
     try:
         if cfg.json:

@@ -17,6 +17,32 @@ from gpusim.fileio import write_errors, write_text
 from train.config import UserError
 
 
+#: Console width (characters) when the output is not a terminal (a file or a pipe): rich would
+#: otherwise fall back to 80 columns and cut table cells short (``policie…``).
+PIPE_WIDTH = 250
+
+
+def make_console(stderr: bool = False):
+    """A ``rich.console.Console`` for tables and progress lines: the terminal's width on a
+    terminal, :data:`PIPE_WIDTH` columns when written to a file or a pipe (no cut cells)."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr, highlight=False)
+    if not console.is_terminal:
+        console = Console(stderr=stderr, highlight=False, width=PIPE_WIDTH)
+    return console
+
+
+def eta_seconds(total_steps: int, step: int, sps: float) -> float:
+    """Seconds left to ``total_steps`` at ``sps`` steps per second: 0 once ``step >= total_steps``
+    (the last update overshoots the total), NaN when the rate is not a finite number > 0."""
+    if step >= total_steps:
+        return 0.0
+    if not (isinstance(sps, (int, float)) and math.isfinite(sps) and sps > 0):
+        return float("nan")
+    return (total_steps - step) / sps
+
+
 def _fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds) or seconds < 0:
         return "?"
@@ -55,9 +81,7 @@ class Logger:
         self.start = time.time() - float(elapsed)
         self._console = None
         if not quiet:
-            from rich.console import Console
-
-            self._console = Console(highlight=False)
+            self._console = make_console()
         self._wandb = None
         created = not self.run_dir.exists()
         with write_errors(self.run_dir, "--log-dir"):
@@ -104,7 +128,7 @@ class Logger:
         if self._console is not None:
             step = record.get("global_step", 0)
             sps = record.get("sps", float("nan"))
-            eta = (self.total_steps - step) / sps if sps and sps > 0 else float("nan")
+            eta = eta_seconds(self.total_steps, step, sps)
             parts = [f"[bold]upd {record.get('update', 0):4d}[/bold]", f"step {step:>9,d}", f"SPS {sps:8.0f}"]
             for key, label in (("goal_reached", "goal"), ("collided", "coll"), ("offroad", "offrd"),
                                ("score", "score"), ("episode_return", "ret")):
@@ -114,7 +138,7 @@ class Logger:
                 if key in record:
                     parts.append(f"{label} {record[key]:.4f}")
             parts.append(f"ETA {_fmt_eta(eta)}")
-            self._console.print("  ".join(parts))
+            self._console.print("  ".join(parts), soft_wrap=True)
 
     def info(self, text: str) -> None:
         """A console message (not in the JSONL file)."""

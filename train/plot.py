@@ -14,6 +14,10 @@ A metric logged as ``ego/<name>`` (co-player runs) is used when ``<name>`` itsel
 deterministic sweep over ``--eval-data``, logged as ``eval/<mode>/<name>``; ``eval`` is
 ``eval/self_play``, ``eval/coplayer`` etc. name the mode): the learning curve on held-out
 scenarios when ``--eval-data`` is a held-out split.
+``--reference EVAL.json`` adds a dashed horizontal line per main panel: the mean of that metric
+for the policy ``--reference-policy`` (default ``steer_to_goal``) in an evaluation JSON
+(``train/evaluate.py --policy steer_to_goal --json EVAL.json``), so a curve can be read against
+the scripted baseline (:func:`reference_values`).
 Records without a metric are skipped in that panel; a partial last line (a run killed mid-write)
 is ignored. Matplotlib runs with the non-interactive Agg backend (no display needed).
 
@@ -127,6 +131,31 @@ def _trial_names(records: list[dict], prefix: str, suffix: str) -> list[str]:
     return [f"{prefix}{k}{suffix}" for k in sorted(found)]
 
 
+def reference_values(path: str | pathlib.Path, policy: str = "steer_to_goal") -> dict[str, float]:
+    """The means ``{metric: value}`` of ``policy`` in an evaluation JSON of ``train/evaluate.py
+    --json`` (its first run labelled ``policy``), for the metrics of :data:`PANELS` it has.
+
+    Raises:
+        UserError: no such file, not an evaluation JSON, or no run of ``policy`` in it (the labels
+            it has are named).
+    """
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise UserError(f"--reference {path}: no such file (write one with train/evaluate.py --policy {policy} "
+                        f"--json {path})")
+    try:
+        runs = json.loads(file.read_text())["runs"]
+        labels = [r["label"] for r in runs]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"--reference {path}: not an evaluation JSON of train/evaluate.py --json ({e})") from None
+    if policy not in labels:
+        raise UserError(f"--reference {path}: no run of {policy!r} in it (it has {', '.join(labels) or 'none'}); "
+                        "pass --reference-policy LABEL")
+    summary = runs[labels.index(policy)].get("summary", {})
+    return {name: float(summary[name]["mean"]) for name, _, _ in PANELS
+            if isinstance(summary.get(name), dict) and isinstance(summary[name].get("mean"), (int, float))}
+
+
 def _labels(runs: list[str]) -> list[str]:
     """Run labels: the directory names, with the parent added where two are the same."""
     paths = [pathlib.Path(r) for r in runs]
@@ -154,13 +183,16 @@ def _prefix(source: str) -> str:
 
 
 def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str | None = None,
-              source: str = "train"):
+              source: str = "train", reference: str | pathlib.Path | None = None,
+              reference_policy: str = "steer_to_goal"):
     """Draw the learning curves of ``runs`` (module docstring) and save them to ``out`` if given.
 
     Args:
         runs: run directories (or ``metrics.jsonl`` files). out: image path (format from the
             extension, e.g. ``.png``, ``.pdf``, ``.svg``). title: figure title.
         source: ``train`` (the training reports) or ``eval[/<mode>]`` (the periodic evaluation).
+        reference: an evaluation JSON (``train/evaluate.py --json``); its ``reference_policy``
+            means are drawn as dashed horizontal lines in the main panels (:func:`reference_values`).
 
     Returns:
         The matplotlib ``Figure`` (axes in panel order; one ``Line2D`` per run and metric, with
@@ -182,6 +214,7 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
     if out is not None:  # before any work
         check_output_path(out, "--out")
     prefix = _prefix(source)
+    refs = reference_values(reference, reference_policy) if reference is not None else {}
     data = [load_records(r) for r in runs]
     if prefix and not any(_series(recs, "goal_reached", prefix)[0] for recs in data):
         raise UserError(f"--source {source}: no run has {prefix}goal_reached records "
@@ -207,6 +240,9 @@ def plot_runs(runs: list[str], out: str | pathlib.Path | None = None, title: str
                     suffix = f" {name.replace('_score', '').replace('ada_delta_', '')}" if len(names) > 1 else ""
                     marker = "o" if len(xs) <= MARKER_MAX_POINTS else None
                     ax.plot(xs, ys, label=label + suffix, marker=marker, markersize=4 if len(xs) == 1 else 2.5)
+        if len(names) == 1 and names[0] in refs:
+            ax.axhline(refs[names[0]], color="0.35", linestyle="--", linewidth=1.2,
+                       label=f"{reference_policy} (evaluated)")
         ax.set_title(ptitle)
         ax.set_ylabel(ylabel)
         _style_x_axis(ax)
@@ -238,19 +274,24 @@ class PlotConfig:
         source: ``train`` (the training reports, per-agent EMA of sampled episodes) or ``eval``
             / ``eval/<mode>`` (the periodic evaluation of ``--eval-interval``: on held-out
             scenarios when ``--eval-data`` is a held-out split).
+        reference: an evaluation JSON (``train/evaluate.py --json``) whose ``--reference-policy``
+            means are drawn as dashed reference lines (e.g. ``steer_to_goal`` on the same data).
+        reference_policy: the policy label of that JSON to draw (default ``steer_to_goal``).
     """
 
     runs: tyro.conf.Positional[tuple[str, ...]]
     out: str = "curves.png"
     title: str | None = None
     source: str = "train"
+    reference: str | None = None
+    reference_policy: str = "steer_to_goal"
 
 
 def main(argv=None) -> int:
     """CLI entry point: 0 on success, 2 with a one-line message for a user error."""
     cfg = tyro.cli(PlotConfig, args=argv, description=__doc__.split("\n\n")[0])
     try:
-        plot_runs(list(cfg.runs), cfg.out, cfg.title, cfg.source)
+        plot_runs(list(cfg.runs), cfg.out, cfg.title, cfg.source, cfg.reference, cfg.reference_policy)
     except (UserError, OutputError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -91,7 +91,8 @@ def build_parser(prog: str = "python -m gpusim.render", description: str | None 
                                    "actions or random actions; optionally with one agent's ego view "
                                    "(a trained checkpoint: python -m train.render).")
     p.add_argument("--data", required=True, help="WOMD JSON file/directory, or a saved pack (dir with pack.pt / .pt)")
-    p.add_argument("--scenario", default=None, help="scenario id or file stem (default: the first scenario)")
+    p.add_argument("--scenario", default=None,
+                   help="scenario id or file stem (default: the first scenario of --data, in file-name order)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--expert", action="store_true", help="drive controlled agents with env.expert_actions() (default)")
     mode.add_argument("--random", action="store_true", help="uniformly random actions")
@@ -170,25 +171,43 @@ def render_from_args(args: argparse.Namespace, *, config=None, make_policy: Call
             return 0
         from gpusim.env import DriveEnv
 
+        if args.scenario is None and pack.num_scenarios > 1:  # the first scenario, as --help says (not a seeded draw)
+            pack = pack.select([0])
         env = DriveEnv(pack, 1, config=cfg, device="cpu", seed=args.seed)
         if make_policy is not None:
             policy = make_policy(env)
         else:
             policy = "random" if args.random else "expert"
         ego = args.agent if args.ego_view else None
+        frames_total = (args.steps or 0) + 1 if still else (env.horizon if args.steps is None else args.steps + 1)
+        print(f"{prog}: scenario {pack.scenario_ids[0]}, {frames_total} frame(s) to draw -> {out}", file=sys.stderr)
+        show = progress_printer(prog)
         if still:
             frames, _ = render_episode(env, policy, steps=args.steps or 0, out=None, seed=args.seed, ego_agent=ego,
-                                       figsize=args.size, dpi=args.dpi, legend=legend)
+                                       figsize=args.size, dpi=args.dpi, legend=legend, progress=show)
             _write_png(out, frames[-1])
         else:
             _, out = render_episode(env, policy, steps=args.steps, out=out, fps=args.fps, seed=args.seed,
-                                    ego_agent=ego, figsize=args.size, dpi=args.dpi, legend=legend)
+                                    ego_agent=ego, figsize=args.size, dpi=args.dpi, legend=legend, progress=show)
         print(f"wrote {out}")
         return 0
     except (FileNotFoundError, KeyError, ValueError, RuntimeError, IndexError, ImportError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         print(f"{prog}: error: {msg}", file=sys.stderr)
         return 2
+
+
+def progress_printer(prog: str, stream=None, parts: int = 10) -> Callable[[int, int], None]:
+    """A ``progress(done, total)`` callback that prints ``<prog>: frame DONE/TOTAL`` to ``stream``
+    (default stderr) about ``parts`` times over a render (every ``ceil(total / parts)`` frames and at
+    the last), so a render of a whole episode (about 90 s on a CPU) is not silent."""
+
+    def show(done: int, total: int) -> None:
+        every = max(1, -(-total // parts))
+        if done == total or done % every == 0:
+            print(f"{prog}: frame {done}/{total}", file=stream if stream is not None else sys.stderr, flush=True)
+
+    return show
 
 
 def _write_png(out: pathlib.Path, img: np.ndarray) -> None:

@@ -194,8 +194,35 @@ def draw_frame(f: FrameData, ax, legend: bool = False, legend_loc: str | None = 
     ax.set_yticks([])
     if f.title:
         ax.set_title(f.title, fontsize=7)
+    draw_scale_bar(ax, f.extent)
     if legend:
         draw_legend(ax, f, legend_loc)
+
+
+def scale_bar_length(span: float, fraction: float = 0.2) -> float:
+    """The scale bar's length in metres for a view ``span`` metres wide: the largest 1, 2 or 5
+    times a power of ten that is at most ``fraction`` of the span (a span of 100 m gives 20 m,
+    of 240 m gives 20 m, of 300 m gives 50 m). Raises ValueError for a span that is not > 0."""
+    if not span > 0 or not np.isfinite(span):
+        raise ValueError(f"scale_bar_length: span must be a finite number > 0 (m), got {span}")
+    target = fraction * span
+    power = 10.0 ** np.floor(np.log10(target))
+    return float(max(m * power for m in (1.0, 2.0, 5.0) if m * power <= target))
+
+
+def draw_scale_bar(ax, extent: tuple) -> None:
+    """A metre scale bar at the bottom centre of a top-down view: a line of
+    :func:`scale_bar_length` metres and its label (``"20 m"``). extent: (xmin, xmax, ymin, ymax) in
+    metres, the view's limits."""
+    xmin, xmax, ymin, ymax = extent
+    length = scale_bar_length(xmax - xmin)
+    x0 = 0.5 * (xmin + xmax) - 0.5 * length
+    y0 = ymin + 0.03 * (ymax - ymin)
+    ax.plot([x0, x0 + length], [y0, y0], color=COLORS["road_edge"], linewidth=2.0, solid_capstyle="butt",
+            zorder=10)
+    ax.text(x0 + 0.5 * length, y0 + 0.01 * (ymax - ymin), f"{length:g} m", ha="center", va="bottom", fontsize=6,
+            color=COLORS["road_edge"], zorder=10,
+            bbox={"facecolor": COLORS["background"], "edgecolor": "none", "pad": 1.0, "alpha": 0.8})
 
 
 def _image_of(f: FrameData, ax, figsize: float, dpi: int, legend: bool = True) -> np.ndarray:

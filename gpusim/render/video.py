@@ -113,7 +113,8 @@ def _video_legend_corner(pack, scenario: int, extent: tuple) -> str:
 def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps: int | None = None,
                    out=None, fps: int = 10, seed: int | None = None, trail_length: int = 10,
                    ego_agent: int | None = None, figsize: float = 6.0,
-                   dpi: int = 100, legend: bool = True) -> tuple[list, pathlib.Path | None]:
+                   dpi: int = 100, legend: bool = True,
+                   progress: Callable[[int, int], None] | None = None) -> tuple[list, pathlib.Path | None]:
     """Reset an env, roll it forward and record world ``world`` as a GIF/MP4.
 
     Args:
@@ -136,6 +137,8 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
         figsize, dpi: panel size (inches, dots per inch).
         legend: draw the in-image legend of the top-down view (what each frame shows, so entries
             such as ``collided now`` appear with the first frame that has them; docs/render.md).
+        progress: optional ``progress(done, total)`` called after each frame is drawn (``done``
+            frames of ``total = steps + 1``), e.g. to print how far a long render is.
 
     Returns:
         (frames, path): the [H, W, 3] uint8 frames and the path written (None without ``out``).
@@ -174,6 +177,8 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
                             title=f"ego view, slot {ego_agent}", partner_radius=env.config.partner_radius,
                             road_radius=env.config.road_radius)
         frames.append(canvas.image())
+        if progress is not None:
+            progress(len(frames), steps + 1)
 
     snap(obs)
     for _ in range(steps):

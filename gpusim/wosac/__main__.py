@@ -1,7 +1,7 @@
 """Command line: WOSAC realism figures of log baselines or of a submission file.
 
     python -m gpusim.wosac SRC... [--baseline log_replay constant_speed] [--submission FILE.binproto]
-                           [--device cuda] [--json out.json] [--limit N]
+                           [--device cuda] [--json out.json] [--limit N] [--quiet]
 
 ``SRC`` are scenario files or directories (WOMD TFRecord or GPUDrive JSON, read through
 ``Scenario`` protos). Each ``--baseline`` (rollouts built from the log, no simulator) and the
@@ -13,7 +13,8 @@ cannot score (no track to predict, no object valid at step 10, ...) are listed w
 and counted. A submission that is empty, lacks a scored scenario or whose objects or steps do not
 match is refused (exit 2, one line naming the file and scenario); one with fewer rollouts per
 scenario than the challenge's 32 is scored with a note saying so. ``--limit`` must be >= 1;
-``--device cuda`` without CUDA and an unwritable ``--json`` are refused before any scoring.
+``--device cuda`` without CUDA and an unwritable ``--json`` are refused before any scoring. A
+line on stderr names each scenario as it is scored, with its seconds (``--quiet``: none).
 """
 
 from __future__ import annotations
@@ -42,28 +43,44 @@ def _interval(values: list[float]) -> dict:
     return {"mean": m, "lo": max(0.0, m - h), "hi": min(1.0, m + h), "n": n}
 
 
-def _score_all(scenes, make_rollouts, device) -> dict:
+def _score_all(scenes, make_rollouts, device, label: str = "", say=None) -> dict:
     """Per-scenario figures ``{scenario_id: {component: value}}`` for rollouts from ``make_rollouts(scene,
-    batch)`` -> [1, R, N, 80, 4]."""
+    batch)`` -> [1, R, N, 80, 4]; ``say(text)``, when given, is told ``LABEL: scenario I/N ID (S s)``
+    after each scenario (a scenario takes seconds to minutes on a CPU)."""
     from gpusim.wosac.metrics import score
     from gpusim.wosac.scene import stack_scenes
 
     rows = {}
-    for s in scenes:
+    for i, s in enumerate(scenes, 1):
+        t0 = time.perf_counter()
         b = stack_scenes([s], device)
         out = score(b, make_rollouts(s, b).to(device))
         rows[s.scenario_id] = {k: float(v[0]) for k, v in out.items()}
+        if say is not None:
+            say(f"{label}: scenario {i}/{len(scenes)} {s.scenario_id} ({time.perf_counter() - t0:.1f} s)")
     return rows
+
+
+def _say(text: str) -> None:
+    """A progress line on stderr (the table goes to stdout)."""
+    print(text, file=sys.stderr, flush=True)
 
 
 def main(argv=None) -> int:
     """Entry point; returns the exit code (0 ok, 2 bad input)."""
-    p = argparse.ArgumentParser(prog="python -m gpusim.wosac", description=__doc__.split("\n\n")[0])
-    p.add_argument("sources", nargs="+", metavar="SRC")
-    p.add_argument("--baseline", nargs="*", choices=("log_replay", "constant_speed"), default=None)
-    p.add_argument("--submission", default=None, help="SimAgentsChallengeSubmission binproto to score")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--limit", type=int, default=None, help="score at most N scenarios")
+    p = argparse.ArgumentParser(prog="python -m gpusim.wosac",
+                                description=__doc__.split("\n\n")[0].removeprefix("Command line: "))
+    p.add_argument("sources", nargs="+", metavar="SRC",
+                   help="scenario files or directories: WOMD TFRecord shards or GPUDrive JSON")
+    p.add_argument("--baseline", nargs="*", choices=("log_replay", "constant_speed"), default=None,
+                   help="log baselines to score (rollouts built from the log, no simulator); default log_replay "
+                        "without --submission, none with it")
+    p.add_argument("--submission", default=None,
+                   help="SimAgentsChallengeSubmission binproto to score (e.g. from train/evaluate.py --mode wosac "
+                        "--export-rollouts)")
+    p.add_argument("--device", default="cpu", help="torch device of the scoring: cpu (default) or cuda")
+    p.add_argument("--limit", type=int, default=None, help="score at most N scenarios (N >= 1; default all)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (the table is still printed)")
     p.add_argument("--json", default=None, help="write every figure (per scenario too) to this file")
     args = p.parse_args(argv)
     from gpusim.data.proto_export import read_submission
@@ -103,8 +120,12 @@ def main(argv=None) -> int:
         return 2
     results = {}
     t0 = time.perf_counter()
+    say = None if args.quiet else _say
+    if say is not None:
+        say(f"scoring {len(scenes)} scenario(s) for {', '.join([*baselines, *(['submission'] if sub else [])])} "
+            f"on {device}")
     for base in baselines:
-        results[base] = _score_all(scenes, lambda s, b, f=BASELINES[base]: f(b), device)
+        results[base] = _score_all(scenes, lambda s, b, f=BASELINES[base]: f(b), device, base, say)
     if sub is not None:
         missing = [s.scenario_id for s in scenes if s.scenario_id not in sub]
         if missing:
@@ -117,7 +138,8 @@ def main(argv=None) -> int:
                   f"requires {C.N_ROLLOUTS}, so these figures are not comparable to its leaderboard", file=sys.stderr)
         try:
             results["submission"] = _score_all(
-                scenes, lambda s, b: rollouts_for(s, *sub[s.scenario_id], file=args.submission)[None], device)
+                scenes, lambda s, b: rollouts_for(s, *sub[s.scenario_id], file=args.submission)[None], device,
+                "submission", say)
         except ScenarioError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
