@@ -7,12 +7,17 @@ Usage::
 
     python profiling/memory_probe_card.py --run runs/memory_probe \\
         --evals eval_episode_det.json eval_episode_sto.json eval_trial_det.json eval_trial_sto.json \\
-        --hardware "$(nvidia-smi -L | head -1)" --command "python train/run.py ..."
+        --hardware "$(nvidia-smi -L | head -1)" --command "python train/run.py ..." \\
+        --left-out "1c86ee6a2c07e516=its controlled agent in slot 2 has no candidate place"
 
 Every ``--evals`` file is a ``train/evaluate.py --json`` output of the run's checkpoint; its row is
 labelled by its ``memory`` (``as trained`` / ``episode``: with memory; ``trial``: the control) and
 ``deterministic`` / ``decode`` fields. ``s = 2 * trial_0_score`` (docs/trial.md, "What s²/2 means").
-Errors (a missing file, an evaluation JSON without trial scores): one line, exit code 2.
+The figures are on the ``held_out`` split of ``data/splits_v2.json`` (:data:`train.splits.SPLITS_FILE`):
+the scenes the evaluations ran must be that split's, less the ``--left-out`` ones (each named with
+its reason on the card).
+Errors (a missing file, an evaluation JSON without trial scores, evaluations on other scenes than
+the held-out split less ``--left-out``): one line, exit code 2.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ import sys
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from train.splits import SPLITS_FILE, read_splits  # noqa: E402  (the repository root on the path first)
+
 DEFAULT_COMMAND = ("python train/run.py --data womd_train --env.goal-behavior trial --env.k-trials 2 "
                    "--env.goal-candidates 2 --env.scenario-length 40 --env.candidate-practice 0.5 "
                    "--total-timesteps 5000000 --checkpoint-interval 50 --num-threads 1 --seed 1 --run-name memory_probe")
@@ -112,6 +120,29 @@ def steer_to_goal_line(evals: list[pathlib.Path]) -> str:
     return "For scale, see `steer_to_goal` told the true candidate in docs/trial.md."
 
 
+def held_out_scenes(evals: list[pathlib.Path], left_out: dict[str, str]) -> tuple[int, int]:
+    """``(split size, scenes evaluated)``: checks that every evaluation ran the ``held_out`` split of
+    :data:`train.splits.SPLITS_FILE` less the ``left_out`` stems (``{stem: reason}``).
+
+    Raises:
+        ValueError: an evaluation ran other scenes (names the file, the missing and the extra ones),
+            or a ``left_out`` stem is not in the split.
+    """
+    split = set(read_splits(SPLITS_FILE)["splits"]["held_out"])
+    unknown = sorted(set(left_out) - split)
+    if unknown:
+        raise ValueError(f"--left-out {', '.join(unknown)}: not in the held_out split of {SPLITS_FILE.name}")
+    want = split - set(left_out)
+    for path in evals:
+        for run in json.loads(path.read_text())["runs"]:
+            got = set(run.get("scenarios") or [])
+            if got != want:
+                raise ValueError(f"{path}: run {run.get('label')} is not on the held_out split of {SPLITS_FILE.name} "
+                                 f"less --left-out (missing {sorted(want - got)[:5]}, extra {sorted(got - want)[:5]}); "
+                                 f"name each scene left out with --left-out STEM=REASON")
+    return len(split), len(want)
+
+
 def _git() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
@@ -122,8 +153,23 @@ def _git() -> str:
         return "not recorded"
 
 
-def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, command: str, hardware: str) -> str:
-    """Copy the checkpoint and write the card; returns the card's text."""
+def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, command: str, hardware: str,
+          left_out: dict[str, str] | None = None, code: str | None = None) -> str:
+    """Copy the checkpoint and write the card; returns the card's text.
+
+    ``left_out``: ``{stem: reason}`` of the held-out scenes the evaluations left out; ``code``: the
+    card's code line (default: this repository's git state).
+
+    Raises:
+        ValueError: as :func:`held_out_scenes`, :func:`table_rows`.
+    """
+    left_out = left_out or {}
+    n_split, n_run = held_out_scenes(evals, left_out)
+    held = f"held_out of data/splits_v2.json, {n_split} scenes"
+    if left_out:
+        held += (f";\n  the figures below on {n_run} of them, left out (`train/evaluate.py` refuses them): "
+                 + "; ".join(f"{k} ({v})" for k, v in sorted(left_out.items())))
+    rm = "".join(f"\nrm womd_held_out/{k}.json.xz" for k in sorted(left_out))
     data = (run / "checkpoint.pt").read_bytes()  # as saved (the loader wants every part, optimizer included)
     ckpt = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)
     pt = out.with_suffix(".pt")
@@ -148,8 +194,9 @@ def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, comma
 
 ## Data and split
 
-- Scenarios: the `train` split of `data/splits.json` (52 of the 72 shared WOMD scenarios).
-- Held out for the figures below: the `held_out` split of `data/splits.json` (20 scenarios).
+- Scenarios: the `train` split of `data/splits.json` (52 of the 72 shared WOMD scenarios; all 52 are
+  in `train` of `data/splits_v2.json`, none in its `validation` or `held_out`).
+- Held out for the figures below: {held}.
 - Scenarios skipped by the converter, with reasons: none.
 
 ## Training command
@@ -158,7 +205,7 @@ def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, comma
 {command}
 ```
 
-- Code: {_git()}.
+- Code: {code or _git()}.
 - Shaping: experience `{shaping}` (the run directory's `config.json` replays the run).
 
 ## Hardware, steps and wall time
@@ -170,15 +217,19 @@ def write(run: pathlib.Path, evals: list[pathlib.Path], out: pathlib.Path, comma
 ## Held-out results
 
 Command (for `--memory` in `episode`, `trial`; each as below, with `--decode mean` and with
-`--stochastic`; `womd_held_out` from `python train/splits.py held_out --data path/to/womd --link womd_held_out`):
+`--stochastic`; `steer_to_goal` beside the checkpoint without `--memory`, which a baseline refuses:
+the checkpoint's own memory is `episode`):
 
 ```
+python train/splits.py held_out --data path/to/womd path/to/womd_more --link womd_held_out{rm}
 python train/evaluate.py --policy policies/{pt.name} --data womd_held_out --episodes-per-scenario 10 \\
     --memory episode --num-threads 1 --no-per-scenario --json eval_episode_det.json
 ```
 
-Means over agent-episodes with 95% intervals; s = 2 x trial_0_score, the most memory can add is s²/2
-(docs/trial.md):
+The control, `--memory trial`, clears the KV cache at every trial start and zeroes the `trial_index`
+observation column: the exact memoryless control (a deterministic policy drives trial 1 as trial 0).
+Means over agent-episodes ({n_run} scenes) with 95% intervals clustered by scenario, identical
+repeated episodes counted once; s = 2 x trial_0_score, the most memory can add is s²/2 (docs/trial.md):
 
 | run | trial_0_score | trial_1_score | s | s²/2 | ada_delta_trial_1_minus_0 | after a decoy in trial 0: the true goal in trial 1 | ... the decoy again | agent-episodes |
 |---|---|---|---|---|---|---|---|---|
@@ -211,13 +262,23 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "policies" / "memory_probe"), help="path without suffix")
     ap.add_argument("--command", default=DEFAULT_COMMAND, help="the training command line, as run")
     ap.add_argument("--hardware", default="not recorded", help="e.g. the line of nvidia-smi -L")
+    ap.add_argument("--code", default=None, help="the card's code line (default: this repository's git state)")
+    ap.add_argument("--left-out", nargs="*", default=[], metavar="STEM=REASON",
+                    help="held-out scenes the evaluations left out, each with its reason")
     args = ap.parse_args(argv)
     run = pathlib.Path(args.run)
     try:
         for p in [run / "checkpoint.pt"] + [pathlib.Path(e) for e in args.evals]:
             if not p.is_file():
                 raise FileNotFoundError(f"{p}: no such file")
-        write(run, [pathlib.Path(e) for e in args.evals], pathlib.Path(args.out), args.command, args.hardware)
+        left_out = {}
+        for item in args.left_out:
+            stem, sep, reason = item.partition("=")
+            if not sep or not stem or not reason:
+                raise ValueError(f"--left-out {item!r}: give STEM=REASON")
+            left_out[stem] = reason
+        write(run, [pathlib.Path(e) for e in args.evals], pathlib.Path(args.out), args.command, args.hardware,
+              left_out, args.code)
     except (OSError, ValueError, KeyError) as e:
         print(f"memory_probe_card: {e}", file=sys.stderr)
         return 2
