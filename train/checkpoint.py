@@ -246,6 +246,8 @@ def policy_from_checkpoint(payload: dict, path, obs_layout=None, num_actions: in
     Raises:
         PolicyMismatch (a ``CheckpointError``, ``ValueError``): the policy's observation layout,
             action count or action space differs from the given ones.
+        CheckpointError: the weights disagree with the checkpoint's recorded policy description
+            (:func:`load_weights`: the file and the first mismatching tensor with both shapes).
     """
     import dataclasses
 
@@ -261,9 +263,43 @@ def policy_from_checkpoint(payload: dict, path, obs_layout=None, num_actions: in
         kind = lambda c: "continuous" if c else "discrete"  # noqa: E731
         raise PolicyMismatch(path, f"the policy reads observations {have} with {policy.num_actions} "
                                    f"{kind(policy.continuous)} actions, the env gives {want} with {n} {kind(cont)}")
-    policy.load_state_dict(payload["model"])
+    load_weights(policy, payload["model"], path)
     policy.requires_grad_(False)
     return policy.eval()
+
+
+def load_weights(policy, state, path) -> None:
+    """Load a checkpoint's ``"model"`` tensors into ``policy`` (built from the same checkpoint's
+    recorded description, :meth:`policy.ActorCritic.from_description`), after checking that they
+    fit it: the same tensor names, each a tensor of the shape the description gives.
+
+    Args:
+        policy: the :class:`policy.ActorCritic` to fill (in place). state: the checkpoint's
+            ``"model"`` dict (name -> tensor). path: its file (for messages).
+
+    Raises:
+        CheckpointError: the weights disagree with the description (an edited or mixed-up file):
+            one line naming the file and the first tensor that differs, with both shapes (or the
+            tensor that is missing, extra or not a tensor).
+    """
+    if not isinstance(state, dict):
+        raise CheckpointError(f"checkpoint {path}: its weights ('model') are {type(state).__name__}, not a dict of "
+                              "tensors; use another copy or an earlier checkpoint")
+    head = f"checkpoint {path}: its weights do not fit its recorded policy description:"
+    tail = "the file was edited or mixed from two runs; use another copy or an earlier checkpoint"
+    for name, want in policy.state_dict().items():
+        have = state.get(name)
+        if have is None:
+            raise CheckpointError(f"{head} tensor {name} {list(want.shape)} is missing; {tail}")
+        if not isinstance(have, torch.Tensor):
+            raise CheckpointError(f"{head} {name} is {type(have).__name__}, not a tensor; {tail}")
+        if tuple(have.shape) != tuple(want.shape):
+            raise CheckpointError(f"{head} tensor {name} is {list(have.shape)} in the file, {list(want.shape)} by the "
+                                  f"description; {tail}")
+    extra = [name for name in state if name not in policy.state_dict()]
+    if extra:
+        raise CheckpointError(f"{head} tensor {extra[0]} ({len(extra)} in all) is not in the described policy; {tail}")
+    policy.load_state_dict(state)
 
 
 def load_policy(path, device="cpu", obs_layout=None, num_actions: int | None = None,
@@ -281,7 +317,8 @@ def load_policy(path, device="cpu", obs_layout=None, num_actions: int | None = N
         checkpoint's dict (``global_step``, ``env_config``, ...).
 
     Raises:
-        FileNotFoundError, CheckpointError: as :func:`load_checkpoint`. PolicyMismatch: as
+        FileNotFoundError, CheckpointError: as :func:`load_checkpoint`. PolicyMismatch and
+            CheckpointError (weights that disagree with the description): as
             :func:`policy_from_checkpoint`.
     """
     path = pathlib.Path(path)

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from train.checkpoint import load_checkpoint
+from train.checkpoint import load_checkpoint, load_weights
 from train.config import (TrainConfig, UserError, check_device, env_config_from_dict, flag, memory_task_experience,
                           refuse_file_hook, resolve_path, user_set)
 from train.logger import truncate_jsonl
@@ -151,8 +151,10 @@ def restore(ckpt: dict, ckpt_file, policy, optimizer, metric_log, run_dir: pathl
 
     Raises:
         UserError: the saved metric state does not fit the env.
+        train.checkpoint.CheckpointError: the weights disagree with the checkpoint's recorded
+            policy description (:func:`train.checkpoint.load_weights`).
     """
-    policy.load_state_dict(ckpt["model"])
+    load_weights(policy, ckpt["model"], ckpt_file)  # one line naming a tensor that disagrees with the description
     optimizer.load_state_dict(ckpt["optimizer"])
     torch.set_rng_state(ckpt["rng"])
     extra = ckpt.get("extra") or {}
