@@ -5,10 +5,19 @@ new user and as an attacker would try them; each test failed on the tree before 
   weights of one run under another's description) is one line naming the file and the first
   mismatching tensor with both shapes, for evaluation (``load_policy``) and ``--resume``
   (formerly a many-line ``state_dict`` size mismatch traceback).
+- An edited split file is refused in one line by both readers (``train/splits.py``, ``convert
+  --split``): an id with a path separator (formerly read a file outside ``--data``), a scene in
+  two splits or twice in one (formerly listed silently: a held-out scene trained on), a split that
+  is a string, ``scenes`` a list (formerly an AttributeError traceback); a fingerprint of NaN or no
+  positions (formerly matched any record) and a record address out of range (formerly converted).
+- ``train/splits.py train --skip-missing`` finding none of the split is an error (formerly an
+  empty list, exit 0); ``--link`` with ``--copy`` is refused (formerly the copy was dropped).
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import pathlib
 
 import pytest
@@ -102,3 +111,79 @@ def test_evaluate_mismatched_checkpoint_exit_2(tmp_path, capsys):
     assert main(["--policy", str(bad), "--data", str(SAMPLE), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "driver_edited.pt" in err[0] and "by the description" in err[0]
+
+
+# ---------------------------------------------------------------- the pool's split file, edited
+SPLITS_V2 = REPO / "data" / "splits_v2.json"
+
+
+def _edited_split(tmp_path, change) -> pathlib.Path:
+    doc = json.loads(SPLITS_V2.read_text())
+    change(doc)
+    f = tmp_path / "edited_splits.json"
+    f.write_text(json.dumps(doc))
+    return f
+
+
+def _first(doc, name="validation"):
+    return doc["splits"][name][0]
+
+
+EDITS = {
+    "a path": (lambda d: d["splits"]["validation"].__setitem__(0, "../../x"), "holds '../../x', not a scenario file stem"),
+    "in two splits": (lambda d: d["splits"]["held_out"].append(_first(d, "train")), "is in splits 'train' and 'held_out'"),
+    "twice": (lambda d: d["splits"]["validation"].append(_first(d)), "is twice in split 'validation'"),
+    "a string": (lambda d: d["splits"].__setitem__("validation", "abc"), "split 'validation' is str, not a list"),
+    "scenes a list": (lambda d: d.__setitem__("scenes", []), '"scenes" is list, not an object'),
+    "record name a path": (lambda d: d["scenes"][_first(d)].__setitem__("record_name", "/etc/x"),
+                           "record_name '/etc/x' is not a scenario file stem"),
+}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_edited_split_file_refused_by_both_readers(tmp_path, capsys, edit):
+    from gpusim.data.__main__ import main as data_main
+    from train.splits import main as splits_main
+    change, words = EDITS[edit]
+    f = _edited_split(tmp_path, change)
+    assert splits_main(["validation", "--data", str(SAMPLE), "--splits-file", str(f)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(f) in err[0] and words in err[0]
+    rc = data_main(["convert", str(REPO / "data" / "womd_tfrecord"), "--split", "validation", "--splits-file", str(f),
+                    "--out", str(tmp_path / "pack")])
+    err = capsys.readouterr().err
+    words = '"scenes" objects' if edit == "scenes a list" else words  # the converter's own older check
+    assert rc == 2 and words in err and not (tmp_path / "pack").exists()
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("first_xy", [[float("nan"), 1.0]], "item 0 is [nan, 1.0], not None or two finite numbers"),
+    ("first_xy", [], '"first_xy" has 0 positions for'),
+    ("first_xy", [["a", "b"]], "item 0 is ['a', 'b']"),
+    ("objects", True, '"objects" True is not a count'),
+    ("womd", {"split": "training", "shard": 0, "num_shards": 1000, "record": -1}, "is not a record address"),
+    ("womd", {"split": "training", "shard": 5, "num_shards": 0, "record": 1}, "is not a record address"),
+])
+def test_split_entry_fingerprint_and_address_checked(tmp_path, field, value, words):
+    from gpusim.data.convert import read_split_entries
+    assert len(read_split_entries(SPLITS_V2, "validation")[0]) == 25  # the shipped file passes
+    f = _edited_split(tmp_path, lambda d: d["scenes"][_first(d)].__setitem__(field, copy.deepcopy(value)))
+    with pytest.raises(ValueError, match="--splits-file .*edited_splits.json: scene .* of split 'validation': ") as e:
+        read_split_entries(f, "validation")
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_skip_missing_that_finds_nothing_and_link_with_copy(tmp_path, capsys):
+    from train.splits import main as splits_main
+    # data/splits.json's train holds bundled scenes; the pool's first 3 train scenes are not bundled
+    assert splits_main(["train", "--data", str(SAMPLE), "--skip-missing", "--splits-file",
+                        str(REPO / "data" / "splits.json")]) == 0
+    assert capsys.readouterr().out.strip()
+    assert splits_main(["train", "--data", str(SAMPLE), "--skip-missing", "--limit", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "none of its 3 scenarios is in" in err and str(SAMPLE) in err
+    with pytest.raises(SystemExit) as e:
+        splits_main(["train", "--data", str(SAMPLE), "--skip-missing", "--splits-file", str(REPO / "data" / "splits.json"),
+                     "--link", str(tmp_path / "l"), "--copy", str(tmp_path / "c")])
+    assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert not (tmp_path / "l").exists() and not (tmp_path / "c").exists()

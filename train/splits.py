@@ -36,6 +36,7 @@ import pathlib
 import re
 import sys
 
+from gpusim.data.convert import split_doc_problem
 from gpusim.fileio import OutputError, check_output_path, write_text
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -59,17 +60,24 @@ def read_splits(path=SPLITS_FILE) -> dict:
     ``signal_scenarios``, ``splits`` = ``{name: [scenario ids]}``).
 
     Raises:
-        SplitError: the file is missing, not JSON, or has no ``splits``.
+        SplitError: the file is missing, not JSON, has no ``splits``, or fails
+            :func:`gpusim.data.convert.split_doc_problem` (an id that is not a file stem, a scene
+            in two splits, ...).
     """
     path = pathlib.Path(path)
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise SplitError(f"{path}: no such file (the split ships with the repository as data/splits.json)") from None
+        raise SplitError(f"{path}: no such file (the split files ship with the repository: data/splits_v2.json, "
+                         f"the pool's, and data/splits.json, the first)") from None
     except json.JSONDecodeError as e:
         raise SplitError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("splits"), dict):
         raise SplitError(f"{path}: no \"splits\" object; restore data/splits.json from the repository")
+    problem = split_doc_problem(doc)
+    if problem:
+        raise SplitError(f"{path}: {problem}; restore the file from the repository or rebuild it with "
+                         f"`python train/splits.py build`")
     return doc
 
 
@@ -150,7 +158,8 @@ def load_split(name: str, data_dir, missing: str = "error", path=SPLITS_FILE, li
 
     Raises:
         SplitError: unknown ``name`` or ``missing``, ``data_dir`` not a directory, scenarios of the
-            split absent or unreadable (named, with how many of the split are lost), or as
+            split absent or unreadable (named, with how many of the split are lost), none found even with
+            ``missing="skip"``, or as
             :func:`read_splits`.
     """
     if missing not in ("error", "skip"):
@@ -189,6 +198,9 @@ def load_split(name: str, data_dir, missing: str = "error", path=SPLITS_FILE, li
         raise SplitError(f"split {name!r} ({pathlib.Path(path).name}): {len(absent)} of its {len(ids)} scenarios are "
                          f"not in {where}, first {absent[0]}{SUFFIXES[0]}; pass the directories of the pool "
                          f"(docs/data.md says where each scene comes from)")
+    if not files:
+        raise SplitError(f"split {name!r} ({pathlib.Path(path).name}): none of its {len(ids)} scenarios is in "
+                         f"{' '.join(str(d) for d in dirs)}; pass the directories of the pool")
     return files
 
 
@@ -375,8 +387,9 @@ def main(argv=None) -> int:
     p.add_argument("name", choices=SPLIT_NAMES)
     p.add_argument("--data", required=True, nargs="+", help="directories of the WOMD scenes "
                    "(the pool: ../shared/data/womd ../shared/data/womd_more)")
-    p.add_argument("--link", metavar="OUT", help="make OUT a directory of symbolic links to the split's files")
-    p.add_argument("--copy", metavar="OUT", help="make OUT a directory of copies of the split's files "
+    out_flags = p.add_mutually_exclusive_group()
+    out_flags.add_argument("--link", metavar="OUT", help="make OUT a directory of symbolic links to the split's files")
+    out_flags.add_argument("--copy", metavar="OUT", help="make OUT a directory of copies of the split's files "
                    "(a folder that travels to another machine)")
     p.add_argument("--limit", type=int, help="the first N scenes of the split only (nested subsets)")
     p.add_argument("--splits-file", default=str(SPLITS_FILE), help="the split file (default data/splits_v2.json; "

@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import glob as _glob
 import json
+import math
 import multiprocessing
 import os
 import pathlib
@@ -329,6 +330,69 @@ FINGERPRINT_TOLERANCE_M = 0.01
 _SHARD_NAME = re.compile(r"^(?:(?P<prefix>.+)\.)?tfrecord-(?P<shard>\d{5})-of-(?P<n>\d{5})(?:\.gz)?$")
 
 
+#: A scenario's file stem as a split file may name it (scenario id or WOMD record name): no path
+#: separators, so an edited split file cannot reach files outside the given directories.
+_SPLIT_STEM = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+def split_doc_problem(doc) -> str | None:
+    """What makes a parsed split file (``data/splits.json``, ``data/splits_v2.json``) unusable, in
+    words, or None: ``splits`` not an object of lists; a scenario id that is not a plain file stem
+    (letters, digits, ``_ - .``; no path separator); a scenario twice in one split or in two
+    splits (a held-out scene trained on); ``scenes`` (when present) not an object of objects, or
+    an entry's ``scenario_id`` / ``record_name`` not a plain stem. The one structural check of
+    both readers (:func:`read_split_entries`, ``train.splits.read_splits``)."""
+    splits = doc.get("splits") if isinstance(doc, dict) else None
+    if not isinstance(splits, dict):
+        return "no \"splits\" object"
+    seen: dict = {}
+    for name, ids in splits.items():
+        if not isinstance(ids, list):
+            return f"split {name!r} is {type(ids).__name__}, not a list of scenario ids"
+        for sid in ids:
+            if not isinstance(sid, str) or not _SPLIT_STEM.match(sid):
+                return f"split {name!r} holds {sid!r}, not a scenario file stem (letters, digits, '_', '-', '.')"
+            if sid in seen:
+                where = f"twice in split {name!r}" if seen[sid] == name else f"in splits {seen[sid]!r} and {name!r}"
+                return f"scenario {sid} is {where}"
+            seen[sid] = name
+    scenes = doc.get("scenes", {})
+    if not isinstance(scenes, dict):
+        return f"\"scenes\" is {type(scenes).__name__}, not an object"
+    for stem, e in scenes.items():
+        if not isinstance(e, dict):
+            return f"scene {stem}: its entry is {type(e).__name__}, not an object"
+        for key in ("scenario_id", "record_name"):
+            v = e.get(key)
+            if v is not None and not (isinstance(v, str) and _SPLIT_STEM.match(v)):
+                return f"scene {stem}: {key} {v!r} is not a scenario file stem"
+    return None
+
+
+def split_entry_problem(e: dict) -> str | None:
+    """What makes a split file's scene entry unusable as a fingerprint or a record address, in
+    words, or None: ``objects`` not an int >= 0 (a bool is not a count); ``first_xy`` empty while
+    the scene has objects (it would check nothing), longer than ``objects``, or holding an item
+    that is neither None nor two finite numbers (a NaN would match any position); ``womd`` (when
+    present) without ints ``0 <= shard < num_shards`` and ``record >= 0``."""
+    n, xy = e.get("objects"), e.get("first_xy")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        return f"\"objects\" {n!r} is not a count (an int >= 0)"
+    if not isinstance(xy, list) or (n > 0 and not xy) or len(xy) > n:
+        return f"\"first_xy\" has {len(xy) if isinstance(xy, list) else xy!r} positions for {n} objects"
+    for k, p in enumerate(xy):
+        if p is not None and not (isinstance(p, list) and len(p) == 2 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in p)):
+            return f"\"first_xy\" item {k} is {p!r}, not None or two finite numbers (m)"
+    w = e.get("womd")
+    if w is not None:
+        ints = all(isinstance(w.get(k), int) and not isinstance(w.get(k), bool) for k in ("shard", "num_shards", "record")) \
+            if isinstance(w, dict) else False
+        if not ints or not (0 <= w["shard"] < w["num_shards"]) or w["record"] < 0 or not isinstance(w.get("split"), str):
+            return f"\"womd\" {w!r} is not a record address (split, 0 <= shard < num_shards, record >= 0)"
+    return None
+
+
 def read_split_entries(path, name: str) -> tuple[list[tuple[str, dict]], dict]:
     """The scenes of split ``name`` of a split file (``data/splits_v2.json`` layout: ``splits``
     ``{name: [stem, ...]}`` and ``scenes`` ``{stem: entry}``), in the split's order.
@@ -356,6 +420,10 @@ def read_split_entries(path, name: str) -> tuple[list[tuple[str, dict]], dict]:
     if not isinstance(splits, dict) or not isinstance(scenes, dict):
         raise ValueError(f"--splits-file {path}: no \"splits\" and \"scenes\" objects (a split file written by "
                          f"`python train/splits.py build`, like data/splits_v2.json)")
+    problem = split_doc_problem(doc)
+    if problem:
+        raise ValueError(f"--splits-file {path}: {problem}; restore the file or rebuild it with "
+                         f"`python train/splits.py build`")
     if name not in splits:
         raise ValueError(f"--split {name}: no such split in {path}; use one of: {', '.join(splits)}")
     out = []
@@ -367,6 +435,10 @@ def read_split_entries(path, name: str) -> tuple[list[tuple[str, dict]], dict]:
         if not e.get("scenario_id") and not isinstance(e.get("womd"), dict):
             raise ValueError(f"--splits-file {path}: scene {stem} of split {name!r} has neither a \"scenario_id\" nor "
                              f"a \"womd\" record to find it by")
+        problem = split_entry_problem(e)
+        if problem:
+            raise ValueError(f"--splits-file {path}: scene {stem} of split {name!r}: {problem}; restore the file or "
+                             f"rebuild it with `python train/splits.py build`")
         out.append((stem, e))
     return out, doc
 
