@@ -33,6 +33,33 @@ SESSION = re.compile(r"\bsessions?\b", re.IGNORECASE)
 ISSUE_NUMBER = re.compile(r"\bissues?\s*#?\s*\d+", re.IGNORECASE)
 
 
+#: Diary phrases that a reference page, a results page or a card must not use, each with why. A
+#: results page keeps its dated runs (a date is a fact), not the writers' diary.
+DIARY_PHRASES = {
+    "we checked": "a diary of what was done; say what is tested or measured, and how",
+    "our reading": "the writers' opinion; state the evidence and what it supports",
+    "this session": "the working history; it belongs to CHANGELOG.md",
+    "this round": "the project's rounds are history (CHANGELOG.md); say what holds now",
+    "last round": "the project's rounds are history (CHANGELOG.md); give the date or the version",
+    "we would": "the writers' plans; a page says what exists (plans go to the issue tracker)",
+    "we tried": "a diary of attempts; say what was measured, with its command",
+    "today": "a relative date goes stale the day after; give the date, or say 'current'",
+}
+#: The folders (and single files) whose Markdown pages the diary scan covers.
+DIARY_SCOPE = ("docs/", "policies/")
+DIARY = re.compile(r"\b(" + "|".join(re.escape(p) for p in DIARY_PHRASES) + r")(?:'s)?\b", re.IGNORECASE)
+
+
+def diary_hits(text: str) -> list[tuple[int, str, str]]:
+    """The diary phrases of ``text``: ``(line number, phrase as in DIARY_PHRASES, stripped line)``
+    for each line (1-based) that holds one (any case; ``today`` also in ``today's``)."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in DIARY.finditer(line):
+            out.append((number, m.group(1).lower(), line.strip()))
+    return out
+
+
 def hits_in_text(text: str) -> list[tuple[int, str]]:
     """The offending lines of ``text``.
 
@@ -95,3 +122,33 @@ def test_no_history_words_outside_the_changelog(tracked_files):
     assert not bad, (
         f"{len(bad)} line(s) speak of sessions or issue numbers; history goes to CHANGELOG.md, "
         "code and docs describe the current state:\n" + "\n".join(bad))
+
+
+def test_diary_scanner_by_hand():
+    """Hand-made lines: each phrase in any case, and words that merely contain one are spared."""
+    text = "\n".join([
+        "We checked that the cache holds.",         # 1
+        "Our reading: practice helps.",             # 2
+        "The target of this round is not met.",     # 3
+        "under today's load",                       # 4
+        "measured on 2026-11-26, the current recipe",  # 5: a date is fine
+        "the day-to-day todays_value variable",     # 6: not the word 'today'
+    ])
+    assert [(n, p) for n, p, _ in diary_hits(text)] == [(1, "we checked"), (2, "our reading"), (3, "this round"),
+                                                         (4, "today")]
+    assert all(reason for reason in DIARY_PHRASES.values())
+
+
+def test_no_diary_phrases_in_docs_and_cards(tracked_files):
+    """Reference pages, results pages and policy cards (every tracked ``.md`` under docs/ and
+    policies/, and the untracked new ones beside them) use none of :data:`DIARY_PHRASES`."""
+    pages = {rel for rel in tracked_files if rel.endswith(".md") and rel.startswith(DIARY_SCOPE)}
+    for folder in DIARY_SCOPE:
+        pages |= {str(p.relative_to(ROOT)) for p in (ROOT / folder).rglob("*.md")}
+    bad = []
+    for rel in sorted(pages):
+        text = read_text(ROOT / rel)
+        if text is None:
+            continue
+        bad += [f"{rel}:{n}: '{p}' ({DIARY_PHRASES[p]}): {line[:100]}" for n, p, line in diary_hits(text)]
+    assert not bad, f"{len(bad)} diary phrase(s) in docs/ or policies/:\n" + "\n".join(bad)
