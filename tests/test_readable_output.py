@@ -70,6 +70,27 @@ def test_train_render_draws_the_first_scenario_with_progress(tmp_path, capsys):
     assert out.is_file()
 
 
+def test_log_render_shows_progress(tmp_path, capsys):
+    from gpusim.render.cli import main
+
+    assert main(["--data", str(SAMPLE), "--log", "--steps", "2", "--out", str(tmp_path / "log.gif")]) == 0
+    err = capsys.readouterr().err
+    assert "gpusim.render: frame 3/3" in err and "from the log" in err
+
+
+def test_progress_printer_prints_about_ten_times():
+    import io
+
+    from gpusim.render.cli import progress_printer
+
+    out = io.StringIO()
+    show = progress_printer("p", out)
+    for done in range(1, 92):
+        show(done, 91)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "p: frame 10/91" and lines[-1] == "p: frame 91/91" and len(lines) == 10
+
+
 # --- python -m gpusim.wosac: help and progress ------------------------------------------------
 
 def test_wosac_help_describes_every_option(capsys):

@@ -165,8 +165,9 @@ def render_from_args(args: argparse.Namespace, *, config=None, make_policy: Call
                 img = render_log_frame(pack, 0, t, figsize=args.size, dpi=args.dpi, legend=legend)
                 _write_png(out, img)
             else:
+                print(f"{prog}: scenario {pack.scenario_ids[0]} from the log -> {out}", file=sys.stderr)
                 _, out = render_log_episode(pack, 0, steps=args.steps, out=out, fps=args.fps, figsize=args.size,
-                                            dpi=args.dpi, legend=legend)
+                                            dpi=args.dpi, legend=legend, progress=progress_printer(prog))
             print(f"wrote {out}")
             return 0
         from gpusim.env import DriveEnv

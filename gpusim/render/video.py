@@ -197,14 +197,15 @@ def render_episode(env, policy: Callable | str = "expert", world: int = 0, steps
 
 def render_log_episode(pack, scenario: int = 0, steps: int | None = None, out=None, fps: int = 10,
                        trail_length: int = 10, figsize: float = 6.0, dpi: int = 100,
-                       legend: bool = True) -> tuple[list, pathlib.Path | None]:
+                       legend: bool = True,
+                       progress: Callable[[int, int], None] | None = None) -> tuple[list, pathlib.Path | None]:
     """Video of the logged scenario (every agent follows its log; no env needed).
 
     Args:
         pack: :class:`gpusim.data.ScenarioPack`. scenario: scenario index.
         steps: log steps after the first; default all (``num_steps - 1 - init_steps``). Frames
             written = ``steps + 1``, starting at log step ``pack.config.init_steps``.
-        out, fps, trail_length, figsize, dpi, legend: as :func:`render_episode`.
+        out, fps, trail_length, figsize, dpi, legend, progress: as :func:`render_episode`.
 
     Returns:
         (frames, path) as :func:`render_episode`.
@@ -228,5 +229,7 @@ def render_log_episode(pack, scenario: int = 0, steps: int | None = None, out=No
     for t in range(t0, t0 + steps + 1):
         draw_frame(frame_from_log(pack, scenario, t, trail=trail, extent=extent), canvas.ax, legend, loc)
         frames.append(canvas.image())
+        if progress is not None:
+            progress(len(frames), steps + 1)
     path = write_video(frames, out, fps) if out is not None else None
     return frames, path
