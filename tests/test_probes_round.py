@@ -12,6 +12,9 @@ new user and as an attacker would try them; each test failed on the tree before 
   positions (formerly matched any record) and a record address out of range (formerly converted).
 - ``train/splits.py train --skip-missing`` finding none of the split is an error (formerly an
   empty list, exit 0); ``--link`` with ``--copy`` is refused (formerly the copy was dropped).
+- ``train/bc.py --out`` at a directory or under a file is refused before the data is collected
+  (formerly after training: an error, or a ``FileExistsError`` traceback); a missing
+  ``--eval-data`` is named as such (formerly called ``--data``).
 """
 
 from __future__ import annotations
@@ -187,3 +190,25 @@ def test_skip_missing_that_finds_nothing_and_link_with_copy(tmp_path, capsys):
                      "--link", str(tmp_path / "l"), "--copy", str(tmp_path / "c")])
     assert e.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     assert not (tmp_path / "l").exists() and not (tmp_path / "c").exists()
+
+
+# ---------------------------------------------------------------- behaviour cloning's outputs
+@pytest.mark.parametrize("out, words", [("DIR", "is a directory: give a file name"),
+                                        ("FILE/bc.pt", "is a file, not a directory")])
+def test_bc_out_checked_before_the_work(tmp_path, capsys, out, words):
+    from train.bc import main as bc_main
+    (tmp_path / "FILE").write_text("x")
+    (tmp_path / "DIR").mkdir()
+    out = str(tmp_path / out)
+    assert bc_main(["--data", str(SAMPLE), "--out", out, "--epochs", "1", "--num-threads", "1"]) == 2
+    got = capsys.readouterr()
+    assert f"--out {out}" in got.err and words in got.err and "bc data" not in got.out  # nothing collected
+
+
+def test_bc_missing_eval_data_named(tmp_path, capsys):
+    from train.bc import main as bc_main
+    missing = str(tmp_path / "nowhere")
+    assert bc_main(["--data", str(SAMPLE), "--eval-data", missing, "--out", str(tmp_path / "bc.pt"), "--epochs", "1",
+                    "--num-threads", "1"]) == 2
+    got = capsys.readouterr()
+    assert f"--eval-data {missing}: no such file or directory" in got.err and "bc data" not in got.out

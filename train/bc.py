@@ -260,15 +260,23 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         "eval_accuracy", "steps_per_s"}], "collect_s"}``.
 
     Raises:
-        UserError: bad numbers, a dataset without a kept target; as :func:`train.setup.make_env`.
+        UserError: bad numbers, a dataset without a kept target, a missing ``--eval-data``; as
+            :func:`train.setup.make_env`. gpusim.fileio.OutputError: ``--out`` cannot be written
+            (checked before the work).
     """
+    from gpusim.fileio import check_output_path
     from train.checkpoint import save_checkpoint
+    from train.config import resolve_path
     from train.ppo import make_optimizer
 
     for name, value in (("--epochs", cfg.epochs), ("--minibatch-worlds", cfg.minibatch_worlds),
                         ("--num-worlds", cfg.num_worlds)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
+    check_output_path(cfg.out, "--out")  # before the work: a finished run is never lost to its output
+    if cfg.eval_data and not resolve_path(cfg.eval_data).exists():
+        raise UserError(f"--eval-data {cfg.eval_data}: no such file or directory (also tried "
+                        f"{resolve_path(cfg.eval_data)})")
     device = check_device(cfg.device)
     if cfg.num_threads:
         torch.set_num_threads(cfg.num_threads)
