@@ -152,3 +152,16 @@ def test_no_diary_phrases_in_docs_and_cards(tracked_files):
             continue
         bad += [f"{rel}:{n}: '{p}' ({DIARY_PHRASES[p]}): {line[:100]}" for n, p, line in diary_hits(text)]
     assert not bad, f"{len(bad)} diary phrase(s) in docs/ or policies/:\n" + "\n".join(bad)
+
+
+#: Reference pages that once grew into experiment logs, with the most lines each may have: their
+#: measured runs belong on docs/results/ pages (tables with commands, seeds and dates).
+REFERENCE_MAX_LINES = {"docs/trial.md": 300, "docs/training.md": 300}
+
+
+def test_reference_pages_stay_reference_pages():
+    """docs/trial.md and docs/training.md stay within their line budget (results go to docs/results/)."""
+    long = {rel: n for rel, cap in REFERENCE_MAX_LINES.items()
+            if (n := len((ROOT / rel).read_text(encoding="utf-8").splitlines())) > cap}
+    assert not long, (f"reference pages over their budget {REFERENCE_MAX_LINES}: {long}; move measured runs to "
+                      "docs/results/ and history to CHANGELOG.md")
