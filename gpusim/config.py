@@ -242,7 +242,8 @@ class EnvConfig:
             a scripted car crosses the ego's logged path, as a yielder or a non-yielder (hidden,
             drawn per world per episode, kept across trials). Needs ``max_controlled = 1`` (the
             task's ego); not with ``random_start_steps``. ``"none"`` (default): off, nothing drawn.
-        partner_type_prob: the probability of the non-yielder type per world and episode (in [0, 1]).
+        partner_type_prob: the probability of the non-yielder type per world and episode (in [0, 1]);
+            another value than the default is refused without ``partner_task`` (it would do nothing).
     """
 
     max_agents: int = 64
@@ -384,6 +385,9 @@ class EnvConfig:
                              f"{self.partner_task!r}")
         if not 0.0 <= self.partner_type_prob <= 1.0:
             raise ValueError(f"EnvConfig.partner_type_prob must be in [0, 1], got {self.partner_type_prob!r}")
+        if self.partner_task == "none" and self.partner_type_prob != EnvConfig.partner_type_prob:
+            raise ValueError(f"EnvConfig.partner_type_prob {self.partner_type_prob} does nothing without the partner "
+                             f"task; add --env.partner-task crossing or drop --env.partner-type-prob")
         if self.partner_task != "none" and (self.max_controlled != 1 or self.max_agents < 2):
             raise ValueError(f"EnvConfig.partner_task {self.partner_task} needs one controlled agent per world "
                              f"(--env.max-controlled 1, got {self.max_controlled}) and max_agents >= 2")

@@ -15,6 +15,10 @@ new user and as an attacker would try them; each test failed on the tree before 
 - ``train/bc.py --out`` at a directory or under a file is refused before the data is collected
   (formerly after training: an error, or a ``FileExistsError`` traceback); a missing
   ``--eval-data`` is named as such (formerly called ``--data``).
+- Flags that would do nothing are refused: ``--ppo.human-policy`` without ``--ppo.human-kl``
+  (formerly not even opened), ``--env.partner-type-prob`` without the partner task, and the
+  partner task's references ``partner_ceiling`` / ``partner_floor`` evaluated without it (formerly
+  two identical log-tracking columns under the references' names).
 """
 
 from __future__ import annotations
@@ -212,3 +216,34 @@ def test_bc_missing_eval_data_named(tmp_path, capsys):
                     "--num-threads", "1"]) == 2
     got = capsys.readouterr()
     assert f"--eval-data {missing}: no such file or directory" in got.err and "bc data" not in got.out
+
+
+# ---------------------------------------------------------------- flags that would do nothing
+def test_human_policy_without_its_coefficient_refused(tmp_path, capsys):
+    from train.ppo import PPOConfig
+    from train.run import main as run_main
+    with pytest.raises(ValueError, match=r"human_policy .*bc.pt does nothing with human_kl 0: pass --ppo.human-kl"):
+        PPOConfig(human_policy=str(tmp_path / "bc.pt"))
+    assert PPOConfig(human_policy="bc.pt", human_kl=0.1).human_kl == 0.1
+    with pytest.raises(SystemExit) as e:
+        run_main(["--ppo.human-policy", str(tmp_path / "bc.pt"), "--total-timesteps", "2000", "--num-worlds", "2",
+                  "--log-dir", str(tmp_path / "runs")])
+    assert e.value.code == 2 and "does nothing with human_kl 0" in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "runs").exists()
+
+
+def test_partner_type_prob_without_the_task_refused():
+    from gpusim.config import EnvConfig
+    with pytest.raises(ValueError, match=r"partner_type_prob 0.3 does nothing without the partner task"):
+        EnvConfig(partner_type_prob=0.3)
+    assert EnvConfig(partner_task="crossing", max_controlled=1, partner_type_prob=0.3).partner_type_prob == 0.3
+    assert EnvConfig().partner_task == "none"  # the default probability alone is fine
+
+
+@pytest.mark.parametrize("ref", ["partner_ceiling", "partner_floor"])
+def test_partner_references_need_the_partner_task(capsys, ref):
+    from train.evaluate import main
+    assert main(["--policy", "steer_to_goal", ref, "--data", str(SAMPLE), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--policy {ref}: a reference of the partner task" in err[0]
+    assert "add --partner-task crossing" in err[0]

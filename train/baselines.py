@@ -30,8 +30,10 @@ import torch
 
 from gpusim.kernels import dynamics
 
+#: The partner task's references: they need an env with the partner task (``--partner-task crossing``).
+PARTNER_BASELINES = ("partner_ceiling", "partner_floor")
 #: Names accepted by :func:`make_baseline` (and by ``train/evaluate.py --policy``).
-BASELINES = ("steer_to_goal", "constant_speed", "expert", "random", "partner_ceiling", "partner_floor")
+BASELINES = ("steer_to_goal", "constant_speed", "expert", "random") + PARTNER_BASELINES
 
 
 def _action_space(env) -> int:

@@ -45,7 +45,7 @@ if __package__ in (None, ""):  # `python train/evaluate.py` from a checkout with
 import torch
 from rich.markup import escape
 
-from train.baselines import BASELINES, make_baseline
+from train.baselines import BASELINES, PARTNER_BASELINES, make_baseline
 from train.config import (USER_ERRORS, UserError, check_device, default_device, env_config_from_dict, one_line,
                           resolve_path)
 from gpusim.data.errors import PackFileError
@@ -379,6 +379,10 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             base = base.replace(**task)
         except ValueError as e:
             raise UserError(f"--partner-task / --partner-type-prob: {one_line(e)}") from None
+    refs = [e["spec"] for e in policies if e["kind"] == "baseline" and e["spec"] in PARTNER_BASELINES]
+    if refs and base.partner_task == "none":  # without the task both references are log tracking
+        raise UserError(f"--policy {refs[0]}: a reference of the partner task, which this evaluation does not run; "
+                        f"add --partner-task crossing")
     if cfg.memory == "trial" and not base.trial_mode:  # no trial start to clear at: it would change nothing
         raise UserError(f"--memory trial: this evaluation runs no trials (goal behaviour {base.goal_behavior}, as the "
                         "first checkpoint was trained), so clearing the memory at trial starts changes nothing and the "

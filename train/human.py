@@ -70,7 +70,7 @@ def load_frozen(path: str, flag: str, env, env_config):
 
 def human_policy(cfg, env, env_config, ckpt: dict | None):
     """The frozen BC policy of HR-PPO and its file's SHA-256, or ``(None, None)`` without
-    ``--ppo.human-policy`` / with ``--ppo.human-kl 0``.
+    ``--ppo.human-policy`` (PPOConfig refuses it with ``--ppo.human-kl 0``).
 
     Args:
         cfg: the run's :class:`train.config.TrainConfig`. env, env_config: the run's env and setting.

@@ -92,13 +92,14 @@ class PPOConfig:
         human_kl: HR-PPO's coefficient (``train/human.py``): ``human_kl * KL(pi || pi_BC)`` on the
             update's valid steps is added to the loss; 0: off.
         human_policy: the checkpoint of ``pi_BC`` (``train/bc.py``), frozen; needed when
-            ``human_kl`` > 0.
+            ``human_kl`` > 0 and refused without it (it would do nothing).
         value_warmup: the first this many updates train the value head only (the other
             parameters get no gradient), e.g. after ``--init-policy`` from a BC checkpoint.
 
     Raises:
         ValueError: ``autocast`` not one of ``"off"``, ``"bf16"``; a non-finite number
-            (:func:`gpusim.config.check_finite`).
+            (:func:`gpusim.config.check_finite`); ``human_kl`` or ``value_warmup`` < 0;
+            ``human_kl`` > 0 without ``human_policy``, or ``human_policy`` with ``human_kl`` 0.
     """
 
     gamma: float = 0.99
@@ -132,6 +133,9 @@ class PPOConfig:
         if self.human_kl > 0 and not self.human_policy:
             raise ValueError("PPOConfig.human_kl > 0 needs human_policy (--ppo.human-policy PATH, a train/bc.py "
                              "checkpoint)")
+        if self.human_policy and self.human_kl == 0:
+            raise ValueError(f"PPOConfig.human_policy {self.human_policy} does nothing with human_kl 0: pass "
+                             f"--ppo.human-kl COEF > 0 for HR-PPO, or drop --ppo.human-policy")
 
 
     def at_progress(self, progress: float) -> "PPOConfig":
