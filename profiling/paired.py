@@ -8,6 +8,13 @@ This is the comparison the results pages use for "above the baseline".
     python train/evaluate.py --policy runs/x/checkpoint.pt steer_to_goal --data HELD --records rec.jsonl
     python -m profiling.paired rec.jsonl --policy checkpoint.pt --baseline steer_to_goal \\
         --metric goal_reached collision_or_offroad
+
+WOSAC figures are per scene: ``--wosac`` pairs the per-scenario rows of ``evaluate --mode wosac
+--json`` files (one or several, e.g. a policy's and the baselines' calls on the same scenes), and
+the interval is over scenes::
+
+    python -m profiling.paired held_sim.json held_base.json --wosac --policy sim_agent.pt \\
+        --baseline constant_speed --metric metametric
 """
 
 from __future__ import annotations
@@ -47,9 +54,34 @@ def pairs(rows: list[dict], policy: str, baseline: str, metric: str, mode: str =
     return [pa[k] for k in keys], [pb[k] for k in keys], [index[k[0]] for k in keys]
 
 
+def wosac_pairs(docs: list[dict], policy: str, baseline: str, metric: str):
+    """``(a, b, clusters)`` of a WOSAC metric: the per-scenario values of ``policy`` and
+    ``baseline`` on the scenes both were scored on (``per_scenario`` rows of ``evaluate --mode wosac
+    --json`` documents), one pair per scene.
+
+    Raises:
+        ValueError: a policy in none of the documents, or no scene in common.
+    """
+    def of(name):
+        for d in docs:
+            for r in d.get("runs", []):
+                if r["label"] == name or r["label"].endswith(name):
+                    return {row["scenario"]: row[metric] for row in r["per_scenario"]}
+        raise ValueError(f"no WOSAC run of policy {name!r}; labels: "
+                         f"{sorted(r['label'] for d in docs for r in d.get('runs', []))}")
+
+    pa, pb = of(policy), of(baseline)
+    keys = sorted(set(pa) & set(pb))
+    if not keys:
+        raise ValueError(f"{policy!r} and {baseline!r} were scored on no common scene")
+    return [pa[k] for k in keys], [pb[k] for k in keys], list(range(len(keys)))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("records", type=pathlib.Path)
+    p.add_argument("records", type=pathlib.Path, nargs="+", help="an evaluate --records file (or, with --wosac, "
+                   "evaluate --mode wosac --json files)")
+    p.add_argument("--wosac", action="store_true", help="pair the per-scenario rows of WOSAC JSON files")
     p.add_argument("--policy", required=True)
     p.add_argument("--baseline", required=True)
     p.add_argument("--metric", nargs="+", default=["goal_reached", "collision_or_offroad"])
@@ -57,21 +89,26 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     a = p.parse_args(argv)
     try:
-        rows = [json.loads(line) for line in a.records.read_text().splitlines() if line.strip()]
+        if a.wosac:
+            docs = [json.loads(f.read_text()) for f in a.records]
+        else:
+            rows = [json.loads(line) for f in a.records for line in f.read_text().splitlines() if line.strip()]
         out = {}
         for m in a.metric:
-            x, y, c = pairs(rows, a.policy, a.baseline, m, a.mode)
+            x, y, c = (wosac_pairs(docs, a.policy, a.baseline, m) if a.wosac
+                       else pairs(rows, a.policy, a.baseline, m, a.mode))
             iv = paired_difference(x, y, c, bounds=(-1.0, 1.0))
             out[m] = {"diff": iv.mean, "lo": iv.lo, "hi": iv.hi, "pairs": len(x), "scenarios": len(set(c))}
     except (OSError, ValueError, KeyError) as e:
-        print(f"profiling/paired.py: {a.records}: {e}", file=sys.stderr)
+        print(f"profiling/paired.py: {' '.join(map(str, a.records))}: {e}", file=sys.stderr)
         return 2
     if a.json:
         print(json.dumps(out))
     else:
         for m, v in out.items():
+            unit = "scenes" if a.wosac else f"agent-episodes, {v['scenarios']} scenes, clustered by scene"
             print(f"{m}: {a.policy} - {a.baseline} = {v['diff']:+.3f} [{v['lo']:+.3f}, {v['hi']:+.3f}] "
-                  f"({v['pairs']} agent-episodes, {v['scenarios']} scenes, clustered by scene)")
+                  f"({v['pairs']} {unit})")
     return 0
 
 

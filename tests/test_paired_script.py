@@ -33,3 +33,21 @@ def test_cli_prints_the_clustered_difference(tmp_path, capsys):
     assert out["diff"] == pytest.approx(1 / 3) and out["pairs"] == 3 and out["scenarios"] == 2
     assert paired.main([str(f), "--policy", "nobody", "--baseline", "steer_to_goal"]) == 2
     assert "no rows of policy 'nobody'" in capsys.readouterr().err
+
+
+def test_wosac_pairs_are_per_scene_across_files(tmp_path, capsys):
+    """A policy's and a baseline's WOSAC runs from two files pair on their common scenes:
+    (0.7 - 0.5 + 0.6 - 0.6) / 2 = 0.1; the scene only the policy has is left out."""
+    pol = {"runs": [{"label": "x/sim_agent.pt", "per_scenario": [
+        {"scenario": "a", "metametric": 0.7}, {"scenario": "b", "metametric": 0.6}, {"scenario": "c", "metametric": 0.9}]}]}
+    base = {"runs": [{"label": "constant_speed", "per_scenario": [
+        {"scenario": "a", "metametric": 0.5}, {"scenario": "b", "metametric": 0.6}]}]}
+    a, b, c = paired.wosac_pairs([pol, base], "sim_agent.pt", "constant_speed", "metametric")
+    assert (a, b, c) == ([0.7, 0.6], [0.5, 0.6], [0, 1])
+    fa, fb = tmp_path / "p.json", tmp_path / "b.json"
+    fa.write_text(json.dumps(pol))
+    fb.write_text(json.dumps(base))
+    assert paired.main([str(fa), str(fb), "--wosac", "--policy", "sim_agent.pt", "--baseline", "constant_speed",
+                        "--metric", "metametric", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["metametric"]["diff"] == pytest.approx(0.1)
+    assert paired.main([str(fa), "--wosac", "--policy", "sim_agent.pt", "--baseline", "random"]) == 2
