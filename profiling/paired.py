@@ -27,6 +27,39 @@ import sys
 from train.eval.stats import paired_difference
 
 
+def match_label(name: str, labels) -> str:
+    """The one label of ``labels`` that ``name`` names: the label itself, else the only label
+    ending with it (``checkpoint.pt`` names ``drv/checkpoint.pt``).
+
+    Raises:
+        ValueError: no label, or several, end with ``name`` (the message lists them).
+    """
+    labels = sorted(set(labels))
+    if name in labels:
+        return name
+    found = [lab for lab in labels if lab.endswith(name)]
+    if not found:
+        raise ValueError(f"no rows of policy {name!r}; labels: {labels}")
+    if len(found) > 1:
+        raise ValueError(f"policy {name!r} names {len(found)} labels ({', '.join(found)}); pass a longer part of "
+                         f"the label")
+    return found[0]
+
+
+def _metric(row: dict, metric: str, where: str):
+    """``row[metric]``, or ValueError naming the metric and those ``row`` has."""
+    if metric not in row:
+        known = sorted(k for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+        raise ValueError(f"--metric {metric}: not in {where}; use one of {', '.join(known)}")
+    return row[metric]
+
+
+def metric_bounds(a, b) -> tuple[float, float] | None:
+    """``(-1, 1)`` when every value of ``a`` and ``b`` lies in [0, 1] (a rate: the difference is in
+    [-1, 1]), else None (no bound: episode length or return)."""
+    return (-1.0, 1.0) if all(0.0 <= v <= 1.0 for v in list(a) + list(b)) else None
+
+
 def pairs(rows: list[dict], policy: str, baseline: str, metric: str, mode: str = "self_play"):
     """``(a, b, clusters)``: the metric of ``policy`` and ``baseline`` on the agent-episodes both
     played (keyed by scenario, repetition, slot and role), and each pair's scenario (an int index).
@@ -38,13 +71,12 @@ def pairs(rows: list[dict], policy: str, baseline: str, metric: str, mode: str =
         ValueError: a policy with no rows, or no agent-episode in common.
     """
     def rows_of(name):
-        got = {(r["scenario"], r["repetition"], r["slot"], r.get("role")): r[metric] for r in rows
-               if r.get("mode", mode) == mode and (r["policy"] == name or r["policy"].endswith("/" + name)
-                                                   or r["policy"].endswith(name))}
-        if not got:
-            raise ValueError(f"no rows of policy {name!r} (mode {mode}); labels: "
-                             f"{sorted({r['policy'] for r in rows})}")
-        return got
+        in_mode = [r for r in rows if r.get("mode", mode) == mode]
+        if not in_mode:
+            raise ValueError(f"no rows of mode {mode}; modes: {sorted({r.get('mode') for r in rows})}")
+        label = match_label(name, (r["policy"] for r in in_mode))
+        return {(r["scenario"], r["repetition"], r["slot"], r.get("role")): _metric(r, metric, "the records")
+                for r in in_mode if r["policy"] == label}
 
     pa, pb = rows_of(policy), rows_of(baseline)
     keys = sorted(set(pa) & set(pb))
@@ -62,13 +94,12 @@ def wosac_pairs(docs: list[dict], policy: str, baseline: str, metric: str):
     Raises:
         ValueError: a policy in none of the documents, or no scene in common.
     """
+    runs = [r for d in docs for r in d.get("runs", [])]
+
     def of(name):
-        for d in docs:
-            for r in d.get("runs", []):
-                if r["label"] == name or r["label"].endswith(name):
-                    return {row["scenario"]: row[metric] for row in r["per_scenario"]}
-        raise ValueError(f"no WOSAC run of policy {name!r}; labels: "
-                         f"{sorted(r['label'] for d in docs for r in d.get('runs', []))}")
+        label = match_label(name, (r["label"] for r in runs))
+        r = next(r for r in runs if r["label"] == label)
+        return {row["scenario"]: _metric(row, metric, f"the WOSAC rows of {label}") for row in r["per_scenario"]}
 
     pa, pb = of(policy), of(baseline)
     keys = sorted(set(pa) & set(pb))
@@ -97,7 +128,7 @@ def main(argv=None) -> int:
         for m in a.metric:
             x, y, c = (wosac_pairs(docs, a.policy, a.baseline, m) if a.wosac
                        else pairs(rows, a.policy, a.baseline, m, a.mode))
-            iv = paired_difference(x, y, c, bounds=(-1.0, 1.0))
+            iv = paired_difference(x, y, c, bounds=metric_bounds(x, y))
             out[m] = {"diff": iv.mean, "lo": iv.lo, "hi": iv.hi, "pairs": len(x), "scenarios": len(set(c))}
     except (OSError, ValueError, KeyError) as e:
         print(f"profiling/paired.py: {' '.join(map(str, a.records))}: {e}", file=sys.stderr)

@@ -19,6 +19,10 @@ new user and as an attacker would try them; each test failed on the tree before 
   (formerly not even opened), ``--env.partner-type-prob`` without the partner task, and the
   partner task's references ``partner_ceiling`` / ``partner_floor`` evaluated without it (formerly
   two identical log-tracking columns under the references' names).
+- ``profiling/paired.py``: a policy name that is the end of two labels (two runs'
+  ``checkpoint.pt``) is refused (formerly the two policies' rows were merged); the interval of an
+  unbounded metric (episode length) is not clipped to [-1, 1] (formerly -5.5 [-1.0, +1.0]); an
+  unknown ``--metric`` is named with the known ones (formerly ``'foo'``).
 """
 
 from __future__ import annotations
@@ -247,3 +251,34 @@ def test_partner_references_need_the_partner_task(capsys, ref):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--policy {ref}: a reference of the partner task" in err[0]
     assert "add --partner-task crossing" in err[0]
+
+
+# ---------------------------------------------------------------- profiling/paired.py
+def _records(tmp_path) -> pathlib.Path:
+    """Two runs' ``checkpoint.pt`` and a baseline on scenes a (2 slots) and b (1 slot)."""
+    rows = []
+    for pol, length in (("r1/checkpoint.pt", (80, 60, 91)), ("r2/checkpoint.pt", (91, 91, 91)),
+                        ("steer_to_goal", (70, 70, 50))):
+        for (scen, slot), n in zip((("a", 0), ("a", 1), ("b", 0)), length):
+            rows.append({"policy": pol, "mode": "self_play", "role": "ego", "scenario": scen, "repetition": 0,
+                         "slot": slot, "goal_reached": float(n < 91), "collision_or_offroad": 0.0,
+                         "episode_length": n})
+    f = tmp_path / "rec.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows))
+    return f
+
+
+def test_paired_ambiguous_label_unknown_metric_and_unbounded_interval(tmp_path, capsys):
+    from profiling import paired
+    from train.eval.stats import paired_difference
+    f = _records(tmp_path)
+    assert paired.main([str(f), "--policy", "checkpoint.pt", "--baseline", "steer_to_goal"]) == 2
+    assert "policy 'checkpoint.pt' names 2 labels (r1/checkpoint.pt, r2/checkpoint.pt)" in capsys.readouterr().err
+    assert paired.main([str(f), "--policy", "r1/checkpoint.pt", "--baseline", "steer_to_goal", "--metric", "foo"]) == 2
+    assert "--metric foo: not in the records; use one of collision_or_offroad, episode_length, goal_reached" in capsys.readouterr().err
+    assert paired.main([str(f), "--policy", "r1/checkpoint.pt", "--baseline", "steer_to_goal", "--metric",
+                        "episode_length", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)["episode_length"]
+    assert got["diff"] == pytest.approx((10 - 10 + 41) / 3)  # (80-70, 60-70, 91-50) by hand
+    want = paired_difference([80, 60, 91], [70, 70, 50], [0, 0, 1])  # no bounds: lengths are not rates
+    assert (got["lo"], got["hi"]) == pytest.approx((want.lo, want.hi)) and got["lo"] < got["diff"] < got["hi"]
