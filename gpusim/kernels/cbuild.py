@@ -62,8 +62,25 @@ def cache_dir() -> Path:
     return Path(base) / "gpusim"
 
 
-def compile_shared(cc: list, flags: tuple, source: Path, dest: Path) -> str | None:
-    """Compile ``source`` to the shared library ``dest`` (temporary file + atomic rename).
+#: File name of the header :class:`CLibrary` generates for a source from Python tables (its
+#: ``generated`` text: constants such as the observation layout's widths), put on the include path of
+#: that source's build only.
+GENERATED_HEADER = "gpusim_generated.h"
+
+
+def define_lines(prefix: str, constants: dict) -> str:
+    """``#define <prefix><NAME> <value>`` lines of ``constants`` (ints or floats; a float is
+    written with ``repr`` and an ``f`` suffix), for a :class:`CLibrary`'s ``generated`` header."""
+    out = []
+    for name, value in constants.items():
+        text = f"{float(value)!r}f" if isinstance(value, float) else str(int(value))
+        out.append(f"#define {prefix}{name} {text}")
+    return "\n".join(out) + "\n"
+
+
+def compile_shared(cc: list, flags: tuple, source: Path, dest: Path, generated: str = "") -> str | None:
+    """Compile ``source`` to the shared library ``dest`` (temporary file + atomic rename), with
+    ``generated`` as :data:`GENERATED_HEADER` on its include path.
 
     Returns:
         None on success, else the error text (compiler output tail, or the OS error).
@@ -73,9 +90,10 @@ def compile_shared(cc: list, flags: tuple, source: Path, dest: Path) -> str | No
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp", dir=dest.parent)
         os.close(fd)
-        res = subprocess.run([*cc, *flags, f"-I{HEADER.parent}", "-o", tmp, str(source), "-lm"],
-                             capture_output=True, text=True,
-                             timeout=120)
+        with tempfile.TemporaryDirectory(prefix=dest.stem + ".", dir=dest.parent) as gen_dir:
+            Path(gen_dir, GENERATED_HEADER).write_text(generated)
+            res = subprocess.run([*cc, *flags, f"-I{HEADER.parent}", f"-I{gen_dir}", "-o", tmp, str(source), "-lm"],
+                                 capture_output=True, text=True, timeout=120)
         if res.returncode != 0:
             return (res.stderr or res.stdout).strip()[-400:] or f"exit code {res.returncode}"
         os.replace(tmp, dest)
@@ -97,11 +115,15 @@ class CLibrary:
         abi: the version ``<prefix>_abi()`` must return.
         declare: called with the loaded ``ctypes.CDLL`` to set argument/result types.
         label: what the one warning calls it (e.g. ``"C observation kernel"``).
+        generated: a function of no argument returning the text of the source's
+            :data:`GENERATED_HEADER` (derived from Python tables; part of the cache key), or None
+            (an empty header).
     """
 
-    def __init__(self, name: str, source: Path, prefix: str, abi: int, declare: Callable, label: str):
+    def __init__(self, name: str, source: Path, prefix: str, abi: int, declare: Callable, label: str,
+                 generated: Callable | None = None):
         self.name, self.source, self.prefix, self.abi = name, Path(source), prefix, abi
-        self.declare, self.label = declare, label
+        self.declare, self.label, self.generated = declare, label, generated
         self._state: dict = {}  # "lib": CDLL | None, "reason": str, "openmp": bool, "path": Path
         _LIBRARIES[name] = self
 
@@ -110,13 +132,14 @@ class CLibrary:
         cc = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
         if shutil.which(cc[0]) is None:
             return None, f"no C compiler: {cc[0]!r} not found (set CC)", False, None
-        src = self.source.read_bytes() + HEADER.read_bytes()
+        generated = self.generated() if self.generated is not None else ""
+        src = self.source.read_bytes() + HEADER.read_bytes() + generated.encode()
         errors = []
         for flags in (CFLAGS + ("-fopenmp",), CFLAGS):
             tag = hashlib.sha256(src + repr((flags, cc)).encode()).hexdigest()[:16]
             path = cache_dir() / f"{self.name}-{tag}.so"
             if not path.exists():
-                err = compile_shared(cc, flags, self.source, path)
+                err = compile_shared(cc, flags, self.source, path, generated)
                 if err is not None:
                     errors.append(f"{' '.join(cc)} {' '.join(flags)}: {err}")
                     continue

@@ -29,11 +29,11 @@ from typing import NamedTuple
 import torch
 
 from gpusim.kernels.cbuild import CFLAGS, CLibrary, cache_dir, check_index_range  # noqa: F401  (re-exported)
-from gpusim.kernels.cbuild import heading_trig
+from gpusim.kernels.cbuild import define_lines, heading_trig
 from gpusim.kernels.grid import grid_table_rows
-from gpusim.kernels.obs_layout import GOAL_SCALE, SIZE_SCALE, SPEED_SCALE
+from gpusim.kernels.obs_layout import EGO_EXTRA, GOAL_SCALE, SIZE_SCALE, SPEED_SCALE, kernel_layout
 from gpusim.kernels.observations.naive import observations_reference
-from gpusim.kernels.observations.tables import check_inputs, index_bits, road_table
+from gpusim.kernels.observations.tables import GEO_COLS, ROAD_COLS, check_inputs, ego_extra, index_bits, road_table
 
 #: Version of the C function's argument list (``gpusim_obs_abi()`` in cpu.c must return it).
 ABI = 3
@@ -59,8 +59,28 @@ def _declare(lib) -> None:
     )
 
 
+def generated_header() -> str:
+    """The constants ``cpu.c`` takes from the layout (its ``gpusim_generated.h``): the kernel
+    blocks' widths and the ego columns by feature name (:func:`~gpusim.kernels.obs_layout.kernel_layout`,
+    ``EGO_<name>``), the road tables' widths (``tables.GEO_COLS``, ``ROAD_COLS``).
+
+    Raises:
+        ValueError: the ego extras not contiguous and in the order of ``EGO_EXTRA`` (the kernel
+            copies them in one block).
+    """
+    lay = kernel_layout(1, 1)
+    cols = {name.split("/")[0]: i for i, name in enumerate(lay.ego_features)}
+    first = cols[EGO_EXTRA[0]]
+    if [cols[n] for n in EGO_EXTRA] != list(range(first, first + len(EGO_EXTRA))):
+        raise ValueError(f"observations_cpu: the ego extras {EGO_EXTRA} must be adjacent ego columns")
+    consts = {"EGO_DIM": lay.ego_dim, "NEXTRA": len(EGO_EXTRA), "PDIM": lay.partner_dim, "RDIM": lay.road_dim,
+              "GEO_COLS": GEO_COLS, "FEAT_COLS": ROAD_COLS}
+    consts.update({f"EGO_{name}": i for name, i in cols.items()})
+    return define_lines("", consts)
+
+
 _LIB = CLibrary(name="obs_cpu", source=SOURCE, prefix="gpusim_obs", abi=ABI, declare=_declare,
-                label="C observation kernel")
+                label="C observation kernel", generated=generated_header)
 
 
 def load_library():
@@ -237,7 +257,7 @@ def _check_state_call(pos, heading, speed, length, width, agent_type, present, g
         raise ValueError(f"observations_cpu_state: tensors must be on the CPU, got {pos.device}")
     lay = check_inputs(pos=pos, heading=heading, speed=speed, length=length, width=width,
                        agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(),
-                       ego_extra=torch.empty(W, C, 5), ego_active=controlled[:, :C].contiguous(), scenario=scenario,
+                       ego_extra=torch.empty(W, C, len(EGO_EXTRA)), ego_active=controlled[:, :C].contiguous(), scenario=scenario,
                        road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
                        grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
                        partner_radius=partner_radius, road_radius=road_radius, out=None,
@@ -288,10 +308,7 @@ def observations_cpu_state(
     lib = load_library()
     if lib is None:  # the torch reference through observations_cpu, with the classic inputs
         active = (controlled & present)[:, :C].contiguous()
-        zeros = torch.zeros_like(last_reward)
-        ti = zeros if t_index is None else t_index[:, None] + zeros
-        tt = zeros if t_time is None else t_time[:, None] + zeros
-        extra = torch.stack([collided[:, :C].float(), offroad[:, :C].float(), ti, tt, last_reward], dim=-1)
+        extra = ego_extra(collided, offroad, t_index, t_time, last_reward)
         flat = active.view(-1)
         observations_cpu(pos=pos, heading=heading, speed=speed, length=length, width=width,
                          agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(), ego_extra=extra,

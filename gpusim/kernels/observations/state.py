@@ -23,6 +23,7 @@ from gpusim.kernels.cbuild import heading_trig
 from gpusim.kernels.observations.cpu import cpu_kernel_available, load_library, observations_cpu_state, state_call
 from gpusim.kernels.observations.launcher import observations_triton
 from gpusim.kernels.observations.naive import observations_reference
+from gpusim.kernels.observations.tables import ego_extra
 
 
 def observations_state(pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index,
@@ -66,12 +67,9 @@ def observations_state(pos, heading, speed, length, width, agent_type, present, 
             static=static() if callable(static) else static), zero_tail > 0
     C = last_reward.shape[1]
     active = (controlled[:, :C] & present[:, :C]).contiguous()
-    zeros = torch.zeros_like(last_reward)
-    ti = zeros if t_index is None else t_index[:, None] + zeros
-    tt = zeros if t_time is None else t_time[:, None] + zeros
     kw = dict(pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
               present=present, goal=goal[:, :C].contiguous(), ego_active=active, scenario=scenario,
-              ego_extra=torch.stack([collided[:, :C].float(), offroad[:, :C].float(), ti, tt, last_reward], dim=-1),
+              ego_extra=ego_extra(collided, offroad, t_index, t_time, last_reward),
               road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_start=grid_start,
               grid_origin=grid_origin, grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
               partner_radius=partner_radius, road_radius=road_radius)
