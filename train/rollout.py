@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpusim.kernels.clocks import trial_time
+
 #: Per-step fields of :class:`RolloutBatch` ([rows, horizon, ...]).
 STEP_FIELDS = (
     "obs", "actions", "logprobs", "values", "rewards", "terminal", "truncation", "loss_mask", "removed",
@@ -172,7 +174,7 @@ def trial_clock(state) -> torch.Tensor:
     trial_start``: the env's own trial clock (gpusim/kernels/trial.py times a trial out when it
     reaches ``scenario_length``), read, not kept a second time. Only meaningful for a world whose
     episode is still running (``world_done`` False in ``state``)."""
-    return (state.step - state.trial_start).to(torch.int64) + 1
+    return trial_time(state.step, state.trial_start).to(torch.int64) + 1
 
 
 class TrialLog:

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from gpusim.backend import op_backend
 from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, check_index_range, declare_struct_entry
+from gpusim.kernels.clocks import log_index
 
 
 def replay_reference(
@@ -199,8 +200,8 @@ def replay_state(pos, heading, speed, present, controlled, removed, scenario, st
     if name == "c":
         return replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario, step, trial_start,
                                 init_steps, traj_pos, traj_heading, traj_vel, traj_valid, check=check)
-    return replay(pos, heading, speed, present, ~controlled & ~removed, scenario, init_steps + (step - trial_start),
-                  traj_pos, traj_heading, traj_vel, traj_valid, backend=name)
+    return replay(pos, heading, speed, present, ~controlled & ~removed, scenario,
+                  log_index(init_steps, step, trial_start), traj_pos, traj_heading, traj_vel, traj_valid, backend=name)
 
 
 # ---------------------------------------------------------------------------- C kernels (replay.c)
@@ -330,7 +331,7 @@ def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario
     if lib is None or T == 0:
         pos, heading, speed, present, controlled, removed, scenario, step, trial_start = args
         return replay_reference(pos, heading, speed, present, ~controlled & ~removed, scenario,
-                                init_steps + (step - trial_start), *traj)
+                                log_index(init_steps, step, trial_start), *traj)
     if check:
         check_index_range(args[6], S, f"replay: scenario indices must lie in [0, S = {S})")
     return bind_replay_state("c", False, init_steps, *traj)(*args)

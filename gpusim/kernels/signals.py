@@ -43,6 +43,7 @@ import triton.language as tl
 
 from gpusim.backend import backend_for, op_backend
 from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, check_index_range, checker, declare_struct_entry
+from gpusim.kernels.clocks import log_index
 from gpusim.enums import RED_SIGNAL_STATES, SignalState
 from gpusim.kernels.checks import check_tensors
 from gpusim.kernels.obs_layout import SIGNAL_FEATURES
@@ -508,7 +509,7 @@ def red_light_state(pos_before, pos, heading, moving, scenario, step, trial_star
     if name == "c" and not check and _no_signals(num_signals):
         return torch.zeros(W, C, dtype=torch.bool)
     return red_light_violation(pos_before, pos[:, :C].contiguous(), heading[:, :C].contiguous(), moving.contiguous(),
-                               scenario, init_steps + (step - trial_start), signal_pos, signal_dir, signal_state,
+                               scenario, log_index(init_steps, step, trial_start), signal_pos, signal_dir, signal_state,
                                signal_valid, num_signals, backend=name, check=check)
 
 

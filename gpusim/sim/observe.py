@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 
 from gpusim.backend import step_backend
+from gpusim.kernels.clocks import trial_features
 from gpusim.kernels.obs_layout import ObsLayout, obs_layout
 from gpusim.kernels.observations.state import bind_observations_state
 from gpusim.kernels.observations.cpu import observations_cpu_static
@@ -75,8 +76,7 @@ def _trial_clock(ctx: SimContext, state: EnvState) -> tuple:
     cfg = ctx.config
     if not cfg.trial_mode:
         return None, None
-    return (state.trial_count.to(torch.float32) / cfg.k_trials,
-            (state.step - state.trial_start).to(torch.float32) / cfg.scenario_length)
+    return trial_features(state.trial_count, state.step, state.trial_start, cfg.k_trials, cfg.scenario_length)
 
 
 def cpu_static(ctx: SimContext):
