@@ -43,7 +43,6 @@ from gpusim.backend import step_backend
 from gpusim.kernels.clocks import trial_features
 from gpusim.kernels.obs_layout import ObsLayout, obs_layout
 from gpusim.kernels.observations.state import bind_observations_state
-from gpusim.kernels.observations.cpu import observations_cpu_static
 from gpusim.kernels.signals import signal_observations
 from gpusim.sim.candidates import candidate_block
 from gpusim.sim.context import SimContext, StepVars, bound_op, slots
@@ -79,17 +78,6 @@ def _trial_clock(ctx: SimContext, state: EnvState) -> tuple:
     return trial_features(state.trial_count, state.step, state.trial_start, cfg.k_trials, cfg.scenario_length)
 
 
-def cpu_static(ctx: SimContext):
-    """The C observation kernel's pack- and config-derived arguments
-    (:func:`~gpusim.kernels.observations.cpu.observations_cpu_static`), computed once per pack."""
-    cfg = ctx.config
-    return ctx.pack_fact("observations_cpu_static", lambda pk: observations_cpu_static(
-        road_seg=pk.road_seg, road_type=pk.road_type, grid_road=pk.grid_road, grid_start=pk.grid_start,
-        grid_origin=pk.grid_origin, grid_dims=pk.grid_dims, cell_size=pk.cell_size,
-        num_partners=cfg.num_partners, partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
-        A=pk.traj_valid.shape[1], C=ctx.num_slots))
-
-
 def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None) -> torch.Tensor:
     """Observations [W, C, D] of ``state`` written into ``ctx.obs_buf`` (returned). ``step``: the
     running step, whose backend and checked layout the kernels use."""
@@ -101,13 +89,13 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     d0 = kern.stop
     if step is None:  # env.observe() outside a step: the step's backend, arguments checked
         step = StepVars(actions=None, episode_end=False, backend=step_backend(state.pos, cfg.cpu_kernels))
-    # a pack without any signal (a host read of the pack: CPU tensors only): the C kernel zeroes the
-    # signal block in the same pass instead of the signal kernel running (all zero then)
-    no_signals = cfg.num_signals > 0 and state.pos.is_cpu and ctx.pack_fact("no_signals", no_signal_pack)
+    # a pack without any signal (a host read of the pack, on the C backend only): the C kernel zeroes
+    # the signal block in the same pass instead of the signal kernel running (all zero then)
+    no_signals = cfg.num_signals > 0 and step.backend == "c" and ctx.pack_fact("no_signals", no_signal_pack)
     t_index, t_time = _trial_clock(ctx, state)
     observe_op = bound_op(ctx, step, "observations", lambda backend, check: bind_observations_state(
         backend, check, p.road_seg, p.road_type, p.grid_road, p.grid_origin, p.grid_dims, p.cell_size, cfg.num_partners,
-        cfg.partner_radius, cfg.road_radius, p.grid_start, static=lambda: cpu_static(ctx)))
+        cfg.partner_radius, cfg.road_radius, p.grid_start))
     ctx.obs_written, signals_done = observe_op(
         state.pos, state.heading, state.speed, state.length, state.width, state.agent_type, state.present, state.goal,
         state.collided_now, state.offroad_now, t_index, t_time, state.last_reward, state.controlled, ctx.obs_written,
