@@ -22,13 +22,12 @@ from gpusim.config import ActionSpace, EnvConfig
 from gpusim.data.mirror import training_pack
 from gpusim.data.pack import ScenarioPack
 from gpusim.kernels import dynamics
-from gpusim.kernels.observations import obs_layout
 from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, trial_metric_names
 from gpusim.sim.actions import ActionCheck
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.episode import begin_episode, draw_scenarios
 from gpusim.sim.motion import expert_actions, model_for
-from gpusim.sim.observe import observe_state
+from gpusim.sim.observe import config_obs_layout, observe_state
 from gpusim.sim.pipeline import PIPELINE, run_pipeline
 from gpusim.sim.result import StepResult, check_pack, step_result
 from gpusim.state import EnvState
@@ -78,9 +77,7 @@ class DriveEnv:
         self.num_slots = config.max_controlled
         self.horizon = config.horizon
         self.num_actions = dynamics.NUM_ACTIONS if config.action_space == ActionSpace.DISCRETE else 2
-        self.obs_layout = obs_layout(num_partners=config.num_partners, num_roads=config.num_roads,
-                                     num_signals=config.num_signals, styles=config.reward_conditioning,
-                                     candidates=config.goal_candidates)
+        self.obs_layout = config_obs_layout(config)
         self.obs_dim = self.obs_layout.obs_dim
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(seed))

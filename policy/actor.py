@@ -24,6 +24,19 @@ from typing import NamedTuple
 import torch
 
 
+def resets_at_trial(policy) -> bool:
+    """True when ``policy`` (or the module a DDP wrapper holds) clears its memory at a trial end
+    too: ``PolicyConfig.memory == "trial"``, the memoryless control (docs/trial.md)."""
+    return getattr(getattr(getattr(policy, "module", policy), "config", None), "memory", "episode") == "trial"
+
+
+def memory_reset(terminal: torch.Tensor, truncation: torch.Tensor | None, at_trial: bool) -> torch.Tensor:
+    """The steps after which a slot's memory is cleared, bool like ``terminal``: its episode ended
+    (``terminal``) or, with ``at_trial`` (:func:`resets_at_trial`), its trial ended
+    (``truncation``; None: no trial ends known)."""
+    return terminal | truncation if at_trial and truncation is not None else terminal
+
+
 class Act(NamedTuple):
     """One :meth:`Actor.act`: ``action`` [N] int64 (discrete) or [N, A] float32 (continuous,
     unbounded Gaussian draw), ``logits`` [N, num_actions] float32 (the Gaussian mean when
@@ -70,7 +83,7 @@ class Actor:
         self.cache = cache
         self.deterministic = deterministic if deterministic in ("argmax", "mean") else bool(deterministic)
         if reset_at_trial is None:
-            reset_at_trial = getattr(getattr(policy, "config", None), "memory", "episode") == "trial"
+            reset_at_trial = resets_at_trial(policy)
         self.reset_at_trial = bool(reset_at_trial)
         self.removed = torch.zeros(cache.position.shape[0], dtype=torch.bool, device=device)
 
@@ -109,5 +122,4 @@ class Actor:
         [N] bool each. ``removed`` is copied into :attr:`removed` (in place); the memory of the
         slots where ``terminal`` (or, with ``reset_at_trial``, ``truncation``) is set is cleared."""
         self.removed.copy_(removed)
-        clear = terminal | truncation if self.reset_at_trial and truncation is not None else terminal
-        self.policy.reset_cache(self.cache, clear)
+        self.policy.reset_cache(self.cache, memory_reset(terminal, truncation, self.reset_at_trial))

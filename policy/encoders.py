@@ -29,10 +29,17 @@ save compute on CPU.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from gpusim.kernels.obs_layout import layout_from_sizes
+
+#: The blocks the ego MLP reads, concatenated in this order: the ego block, then the driving-style
+#: and memory-task candidate blocks (per-agent vectors, not slot sets).
+EGO_MLP_BLOCKS = ("ego", "style", "candidates")
 
 
 @dataclass(frozen=True)
@@ -60,17 +67,25 @@ class ObsDims:
     style_dim: int = 0
     candidate_dim: int = 0
 
+    def layout(self, num_roads: int | None = None):
+        """The :class:`~gpusim.kernels.obs_layout.ObsLayout` of these sizes (the one block table,
+        ``gpusim.kernels.obs_layout.BLOCKS``); ``num_roads``: with only that many road slots (the
+        encoder's compact input)."""
+        sizes = dataclasses.asdict(self)
+        if num_roads is not None:
+            sizes["num_roads"] = int(num_roads)
+        return layout_from_sizes(**sizes)
+
     @property
     def tail_dim(self) -> int:
-        """Columns after the signal block that the ego MLP reads: ``style_dim + candidate_dim``."""
+        """Columns of the blocks the ego MLP reads with the ego block (:data:`EGO_MLP_BLOCKS`
+        after ``ego``): ``style_dim + candidate_dim``."""
         return self.style_dim + self.candidate_dim
 
     @property
     def obs_dim(self) -> int:
-        """D = ego_dim + num_partners * partner_dim + num_roads * road_dim + num_signals * signal_dim
-        + style_dim + candidate_dim."""
-        return (self.ego_dim + self.num_partners * self.partner_dim + self.num_roads * self.road_dim
-                + self.num_signals * self.signal_dim + self.style_dim + self.candidate_dim)
+        """D, the width of :meth:`layout` (the sum of its blocks)."""
+        return self.layout().obs_dim
 
     @classmethod
     def from_layout(cls, layout) -> "ObsDims":
@@ -280,6 +295,9 @@ class ObsEncoder(nn.Module):
             raise ValueError(f"ObsEncoder: max_roads must be in [1, {dims.num_roads}], got {max_roads}")
         self.dims = dims
         self.num_roads_used = dims.num_roads if max_roads is None else int(max_roads)
+        # the observation's blocks by their slices: the full layout and the compact one (road
+        # slots beyond max_roads dropped, :meth:`compact`)
+        self.layouts = {False: dims.layout(), True: dims.layout(num_roads=self.num_roads_used)}
         self.ego = _mlp(dims.ego_dim + dims.tail_dim, hidden, hidden)
         self.partner_set = SlotEncoder(dims.partner_dim, hidden)
         self.road_set = SlotEncoder(dims.road_dim, hidden)
@@ -295,8 +313,7 @@ class ObsEncoder(nn.Module):
     def compact_dim(self) -> int:
         """D' = width of :meth:`compact`'s output (the columns :meth:`forward` reads): D without
         the road slots beyond ``max_roads``."""
-        d = self.dims
-        return d.obs_dim - (d.num_roads - self.num_roads_used) * d.road_dim
+        return self.layouts[True].obs_dim
 
     def compact(self, obs: torch.Tensor) -> torch.Tensor:
         """The columns the encoder reads: [..., D] -> [..., D'] (:attr:`compact_dim`; a copy without
@@ -306,13 +323,13 @@ class ObsEncoder(nn.Module):
             ValueError: if the last dimension is not D.
         """
         d = self.dims
-        if obs.shape[-1] != d.obs_dim:
-            raise ValueError(f"ObsEncoder.compact: expected obs with last dim {d.obs_dim}, got {tuple(obs.shape)}")
-        if self.compact_dim == d.obs_dim:
+        D = self.layouts[False].obs_dim
+        if obs.shape[-1] != D:
+            raise ValueError(f"ObsEncoder.compact: expected obs with last dim {D}, got {tuple(obs.shape)}")
+        if self.compact_dim == D:
             return obs
-        r1 = d.ego_dim + d.num_partners * d.partner_dim + self.num_roads_used * d.road_dim
-        s0 = d.obs_dim - d.num_signals * d.signal_dim - d.tail_dim
-        return torch.cat([obs[..., :r1], obs[..., s0:]], dim=-1)
+        full, used = self.layouts[False].roads, self.layouts[True].roads
+        return torch.cat([obs[..., :used.stop], obs[..., full.stop:]], dim=-1)
 
     def forward(self, obs: torch.Tensor, compact: bool = False) -> torch.Tensor:
         """Encode observations.
@@ -329,24 +346,22 @@ class ObsEncoder(nn.Module):
             ValueError: if the last dimension is not D (D').
         """
         d = self.dims
-        width = self.compact_dim if compact else d.obs_dim
+        width = self.compact_dim if compact else self.layouts[False].obs_dim
         if obs.shape[-1] != width:
             raise ValueError(f"ObsEncoder: expected obs with last dim {width}{' (compact)' if compact else ''}, "
                              f"got {tuple(obs.shape)}")
         lead = obs.shape[:-1]
-        p0 = d.ego_dim
-        r0 = p0 + d.num_partners * d.partner_dim
-        ego = obs[..., :p0]
-        if d.tail_dim:  # the style and candidate blocks (last columns) join the ego features
-            ego = torch.cat([ego, obs[..., width - d.tail_dim:]], dim=-1)
-        partners = obs[..., p0:r0].reshape(*lead, d.num_partners, d.partner_dim)
+        lay = self.layouts[bool(compact) and self.compact_dim != self.layouts[False].obs_dim]
+        blocks = [obs[..., lay.block(n)] for n in EGO_MLP_BLOCKS if lay.block(n).stop > lay.block(n).start]
+        ego = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
+        partners = obs[..., lay.partners].reshape(*lead, d.num_partners, d.partner_dim)
         # slice the used road slots before the reshape (which copies the non-contiguous slice)
-        roads = obs[..., r0: r0 + self.num_roads_used * d.road_dim].reshape(*lead, self.num_roads_used, d.road_dim)
+        roads = obs[..., lay.roads.start: lay.roads.start + self.num_roads_used * d.road_dim].reshape(
+            *lead, self.num_roads_used, d.road_dim)
         h_ego = self.ego(ego)
         h_p = self.partner_set(partners)
         h_r = self.road_set(roads)
         parts = [h_ego, h_p, h_r]
         if self.signal_set is not None:
-            s0 = width - d.num_signals * d.signal_dim - d.tail_dim
-            parts.append(self.signal_set(obs[..., s0:width - d.tail_dim].reshape(*lead, d.num_signals, d.signal_dim)))
+            parts.append(self.signal_set(obs[..., lay.signals].reshape(*lead, d.num_signals, d.signal_dim)))
         return self.out(torch.cat(parts, dim=-1))

@@ -49,9 +49,11 @@ listed but do not count as a difference; a field, metric or record missing from 
 Runtime: about 2.5 minutes of CPU time on one core, most of it the Triton interpreter (``--backends
 c torch`` takes about 10 s).
 
-The C kernels and the torch references give bit-identical hashes, so the ``c`` records cannot show
-whether the C kernels ran (a silent fallback to torch would still compare equal): time the step
-(``profiling/bench_env.py``) for that.
+The C kernels and the torch references give bit-identical hashes, so the hashes alone cannot show
+whether the C kernels ran. Each record therefore also lists ``c_calls``, the C entry points the run
+called (``gpusim.kernels.cbuild.CALL_COUNTS``): ``--compare`` reports a ``c`` record that called
+none (a fallback to torch) or a ``torch`` / ``triton`` record that called some as ``DIFFERENT``,
+and so is a change in the set of entry points called when the reference lists them too.
 """
 
 from __future__ import annotations
@@ -183,6 +185,7 @@ def run_record(name: str, backend: str, pack, worlds: int, steps: int) -> dict:
         for k, v in named.items():
             fields.setdefault(k, [None] * (steps + 1))[t] = tensor_hash(v)
 
+    counts = _c_call_counts()
     add({"result.obs": env.reset(seed=11), **_tensors_of(env.state, "state")}, 0)
     for t in range(1, steps + 1):
         actions = make_actions(env, gen, config.has_coplayers)
@@ -197,7 +200,20 @@ def run_record(name: str, backend: str, pack, worlds: int, steps: int) -> dict:
     metrics = {k: {m: float(x) for m, x in v.items()} for k, v in metrics.items()}
     meta = {"config": kwargs, "backend": backend, "worlds": worlds, "steps": steps,
             "scenarios": list(pack.scenario_ids)}
-    return {"meta": meta, "fields": fields, "final": final, "metrics": metrics}
+    rec = {"meta": meta, "fields": fields, "final": final, "metrics": metrics}
+    if counts is not None:  # the C entry points this run called (a tree with the counter)
+        rec["c_calls"] = sorted(k for k, n in _c_call_counts().items() if n)
+    return rec
+
+
+def _c_call_counts() -> dict | None:
+    """The C entry points called since the last call, by argument-struct name
+    (``gpusim.kernels.cbuild.CALL_COUNTS``, cleared here), or None for a tree without the counter."""
+    try:
+        from gpusim.kernels.cbuild import reset_call_counts
+    except ImportError:
+        return None
+    return reset_call_counts()
 
 
 def config_kwargs_for(kwargs: dict, backend: str) -> dict:
@@ -289,6 +305,12 @@ def compare_record(a: dict, b: dict | None) -> str:
     if a["meta"] != b["meta"]:
         diff = [k for k in b["meta"] if a["meta"].get(k) != b["meta"][k]]
         return f"DIFFERENT: not comparable, the runs differ in {', '.join(diff)}"
+    calls = a.get("c_calls")
+    if calls is not None and (a["meta"]["backend"] == "c") != bool(calls):
+        return ("DIFFERENT: the c backend called no C kernel (it fell back to torch)" if not calls else
+                f"DIFFERENT: the {a['meta']['backend']} backend called the C kernels {', '.join(calls)}")
+    if calls is not None and b.get("c_calls") is not None and calls != b["c_calls"]:
+        return f"DIFFERENT: C kernels called now {calls}, reference {b['c_calls']}"
     fa, fb = a["fields"], b["fields"]
     missing = [k for k in fb if k not in fa]
     if missing:

@@ -100,3 +100,16 @@ def test_bad_flags_exit_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         golden.main(["--out", str(tmp_path / "x.json"), "--steps", "0"])
     assert e.value.code == 2
+
+
+def test_c_record_that_called_no_c_kernel_differs(reference, tmp_path, monkeypatch, capsys):
+    """The hashes of the C kernels and the torch references are equal, so the record lists the C
+    entry points called: a fallback to torch on the c backend is reported."""
+    rec = json.loads(reference.read_text())["records"]["respawn_remove/c"]
+    assert {"EventsArgs", "ObservationsStateArgs", "ReplayStateArgs"} <= set(rec["c_calls"])
+    from gpusim.kernels import cbuild
+
+    monkeypatch.setattr(cbuild.CLibrary, "load", lambda self, stacklevel=3: None)  # every C library missing
+    assert golden.main(TINY + ["--out", str(tmp_path / "now.json"), "--compare", str(reference)]) == 1
+    assert "respawn_remove/c: DIFFERENT: the c backend called no C kernel (it fell back to torch)" in \
+        capsys.readouterr().out

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from gpusim.kernels import dynamics
+from gpusim.kernels.clocks import log_index, trial_time
 
 #: The partner task's references: they need an env with the partner task (``--partner-task crossing``).
 PARTNER_BASELINES = ("partner_ceiling", "partner_floor")
@@ -97,7 +98,7 @@ class SteerToGoal:
         # goal behind: full lock toward its side (left when exactly behind, where sin(alpha) = 0)
         lock = torch.where(left < 0, -dynamics.MAX_STEER, dynamics.MAX_STEER)
         steer = torch.where(fwd < 0, lock, steer)
-        t_left = ((cfg.scenario_length - (st.step - st.trial_start)).to(torch.float32) * cfg.dt)[:, None]
+        t_left = ((cfg.scenario_length - trial_time(st.step, st.trial_start)).to(torch.float32) * cfg.dt)[:, None]
         v_target = (dist / (t_left * self.time_fraction).clamp_min(cfg.dt)).clamp(self.min_speed, self.max_speed)
         v_target = torch.where(alpha.abs() > self.turn_angle, v_target.clamp_max(self.turn_speed), v_target)
         v_target = torch.where(dist < self.near_distance, v_target.clamp_max(self.near_speed), v_target)
@@ -170,7 +171,7 @@ class PartnerCeiling:
         has, t_c = pt.conflict_log_step(ctx, st)
         s = st.scenario
         T = p.traj_pos.shape[2]
-        x = (cfg.init_steps + st.step - log_origin(ctx, st) + 1).to(torch.float32)  # the next log step
+        x = (log_index(cfg.init_steps, st.step, log_origin(ctx, st)) + 1).to(torch.float32)  # the next log step
         t_c = t_c.to(torch.float32)
         v_c = torch.linalg.vector_norm(p.traj_vel[s, 0, t_c.to(torch.int64)], dim=-1).clamp_min(pt.MIN_SPEED)
         delta = (self.margin + (pt.PARTNER_LENGTH + st.width[:, 0]) / 2 / pt.APPROACH_SPEED

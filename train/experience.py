@@ -214,11 +214,9 @@ class ProgressShaping(ExperienceHook):
 
     def __init__(self, args=(), context=None):
         super().__init__(args, context)
-        from gpusim.kernels.obs_layout import EGO_FEATURES
-
         self.weight = float(self.args.get("weight", 3.0))
         self.gamma = float(self.args.get("gamma", self.context.get("gamma", 0.99)))
-        self.column = int(self.args.get("column", EGO_FEATURES.index("goal_dist/100")))
+        self.column = int(self.args.get("column", _ego_column(self.context, "goal_dist/100")))
         if not 0.0 <= self.gamma <= 1.0:
             raise ValueError(f"ProgressShaping: gamma must be in [0, 1], got {self.gamma}")
 
@@ -266,8 +264,6 @@ class CandidateProgressShaping(ProgressShaping):
 
     def __init__(self, args=(), context=None):
         super().__init__(args, context)
-        from gpusim.kernels.obs_layout import EGO_FEATURES
-
         self.columns = list(self.context.get("candidate_dist_columns") or [])
         if not self.columns:
             raise ValueError("--experience candidate_progress needs the memory task (--env.goal-candidates 2 or more)")
@@ -275,7 +271,7 @@ class CandidateProgressShaping(ProgressShaping):
         if not 0.0 <= self.refund <= 1.0:
             raise ValueError(f"CandidateProgressShaping: decoy_refund must be in [0, 1], got {self.refund}")
         self.decoy_column = self.context.get("decoy_column")
-        self.time_column = EGO_FEATURES.index("time_in_trial")
+        self.time_column = _ego_column(self.context, "time_in_trial")
 
     def shaping(self, batch: RolloutBatch) -> torch.Tensor:
         """[R, H] float32: :meth:`ProgressShaping.shaping` toward the nearest candidate, minus the
@@ -306,19 +302,30 @@ HOOKS: dict[str, type[ExperienceHook]] = {
 }
 
 
+def _ego_column(context: dict, feature: str) -> int:
+    """Column of the ego feature ``feature`` in the env's observation (``context["obs_layout"]``,
+    else the layout of the default blocks: the ego block comes first)."""
+    from gpusim.kernels.obs_layout import obs_layout
+
+    layout = context.get("obs_layout") or obs_layout(1, 1)
+    return layout.column("ego", feature)
+
+
 def hook_context(env, gamma: float) -> dict:
     """The ``context`` the trainer gives a hook: ``scenario_ids`` (the env pack's scenario ids, in
     pack order; empty without a pack), ``gamma`` (the PPO discount, read by
     :class:`ProgressShaping`), ``candidate_dist_columns`` (the observation columns of the
     candidate distances in the memory task, else empty) and ``decoy_column`` (the column of its
-    ``at_decoy`` feature, else None; both for :class:`CandidateProgressShaping`)."""
+    ``at_decoy`` feature, else None; both for :class:`CandidateProgressShaping`) and ``obs_layout``
+    (the env's ``ObsLayout``, where the hooks find the ego columns; None without one)."""
     layout = getattr(env, "obs_layout", None)
     cand = getattr(layout, "candidates", slice(0, 0))
     names = getattr(layout, "candidate_features", ())
     columns = [cand.start + i for i, n in enumerate(names) if n.endswith("_dist/100")]
     decoy = cand.start + names.index("at_decoy") if "at_decoy" in names else None
     return {"scenario_ids": list(getattr(getattr(env, "pack", None), "scenario_ids", [])), "gamma": float(gamma),
-            "candidate_dist_columns": columns, "decoy_column": decoy}
+            "candidate_dist_columns": columns, "decoy_column": decoy,
+            "obs_layout": layout if hasattr(layout, "column") else None}
 
 
 def make_hook(name: str, args=(), context: dict | None = None) -> ExperienceHook:

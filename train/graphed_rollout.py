@@ -64,7 +64,7 @@ import torch
 
 from gpusim.cuda_graph import CudaGraphCapture, GraphEngine, graph_decision
 from policy.actor import Actor
-from train.rollout import RolloutBatch, begin_rollout, collect_rollout, rollout_step
+from train.rollout import RolloutBatch, begin_rollout, collect_rollout, record_action, record_result, rollout_step
 
 
 def make_rollout(mode: str, env, policy, buffer: RolloutBatch, cache, say=None):
@@ -188,25 +188,16 @@ class GraphedRollout:
         """The captured step: reads and writes static buffers only (module docstring)."""
         env, actor, buf, engine = self.env, self.actor, self.buffer, self.engine
         W, C = env.num_worlds, env.num_slots
-        R = W * C
         col = self._col
-        o = self._obs.reshape(R, -1)
+        o = self._obs.reshape(W * C, -1)
         act = actor.act(o)
-        _put(buf.obs, col, o)
-        _put(buf.removed, col, actor.removed)
-        _put(buf.values, col, act.value)
-        _put(buf.actions, col, act.action)
-        _put(buf.logprobs, col, actor.policy.log_prob(act.logits, act.action))
+
+        def put(name: str, value: torch.Tensor) -> None:
+            _put(getattr(buf, name), col, value)
+        record_action(put, actor, o, act, act.action)  # the same column writes as the eager step
         env_action = actor.env_action(act.action.reshape(W, C, *act.action.shape[1:]))
         new_state, res = env.advance(engine.state, env.validate_actions(env_action), episode_end=False)
-        _put(buf.rewards, col, res.reward.reshape(R))
-        _put(buf.terminal, col, res.terminal.reshape(R))
-        _put(buf.truncation, col, res.truncation.reshape(R))
-        loss_mask = res.loss_mask.reshape(R)
-        _put(buf.loss_mask, col, loss_mask & self._ego if self._has_ego else loss_mask)
-        if "goal_reached" in res.info:
-            _put(buf.goal_reached, col, res.info["goal_reached"].reshape(R))
-        actor.observe(res.terminal.reshape(R), res.removed.reshape(R), res.truncation.reshape(R))
+        record_result(put, actor, res, self._ego if self._has_ego else None)
         if self._trial_log is not None and "trial_end" in res.info:
             # the static state still holds the values before this step (engine.finish copies below)
             self._trial_log.step(engine.state, res.info["trial_end"])

@@ -59,6 +59,7 @@ from torch import nn
 
 from gpusim.config import check_finite
 from gpusim.kernels.advantage import advantage
+from policy.actor import memory_reset, resets_at_trial
 
 
 #: ``PPOConfig.autocast`` values and the dtype each runs the policy forward in (None: no autocast).
@@ -391,8 +392,7 @@ def ppo_update(policy: nn.Module, optimizer: torch.optim.Optimizer, batch, cfg: 
     stop = batch.bootstrap_stop()
     # the forward's memory resets: episode ends, and trial ends for the memoryless control
     # (PolicyConfig.memory "trial", as the rollout's actor acted; docs/trial.md)
-    memory = getattr(getattr(getattr(policy, "module", policy), "config", None), "memory", "episode")
-    reset = batch.terminal | batch.truncation if memory == "trial" else batch.terminal
+    reset = memory_reset(batch.terminal, batch.truncation, resets_at_trial(policy))
     n_rows = active_rows.numel()
     # once per update, not per minibatch: the active rows' observations as the encoder reads them
     # (unused road slots dropped, removed steps cleared; policy.prepare_obs), indexed by position

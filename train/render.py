@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from gpusim.config import EnvConfig
+from gpusim.kernels.clocks import trial_time
 from gpusim.render import build_parser, render_from_args
 from policy.actor import Actor
 from train.checkpoint import load_checkpoint, load_policy
@@ -57,7 +58,7 @@ def checkpoint_policy(path, env, deterministic: bool = True) -> Callable:
     def act(obs: torch.Tensor) -> torch.Tensor:
         if actor.reset_at_trial and env.config.trial_mode:  # the memoryless control: forget at a trial start
             st = env.state
-            start = (st.step == st.trial_start) & (st.trial_count > 0)  # [W]
+            start = (trial_time(st.step, st.trial_start) == 0) & (st.trial_count > 0)  # [W]
             actor.policy.reset_cache(actor.cache, start[:, None].expand(W, C).reshape(-1))
         a = actor.act(obs.reshape(W * C, -1), removed=env.state.removed[:, :C].reshape(-1)).action
         return actor.env_action(a.reshape(W, C, *a.shape[1:]))

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from gpusim.kernels.clocks import trial_time
+
 #: Per-step fields of :class:`RolloutBatch` ([rows, horizon, ...]).
 STEP_FIELDS = (
     "obs", "actions", "logprobs", "values", "rewards", "terminal", "truncation", "loss_mask", "removed",
@@ -172,7 +174,7 @@ def trial_clock(state) -> torch.Tensor:
     trial_start``: the env's own trial clock (gpusim/kernels/trial.py times a trial out when it
     reaches ``scenario_length``), read, not kept a second time. Only meaningful for a world whose
     episode is still running (``world_done`` False in ``state``)."""
-    return (state.step - state.trial_start).to(torch.int64) + 1
+    return trial_time(state.step, state.trial_start).to(torch.int64) + 1
 
 
 class TrialLog:
@@ -276,30 +278,47 @@ def rollout_step(env, actor, t: int, obs: torch.Tensor, buffer: RolloutBatch, eg
     steps, column ``t`` of ``buffer`` is written and the actor observes the result (removed
     flags, memory cleared at terminals). Returns the next observation [W, C, D]."""
     W, C = env.num_worlds, env.num_slots
-    R = W * C
-    o = obs.reshape(R, -1)
+    o = obs.reshape(W * C, -1)
     act = actor.act(o)
     action = act.action
     if coplayers is not None:
         action = coplayers.act(o, action)
-    buffer.obs[:, t] = o
-    buffer.removed[:, t] = actor.removed  # the flags this step acted with (observe updates them below)
-    buffer.values[:, t] = act.value
-    buffer.actions[:, t] = action
-    buffer.logprobs[:, t] = actor.policy.log_prob(act.logits, action)
+
+    def put(name: str, value: torch.Tensor) -> None:
+        getattr(buffer, name)[:, t] = value
+    record_action(put, actor, o, act, action)
     before = env.state  # (stages return new tensors: this state stays as it was)
     res = env.step(actor.env_action(action.reshape(W, C, *action.shape[1:])))
-    buffer.rewards[:, t] = res.reward.reshape(R)
-    buffer.terminal[:, t] = res.terminal.reshape(R)
-    buffer.truncation[:, t] = res.truncation.reshape(R)
-    loss_mask = res.loss_mask.reshape(R)
-    buffer.loss_mask[:, t] = loss_mask if ego is None else loss_mask & ego
-    goal = res.info.get("goal_reached") if isinstance(getattr(res, "info", None), dict) else None
-    if goal is not None:
-        buffer.goal_reached[:, t] = goal.reshape(R)
-    actor.observe(res.terminal.reshape(R), res.removed.reshape(R), res.truncation.reshape(R))
+    record_result(put, actor, res, ego)
     if coplayers is not None:
         coplayers.observe(res)
     if trial_log is not None and "trial_end" in res.info:
         trial_log.step(before, res.info["trial_end"])
     return res.obs
+
+
+def record_action(put, actor, o: torch.Tensor, act, action: torch.Tensor) -> None:
+    """The acting half of a rollout step's column (the eager step and the captured graph's step
+    both write through this): ``put(field, [R, ...] value)`` of the observation ``o`` [R, D], the
+    removed flags the actor acted with, the value, the action taken and its log-probability."""
+    put("obs", o)
+    put("removed", actor.removed)  # the flags this step acted with (observe updates them)
+    put("values", act.value)
+    put("actions", action)
+    put("logprobs", actor.policy.log_prob(act.logits, action))
+
+
+def record_result(put, actor, res, ego: torch.Tensor | None) -> None:
+    """The result half of a rollout step's column: reward, terminal and truncation flags, the loss
+    mask (``& ego`` [R] bool when only ego slots learn), the goal flags when the env reports them,
+    then the actor observes the result (removed flags; memory cleared by ``memory_reset``)."""
+    R = res.reward.numel()
+    put("rewards", res.reward.reshape(R))
+    put("terminal", res.terminal.reshape(R))
+    put("truncation", res.truncation.reshape(R))
+    loss_mask = res.loss_mask.reshape(R)
+    put("loss_mask", loss_mask if ego is None else loss_mask & ego)
+    goal = res.info.get("goal_reached") if isinstance(getattr(res, "info", None), dict) else None
+    if goal is not None:
+        put("goal_reached", goal.reshape(R))
+    actor.observe(res.terminal.reshape(R), res.removed.reshape(R), res.truncation.reshape(R))

@@ -1,8 +1,9 @@
 /* CPU kernel of gpusim/kernels/accounting.py (stage accounting). Called through ctypes by
  * accounting.py. */
 #include "cpu_common.h"
+#include "gpusim_generated.h" /* the argument structs (cbuild.CStruct tables in the .py) */
 
-GPUSIM_EXPORT_ABI(gpusim_accounting, 1)
+GPUSIM_EXPORT_ABI(gpusim_accounting, 2)
 
 /* Stage accounting (gpusim/sim/accounting.py): the per-slot episode accumulators and the contact
  * flags of agents in play, flat loops over [W, C] and [W, A] (each output a new array):
@@ -46,15 +47,8 @@ static int64_t count_set(int64_t lo, int64_t hi, const uint8_t *restrict flags) 
 }
 
 /* Returns the number of terminal slots (terminal [W, C]). */
-int64_t gpusim_accounting(const float *ep_return, const float *reward, const int32_t *ep_length,
-                          const uint8_t *loss_mask, const uint8_t *goal_reached, const uint8_t *goal_now,
-                          const uint8_t *in_play, const uint8_t *collided, const uint8_t *offroad,
-                          const uint8_t *ever_collided, const uint8_t *ever_offroad,
-                          const uint8_t *ever_red_light, const uint8_t *red_light_now, const uint8_t *terminal,
-                          float *ep_return_out, int32_t *ep_length_out, uint8_t *goal_reached_out,
-                          uint8_t *collided_ip, uint8_t *offroad_ip, uint8_t *ever_collided_out,
-                          uint8_t *ever_offroad_out, uint8_t *ever_red_light_out, int64_t W, int64_t A,
-                          int64_t C, int num_threads) {
+int64_t gpusim_accounting(const AccountingArgs *args) {
+    GPUSIM_UNPACK_AccountingArgs(args)
     const int64_t nc = W * C, na = W * A;
     const int64_t parts = num_threads > 1 ? num_threads : 1;
     int64_t k, terminals = 0;

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from gpusim.backend import op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, c_tensor
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, declare_struct_entry
 
 _NAMES = ("ep_return", "reward", "ep_length", "loss_mask", "goal_reached", "goal_now", "in_play", "collided",
           "offroad", "ever_collided", "ever_offroad", "ever_red_light", "red_light_now", "terminal")
@@ -67,15 +67,25 @@ def accumulate(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, 
 
 
 # ---------------------------------------------------------------------------- C kernel (accounting.c)
+#: The argument struct of ``gpusim_accounting`` (accounting.c; its C twin is generated from this table).
+ACCOUNTING_ARGS = CStruct("AccountingArgs", """
+    const float *ep_return, const float *reward, const int32_t *ep_length, const uint8_t *loss_mask,
+    const uint8_t *goal_reached, const uint8_t *goal_now, const uint8_t *in_play, const uint8_t *collided,
+    const uint8_t *offroad, const uint8_t *ever_collided, const uint8_t *ever_offroad,
+    const uint8_t *ever_red_light, const uint8_t *red_light_now, const uint8_t *terminal, float *ep_return_out,
+    int32_t *ep_length_out, uint8_t *goal_reached_out, uint8_t *collided_ip, uint8_t *offroad_ip,
+    uint8_t *ever_collided_out, uint8_t *ever_offroad_out, uint8_t *ever_red_light_out, int64_t W, int64_t A,
+    int64_t C, int num_threads""")
+
+
 def _declare(lib) -> None:
-    """ctypes signature of accounting.c."""
-    lib.gpusim_accounting.restype = ctypes.c_int64
-    lib.gpusim_accounting.argtypes = [ctypes.c_void_p] * 22 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+    """ctypes signature of accounting.c: one :data:`ACCOUNTING_ARGS` struct, the terminal count returned."""
+    declare_struct_entry(lib, "gpusim_accounting", ctypes.c_int64)
 
 
 #: accounting.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
-LIBRARY = CLibrary(name="accounting", source=Path(__file__).with_suffix(".c"), prefix="gpusim_accounting", abi=1,
-                   declare=_declare, label=STEP_LABEL)
+LIBRARY = CLibrary(name="accounting", source=Path(__file__).with_suffix(".c"), prefix="gpusim_accounting", abi=2,
+                   declare=_declare, label=STEP_LABEL, structs=(ACCOUNTING_ARGS,))
 
 
 def bind_accumulate(backend: str | None, check: bool):
@@ -86,16 +96,22 @@ def bind_accumulate(backend: str | None, check: bool):
         return lambda *tensors: accumulate(*tensors, backend=backend, check=check)
     kernel, e, b = lib.gpusim_accounting, torch.empty, torch.bool
 
-    def run(*tensors):
-        W, A = tensors[6].shape
-        C = tensors[0].shape[1]
-        outs = (e(W, C), e(W, C, dtype=torch.int32), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
-                e(W, A, dtype=b), e(W, A, dtype=b), e(W, C, dtype=b))
-        terminals = kernel(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in outs], W, A, C,
-                           torch.get_num_threads())
-        ret, length, reached, col_ip, off_ip, ever_c, ever_o, ever_r = outs
-        return ({"ep_return": ret, "ep_length": length, "goal_reached": reached, "ever_collided": ever_c,
-                 "ever_offroad": ever_o, "ever_red_light": ever_r}, col_ip, off_ip, terminals)
+    def run(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
+            ever_collided, ever_offroad, ever_red_light, red_light_now, terminal):
+        W, A = in_play.shape
+        C = ep_return.shape[1]
+        new = {"ep_return": e(W, C), "ep_length": e(W, C, dtype=torch.int32), "goal_reached": e(W, A, dtype=b),
+               "ever_collided": e(W, A, dtype=b), "ever_offroad": e(W, A, dtype=b), "ever_red_light": e(W, C, dtype=b)}
+        col_ip, off_ip = e(W, A, dtype=b), e(W, A, dtype=b)
+        terminals = kernel(ACCOUNTING_ARGS(
+            ep_return=ep_return, reward=reward, ep_length=ep_length, loss_mask=loss_mask, goal_reached=goal_reached,
+            goal_now=goal_now, in_play=in_play, collided=collided, offroad=offroad, ever_collided=ever_collided,
+            ever_offroad=ever_offroad, ever_red_light=ever_red_light, red_light_now=red_light_now,
+            terminal=terminal, ep_return_out=new["ep_return"], ep_length_out=new["ep_length"],
+            goal_reached_out=new["goal_reached"], collided_ip=col_ip, offroad_ip=off_ip,
+            ever_collided_out=new["ever_collided"], ever_offroad_out=new["ever_offroad"],
+            ever_red_light_out=new["ever_red_light"], W=W, A=A, C=C, num_threads=torch.get_num_threads()))
+        return new, col_ip, off_ip, terminals
     return run
 
 

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import keyword
 import os
+import re
 import shlex
 import shutil
+import struct
 import subprocess
 import tempfile
 import warnings
@@ -62,8 +65,25 @@ def cache_dir() -> Path:
     return Path(base) / "gpusim"
 
 
-def compile_shared(cc: list, flags: tuple, source: Path, dest: Path) -> str | None:
-    """Compile ``source`` to the shared library ``dest`` (temporary file + atomic rename).
+#: File name of the header :class:`CLibrary` generates for a source from Python tables (its
+#: ``generated`` text: constants such as the observation layout's widths, the argument structs of
+#: :class:`CStruct`), put on the include path of that source's build only.
+GENERATED_HEADER = "gpusim_generated.h"
+
+
+def define_lines(prefix: str, constants: dict) -> str:
+    """``#define <prefix><NAME> <value>`` lines of ``constants`` (ints or floats; a float is
+    written with ``repr`` and an ``f`` suffix), for a :class:`CLibrary`'s ``generated`` header."""
+    out = []
+    for name, value in constants.items():
+        text = f"{float(value)!r}f" if isinstance(value, float) else str(int(value))
+        out.append(f"#define {prefix}{name} {text}")
+    return "\n".join(out) + "\n"
+
+
+def compile_shared(cc: list, flags: tuple, source: Path, dest: Path, generated: str = "") -> str | None:
+    """Compile ``source`` to the shared library ``dest`` (temporary file + atomic rename), with
+    ``generated`` as :data:`GENERATED_HEADER` on its include path.
 
     Returns:
         None on success, else the error text (compiler output tail, or the OS error).
@@ -73,9 +93,10 @@ def compile_shared(cc: list, flags: tuple, source: Path, dest: Path) -> str | No
         dest.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=dest.stem + ".", suffix=".tmp", dir=dest.parent)
         os.close(fd)
-        res = subprocess.run([*cc, *flags, f"-I{HEADER.parent}", "-o", tmp, str(source), "-lm"],
-                             capture_output=True, text=True,
-                             timeout=120)
+        with tempfile.TemporaryDirectory(prefix=dest.stem + ".", dir=dest.parent) as gen_dir:
+            Path(gen_dir, GENERATED_HEADER).write_text(generated)
+            res = subprocess.run([*cc, *flags, f"-I{HEADER.parent}", f"-I{gen_dir}", "-o", tmp, str(source), "-lm"],
+                                 capture_output=True, text=True, timeout=120)
         if res.returncode != 0:
             return (res.stderr or res.stdout).strip()[-400:] or f"exit code {res.returncode}"
         os.replace(tmp, dest)
@@ -85,6 +106,128 @@ def compile_shared(cc: list, flags: tuple, source: Path, dest: Path) -> str | No
     finally:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+#: C scalar types a :class:`CStruct` field may have, and their ctypes twins (any pointer is ``c_void_p``).
+C_SCALARS = {"int64_t": ctypes.c_int64, "int32_t": ctypes.c_int32, "int": ctypes.c_int, "float": ctypes.c_float,
+             "double": ctypes.c_double, "uint8_t": ctypes.c_uint8}
+
+#: Entry points called through :class:`CStruct` since the last :func:`reset_call_counts`, by struct name
+#: (``profiling/golden.py`` records them, so a run on the C backend shows that the C kernels ran).
+CALL_COUNTS: dict = {}
+
+
+def reset_call_counts() -> dict:
+    """Clear :data:`CALL_COUNTS`; returns its previous contents."""
+    old = dict(CALL_COUNTS)
+    CALL_COUNTS.clear()
+    return old
+
+
+class CStruct:
+    """The argument struct of one C entry point, declared once, in Python, as a C parameter list:
+    the ctypes ``Structure`` (:attr:`ctype`) and its C twin (:meth:`c_declaration`, written into the
+    library's generated header by :class:`CLibrary`) both come from it, so the two cannot disagree.
+    The C function takes ``const <name> *args`` and opens with ``GPUSIM_UNPACK_<name>(args)``, which
+    declares one local per field (same name and type as the parameter it replaced).
+
+    Args:
+        name: the C type name (e.g. ``"EventsArgs"``).
+        params: comma-separated C declarations ``"<type> <name>"`` (``const float *pos, int64_t W``);
+            a pointer is any type with a ``*``, a scalar one of :data:`C_SCALARS`.
+
+    Calling it (``ARGS(pos=tensor, W=4, ...)``) packs the fields, named by keyword, into the bytes
+    the C function reads: a tensor in a pointer field gives its ``data_ptr()`` (the caller has
+    checked it contiguous, on the CPU, of the right dtype, and keeps it alive through the C call:
+    pass tensors held by a name, never a temporary such as ``t.contiguous()``), an int is taken as
+    an address, None gives NULL. Each call is counted in :data:`CALL_COUNTS`.
+
+    Raises:
+        ValueError: (at declaration) a declaration without a name, a repeated name, a name that is
+            a Python keyword or starts with ``_``, an unknown scalar type, or a layout that differs
+            from ctypes' (never on a supported platform).
+        TypeError: (at a call) a missing or unknown field name.
+    """
+
+    def __init__(self, name: str, params: str):
+        fields = []
+        for decl in (d.strip() for d in params.replace("\n", " ").split(",")):
+            m = re.fullmatch(r"(.*?[\s*])(\w+)", decl)
+            if m is None or not m.group(1).strip():
+                raise ValueError(f"CStruct {name}: cannot read the declaration {decl!r}")
+            ctype = " ".join(m.group(1).split())
+            if "*" not in ctype and ctype.replace("const ", "") not in C_SCALARS:
+                raise ValueError(f"CStruct {name}: unknown C type {ctype!r} of {m.group(2)}")
+            fields.append((m.group(2), ctype))
+        names = [n for n, _ in fields]
+        if len(set(names)) != len(names):
+            raise ValueError(f"CStruct {name}: repeated field names in {names}")
+        bad = [n for n in names if n.startswith("_") or keyword.iskeyword(n)]
+        if bad:  # the packers take the fields as Python keyword arguments
+            raise ValueError(f"CStruct {name}: field names {bad} are Python keywords or start with '_'")
+        self.name, self.fields, self.names = name, tuple(fields), tuple(names)
+        twins = [(n, ctypes.c_void_p if "*" in t else C_SCALARS[t.replace("const ", "")]) for n, t in fields]
+        self.ctype = type(name, (ctypes.Structure,), {"_fields_": twins})
+        packer = struct.Struct("@" + "".join(ct._type_ for _, ct in twins) + "0P")  # 0P: the trailing padding
+        self._pack = packer.pack
+        offsets = [struct.calcsize("@" + "".join(ct._type_ for _, ct in twins[:i + 1])) - ctypes.sizeof(ct)
+                   for i, (_, ct) in enumerate(twins)]
+        if offsets != [getattr(self.ctype, n).offset for n in names] or packer.size != ctypes.sizeof(self.ctype):
+            raise ValueError(f"CStruct {name}: struct and ctypes layouts differ")
+        self._pointer_at = tuple(i for i, (_, t) in enumerate(fields) if "*" in t)
+        self._all = self.bind()
+
+    def c_declaration(self) -> str:
+        """The C ``typedef struct {...} <name>;`` and the ``GPUSIM_UNPACK_<name>(a)`` macro."""
+        members = "".join(f"    {t}{'' if t.endswith('*') else ' '}{n};\n" for n, t in self.fields)
+        unpack = " \\\n".join(f"    {t}{'' if t.endswith('*') else ' '}{n} = (a)->{n};" for n, t in self.fields)
+        return (f"typedef struct {{\n{members}}} {self.name};\n"
+                f"#define GPUSIM_UNPACK_{self.name}(a) \\\n{unpack}\n")
+
+    def __call__(self, **values) -> bytes:
+        return self._all(**values)
+
+    def bind(self, **fixed):
+        """A packer with the fields ``fixed`` set once (the pack's tables, the config's constants):
+        ``packer(**rest) -> bytes`` takes the other fields, each by name, and is what a kernel's
+        ``bind_*`` factory keeps for the step (the fixed fields cost nothing per call).
+
+        Raises:
+            TypeError: an unknown name in ``fixed``; (at a call) a missing or unknown field
+                (Python's own message: "missing 1 required keyword-only argument: 'dt'").
+        """
+        unknown = sorted(set(fixed) - set(self.names))
+        if unknown:
+            raise TypeError(f"{self.name}: unknown fields {unknown}")
+        pointers = {self.names[i] for i in self._pointer_at}
+        scope = {"_pack": self._pack, "_counts": CALL_COUNTS, "_name": self.name}
+        rest, exprs = [], []
+        for i, n in enumerate(self.names):
+            if n in fixed:  # a constant of the packer
+                scope[f"_f{i}"] = _address(fixed[n]) if n in pointers else fixed[n]
+                exprs.append(f"_f{i}")
+            else:
+                rest.append(n)
+                exprs.append(f"(0 if {n} is None else {n} if {n}.__class__ is int else {n}.data_ptr())"
+                             if n in pointers else n)
+        # one generated function: keyword-only parameters (Python itself refuses a missing or
+        # unknown name) and the values packed in the table's order, with no per-field loop
+        params = f"*, {', '.join(rest)}" if rest else ""
+        exec(f"def packer({params}):\n    _counts[_name] = _counts.get(_name, 0) + 1\n"
+             f"    return _pack({', '.join(exprs)})\n", scope)
+        return scope["packer"]
+
+
+def _address(v) -> int:
+    """The address a pointer field takes: a tensor's ``data_ptr()``, an int as is, None as 0."""
+    return 0 if v is None else v if isinstance(v, int) else v.data_ptr()
+
+
+def declare_struct_entry(lib, symbol: str, restype=None) -> None:
+    """Declare ``lib.<symbol>`` as a C function of one :class:`CStruct` argument (``const T *``),
+    the packed bytes of a call, returning ``restype``."""
+    fn = getattr(lib, symbol)
+    fn.argtypes, fn.restype = [ctypes.c_char_p], restype
 
 
 class CLibrary:
@@ -97,11 +240,17 @@ class CLibrary:
         abi: the version ``<prefix>_abi()`` must return.
         declare: called with the loaded ``ctypes.CDLL`` to set argument/result types.
         label: what the one warning calls it (e.g. ``"C observation kernel"``).
+        generated: a function of no argument returning the text of the source's
+            :data:`GENERATED_HEADER` (derived from Python tables; part of the cache key), or None
+            (an empty header).
+        structs: the :class:`CStruct` argument structs of its entry points, declared in the same
+            generated header (after ``generated``'s text).
     """
 
-    def __init__(self, name: str, source: Path, prefix: str, abi: int, declare: Callable, label: str):
+    def __init__(self, name: str, source: Path, prefix: str, abi: int, declare: Callable, label: str,
+                 generated: Callable | None = None, structs: tuple = ()):
         self.name, self.source, self.prefix, self.abi = name, Path(source), prefix, abi
-        self.declare, self.label = declare, label
+        self.declare, self.label, self.generated, self.structs = declare, label, generated, tuple(structs)
         self._state: dict = {}  # "lib": CDLL | None, "reason": str, "openmp": bool, "path": Path
         _LIBRARIES[name] = self
 
@@ -110,13 +259,15 @@ class CLibrary:
         cc = shlex.split(os.environ.get("CC") or "cc") or ["cc"]
         if shutil.which(cc[0]) is None:
             return None, f"no C compiler: {cc[0]!r} not found (set CC)", False, None
-        src = self.source.read_bytes() + HEADER.read_bytes()
+        generated = (self.generated() if self.generated is not None else "") + "".join(
+            st.c_declaration() for st in self.structs)
+        src = self.source.read_bytes() + HEADER.read_bytes() + generated.encode()
         errors = []
         for flags in (CFLAGS + ("-fopenmp",), CFLAGS):
             tag = hashlib.sha256(src + repr((flags, cc)).encode()).hexdigest()[:16]
             path = cache_dir() / f"{self.name}-{tag}.so"
             if not path.exists():
-                err = compile_shared(cc, flags, self.source, path)
+                err = compile_shared(cc, flags, self.source, path, generated)
                 if err is not None:
                     errors.append(f"{' '.join(cc)} {' '.join(flags)}: {err}")
                     continue

@@ -1,8 +1,9 @@
 /* CPU kernels of gpusim/kernels/collision.py: agent-agent collisions (collisions_reference) and who
  * was hit (hit_by_reference, collision REMOVE). Called through ctypes by collision.py. */
 #include "cpu_common.h"
+#include "gpusim_generated.h" /* the argument structs (cbuild.CStruct tables in the .py) */
 
-GPUSIM_EXPORT_ABI(gpusim_collision, 1)
+GPUSIM_EXPORT_ABI(gpusim_collision, 2)
 
 /* Separating-axis test of boxes i and j (collision.py / events.hit_by: same expressions, same
  * order): d = c_j - c_i; half extents a (along the heading), b (across). 1 when they overlap. */
@@ -21,9 +22,8 @@ static inline int boxes_overlap(float dx, float dy, float ci, float si, float ai
  * each other present agent j, flag both when the boxes overlap. half_scale = float32(0.5 *
  * box_scale); half_margin = float32(0.5 * CIRCLE_MARGIN): the bounding-circle pre-check
  * |d|^2 <= (r_i + r_j)^2 with r = sqrt(a^2 + b^2) + half_margin. out [W, A] fully written. */
-void gpusim_collisions(const float *pos, const float *cos_h, const float *sin_h, const float *length,
-                       const float *width, const uint8_t *present, const uint8_t *query, uint8_t *out,
-                       int64_t W, int64_t A, float half_scale, float half_margin, int num_threads) {
+void gpusim_collisions(const CollisionsArgs *args) {
+    GPUSIM_UNPACK_CollisionsArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {
@@ -55,9 +55,8 @@ void gpusim_collisions(const float *pos, const float *cos_h, const float *sin_h,
 /* events.hit_by_reference: target j (any slot) is hit when a source slot i < S (source[w, i] and
  * present) other than j overlaps it; targets must be present. No pre-check (the reference has
  * none). out [W, A] fully written. */
-void gpusim_hit_by(const float *pos, const float *cos_h, const float *sin_h, const float *length,
-                   const float *width, const uint8_t *present, const uint8_t *source, uint8_t *out,
-                   int64_t W, int64_t A, int64_t S, float half_scale, int num_threads) {
+void gpusim_hit_by(const HitByArgs *args) {
+    GPUSIM_UNPACK_HitByArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {

@@ -33,7 +33,6 @@ the same bounding-circle pre-check and margin: identical booleans).
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import torch
@@ -41,7 +40,7 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import interpreting, op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, heading_trig_of
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, bool_out, c_tensor, declare_struct_entry, heading_trig_of
 
 def collisions_reference(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
                          query: torch.Tensor | None = None):
@@ -402,17 +401,27 @@ hit_by.__doc__ = _HIT_BY_DOC + """
 
 
 # ---------------------------------------------------------------------------- C kernels (collision.c)
+#: The argument structs of ``gpusim_collisions`` and ``gpusim_hit_by`` (collision.c; their C twins are
+#: generated from these tables).
+COLLISIONS_ARGS = CStruct("CollisionsArgs", """
+    const float *pos, const float *cos_h, const float *sin_h, const float *length, const float *width,
+    const uint8_t *present, const uint8_t *query, uint8_t *out, int64_t W, int64_t A, float half_scale,
+    float half_margin, int num_threads""")
+HIT_BY_ARGS = CStruct("HitByArgs", """
+    const float *pos, const float *cos_h, const float *sin_h, const float *length, const float *width,
+    const uint8_t *present, const uint8_t *source, uint8_t *out, int64_t W, int64_t A, int64_t S, float half_scale,
+    int num_threads""")
+
+
 def _declare(lib) -> None:
-    """ctypes signatures of collision.c."""
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.gpusim_collisions.restype = lib.gpusim_hit_by.restype = None
-    lib.gpusim_collisions.argtypes = [p] * 8 + [i64, i64, f32, f32, i32]
-    lib.gpusim_hit_by.argtypes = [p] * 8 + [i64, i64, i64, f32, i32]
+    """ctypes signatures of collision.c: one struct each (:data:`COLLISIONS_ARGS`, :data:`HIT_BY_ARGS`)."""
+    declare_struct_entry(lib, "gpusim_collisions")
+    declare_struct_entry(lib, "gpusim_hit_by")
 
 
 #: collision.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
-LIBRARY = CLibrary(name="collision", source=Path(__file__).with_suffix(".c"), prefix="gpusim_collision", abi=1,
-                   declare=_declare, label=STEP_LABEL)
+LIBRARY = CLibrary(name="collision", source=Path(__file__).with_suffix(".c"), prefix="gpusim_collision", abi=2,
+                   declare=_declare, label=STEP_LABEL, structs=(COLLISIONS_ARGS, HIT_BY_ARGS))
 
 
 def _box_inputs(cc, fn: str, pos, heading, length, width, present):
@@ -432,14 +441,15 @@ def bind_collisions(backend: str | None, check: bool, box_scale: float):
     if lib is None:
         return lambda pos, heading, length, width, present, query: collisions(
             pos, heading, length, width, present, box_scale, query=query, backend=backend, check=check)
-    kernel, half, margin = lib.gpusim_collisions, 0.5 * box_scale, 0.5 * CIRCLE_MARGIN
+    kernel = lib.gpusim_collisions
+    args = COLLISIONS_ARGS.bind(half_scale=0.5 * box_scale, half_margin=0.5 * CIRCLE_MARGIN)
 
     def run(pos, heading, length, width, present, query, out=None, cos_h=None, sin_h=None):
         W, A = heading.shape
         cos_h, sin_h = heading_trig_of(heading, cos_h, sin_h)
         out = torch.empty(W, A, dtype=torch.bool) if out is None else out
-        kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
-               present.data_ptr(), query.data_ptr(), out.data_ptr(), W, A, half, margin, torch.get_num_threads())
+        kernel(args(pos=pos, cos_h=cos_h, sin_h=sin_h, length=length, width=width, present=present, query=query,
+                    out=out, W=W, A=A, num_threads=torch.get_num_threads()))
         return out
     return run
 
@@ -452,16 +462,15 @@ def bind_hit_by(backend: str | None, check: bool, box_scale: float):
     if lib is None:
         return lambda pos, heading, length, width, present, source: hit_by(
             pos, heading, length, width, present, source, box_scale, backend=backend, check=check)
-    kernel, half = lib.gpusim_hit_by, 0.5 * box_scale
+    kernel, args = lib.gpusim_hit_by, HIT_BY_ARGS.bind(half_scale=0.5 * box_scale)
 
     def run(pos, heading, length, width, present, source, out=None, cos_h=None, sin_h=None):
         W, A = heading.shape
         cos_h, sin_h = heading_trig_of(heading, cos_h, sin_h)
         source = source.contiguous()
         out = torch.empty(W, A, dtype=torch.bool) if out is None else out
-        kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
-               present.data_ptr(), source.data_ptr(), out.data_ptr(), W, A, source.shape[1], half,
-               torch.get_num_threads())
+        kernel(args(pos=pos, cos_h=cos_h, sin_h=sin_h, length=length, width=width, present=present, source=source,
+                    out=out, W=W, A=A, S=source.shape[1], num_threads=torch.get_num_threads()))
         return out
     return run
 

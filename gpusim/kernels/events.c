@@ -1,25 +1,17 @@
 /* CPU kernel of gpusim/kernels/events.py (events_reference: stage rewards). Called through ctypes
  * by events.py. */
 #include "cpu_common.h"
+#include "gpusim_generated.h" /* the argument structs (cbuild.CStruct tables in the .py) */
 
-GPUSIM_EXPORT_ABI(gpusim_events, 1)
+GPUSIM_EXPORT_ABI(gpusim_events, 2)
 
 /* events.events_reference: goals, rewards, contact behaviours, early truncation, terminal flags.
  * Flags: rm_col / rm_off (collision / offroad REMOVE), stop_col / stop_off (STOP), stop_goal (goal
  * STOP). r2 = float32(goal_radius^2); reward_* and frac float32 (torch's float32 opmath of a
  * tensor-scalar op); the [W, A] outputs may alias nothing. reward, terminal, slot_done_out [W, C].
  * slot_active: [W, C] with row stride sa_stride (C, or A for the view controlled[:, :C]). */
-void gpusim_events(const float *pos, const float *goal, const float *speed, const uint8_t *controlled,
-                   const uint8_t *in_play, const uint8_t *present, const uint8_t *collided,
-                   const uint8_t *offroad, const uint8_t *hit, const uint8_t *stopped,
-                   const uint8_t *contact_stopped, const uint8_t *removed, const uint8_t *world_done,
-                   const uint8_t *episode_end, const uint8_t *slot_active, const uint8_t *slot_done,
-                   float *reward, uint8_t *goal_now, float *speed_out, uint8_t *present_out,
-                   uint8_t *stopped_out, uint8_t *cstopped_out, uint8_t *removed_out,
-                   uint8_t *world_done_out, uint8_t *trunc_out, uint8_t *terminal, uint8_t *slot_done_out,
-                   int64_t W, int64_t A, int64_t C, float r2, float reward_goal, float reward_collision,
-                   float reward_offroad, int rm_col, int rm_off, int stop_col, int stop_off, int stop_goal,
-                   float frac, int64_t sa_stride, int num_threads) {
+void gpusim_events(const EventsArgs *args) {
+    GPUSIM_UNPACK_EventsArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {

@@ -32,7 +32,6 @@ enter as float32, as in torch's tensor-scalar ops, so every output is the refere
 
 from __future__ import annotations
 
-import ctypes
 import functools
 from pathlib import Path
 from typing import NamedTuple
@@ -43,7 +42,7 @@ import triton.language as tl
 
 from gpusim.backend import op_backend
 from gpusim.enums import ContactBehavior, GoalBehavior
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, c_tensor
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, declare_struct_entry
 from gpusim.kernels.checks import check_tensors
 
 
@@ -283,29 +282,42 @@ def events(
 
 
 # ---------------------------------------------------------------------------- C kernel (events.c)
+#: The argument struct of ``gpusim_events`` (events.c; its C twin is generated from this table).
+EVENTS_ARGS = CStruct("EventsArgs", """
+    const float *pos, const float *goal, const float *speed, const uint8_t *controlled,
+    const uint8_t *in_play, const uint8_t *present, const uint8_t *collided, const uint8_t *offroad,
+    const uint8_t *hit, const uint8_t *stopped, const uint8_t *contact_stopped, const uint8_t *removed,
+    const uint8_t *world_done, const uint8_t *episode_end, const uint8_t *slot_active, const uint8_t *slot_done,
+    float *reward, uint8_t *goal_now, float *speed_out, uint8_t *present_out, uint8_t *stopped_out,
+    uint8_t *cstopped_out, uint8_t *removed_out, uint8_t *world_done_out, uint8_t *trunc_out, uint8_t *terminal,
+    uint8_t *slot_done_out, int64_t W, int64_t A, int64_t C, float r2, float reward_goal, float reward_collision,
+    float reward_offroad, int rm_col, int rm_off, int stop_col, int stop_off, int stop_goal, float frac,
+    int64_t sa_stride, int num_threads""")
+
+
 def _declare(lib) -> None:
-    """ctypes signature of events.c."""
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.gpusim_events.restype = None
-    lib.gpusim_events.argtypes = [p] * 27 + [i64] * 3 + [f32] * 4 + [i32] * 5 + [f32, i64, i32]
+    """ctypes signature of events.c: one :data:`EVENTS_ARGS` struct."""
+    declare_struct_entry(lib, "gpusim_events")
 
 
 #: events.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
-LIBRARY = CLibrary(name="events", source=Path(__file__).with_suffix(".c"), prefix="gpusim_events", abi=1,
-                   declare=_declare, label=STEP_LABEL)
+LIBRARY = CLibrary(name="events", source=Path(__file__).with_suffix(".c"), prefix="gpusim_events", abi=2,
+                   declare=_declare, label=STEP_LABEL, structs=(EVENTS_ARGS,))
 
 
 @functools.lru_cache(maxsize=64)
 def events_scalar_args(goal_radius: float, reward_goal: float, reward_collision: float, reward_offroad: float,
                        goal_behavior: int, collision_behavior: int, offroad_behavior: int,
-                       stop_truncate_fraction: float) -> tuple:
-    """The scalar arguments of the C kernel, in its order, from :func:`events`' keywords: the squared
-    goal radius (m^2), the three rewards, the REMOVE / STOP flags of collisions and offroad, the
-    goal STOP flag and the truncation fraction."""
+                       stop_truncate_fraction: float) -> dict:
+    """The scalar fields of the C kernel's :data:`EVENTS_ARGS`, by name, from :func:`events`'
+    keywords: the squared goal radius ``r2`` (m^2), the three rewards, the REMOVE / STOP flags of
+    collisions and offroad, the goal STOP flag and the truncation fraction ``frac``."""
     col, off = int(collision_behavior), int(offroad_behavior)
     rm, st = int(ContactBehavior.REMOVE), int(ContactBehavior.STOP)
-    return (goal_radius * goal_radius, reward_goal, reward_collision, reward_offroad, col == rm, off == rm,
-            col == st, off == st, int(goal_behavior) == int(GoalBehavior.STOP), stop_truncate_fraction)
+    return dict(r2=goal_radius * goal_radius, reward_goal=reward_goal, reward_collision=reward_collision,
+                reward_offroad=reward_offroad, rm_col=int(col == rm), rm_off=int(off == rm), stop_col=int(col == st),
+                stop_off=int(off == st), stop_goal=int(int(goal_behavior) == int(GoalBehavior.STOP)),
+                frac=stop_truncate_fraction)
 
 
 def bind_events(backend: str | None, check: bool, goal_radius: float, reward_goal: float, reward_collision: float,
@@ -326,15 +338,26 @@ def bind_events(backend: str | None, check: bool, goal_radius: float, reward_goa
             active, done = tensors[14], tensors[15]
             return events(*tensors[:14], active[:, :done.shape[1]], done, *scalars, backend=backend, check=check)
         return call
-    kernel, c_scalars, e, b = lib.gpusim_events, events_scalar_args(*scalars), torch.empty, torch.bool
+    kernel, e, b = lib.gpusim_events, torch.empty, torch.bool
+    args = EVENTS_ARGS.bind(**events_scalar_args(*scalars))
 
-    def run(*tensors):
-        W, A = tensors[5].shape
-        C = tensors[15].shape[1]
-        out = EventsOut(e(W, C), e(W, A, dtype=b), e(W, A), e(W, A, dtype=b), e(W, A, dtype=b), e(W, A, dtype=b),
-                        e(W, A, dtype=b), e(W, dtype=b), e(W, dtype=b), e(W, C, dtype=b), e(W, C, dtype=b))
-        kernel(*[t.data_ptr() for t in tensors], *[t.data_ptr() for t in out], W, A, C, *c_scalars,
-               tensors[14].stride(0), torch.get_num_threads())
+    def run(pos, goal, speed, controlled, in_play, present, collided, offroad, hit, stopped, contact_stopped, removed,
+            world_done, episode_end, slot_active, slot_done):
+        W, A = present.shape
+        C = slot_done.shape[1]
+        out = EventsOut(reward=e(W, C), goal_now=e(W, A, dtype=b), speed=e(W, A), present=e(W, A, dtype=b),
+                        stopped=e(W, A, dtype=b), contact_stopped=e(W, A, dtype=b), removed=e(W, A, dtype=b),
+                        world_done=e(W, dtype=b), truncated=e(W, dtype=b), terminal=e(W, C, dtype=b),
+                        slot_done=e(W, C, dtype=b))
+        kernel(args(
+            pos=pos, goal=goal, speed=speed, controlled=controlled, in_play=in_play, present=present,
+            collided=collided, offroad=offroad, hit=hit, stopped=stopped, contact_stopped=contact_stopped,
+            removed=removed, world_done=world_done, episode_end=episode_end, slot_active=slot_active,
+            slot_done=slot_done, reward=out.reward, goal_now=out.goal_now, speed_out=out.speed,
+            present_out=out.present, stopped_out=out.stopped, cstopped_out=out.contact_stopped,
+            removed_out=out.removed, world_done_out=out.world_done, trunc_out=out.truncated, terminal=out.terminal,
+            slot_done_out=out.slot_done, W=W, A=A, C=C, sa_stride=slot_active.stride(0),
+            num_threads=torch.get_num_threads()))
         return out
     return run
 

@@ -3,8 +3,9 @@
  * controls and for discrete actions (decoded through per-action tables). Called through ctypes by
  * motion.py. */
 #include "cpu_common.h"
+#include "gpusim_generated.h" /* the argument structs (cbuild.CStruct tables in the .py) */
 
-GPUSIM_EXPORT_ABI(gpusim_motion, 1)
+GPUSIM_EXPORT_ABI(gpusim_motion, 2)
 
 /* Agent g of a live world (world_done[w] == 0) is in play (gpusim.state.in_play). */
 static inline uint8_t in_play_flag(int live, const uint8_t *controlled, const uint8_t *present,
@@ -19,9 +20,8 @@ static inline int64_t clamp_action(int64_t k, int64_t num_actions) {
 
 /* state.in_play: controlled & present & ~stopped & ~removed & ~world_done[w]; loss_mask = its first
  * C columns. in_play [W, A] and loss_mask [W, C] fully written. */
-void gpusim_in_play(const uint8_t *controlled, const uint8_t *present, const uint8_t *stopped,
-                    const uint8_t *removed, const uint8_t *world_done, uint8_t *in_play, uint8_t *loss_mask,
-                    int64_t W, int64_t A, int64_t C, int num_threads) {
+void gpusim_in_play(const InPlayArgs *args) {
+    GPUSIM_UNPACK_InPlayArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {
@@ -73,12 +73,8 @@ static inline void motion_agent(const float *pos, const float *heading, const fl
     speed_out[g] = v;
 }
 
-void gpusim_motion(const float *pos, const float *heading, const float *speed, const float *length,
-                   const float *accel, const float *tan_d, const float *cos_b, const float *cos_t,
-                   const float *sin_t, const uint8_t *moving, float *pos_out, float *heading_out,
-                   float *speed_out, int64_t W, int64_t A, int64_t C, float dt, float max_accel,
-                   float min_speed, float max_speed, float min_length, float pi, float two_pi,
-                   int num_threads) {
+void gpusim_motion(const MotionArgs *args) {
+    GPUSIM_UNPACK_MotionArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {
@@ -97,11 +93,8 @@ void gpusim_motion(const float *pos, const float *heading, const float *speed, c
 /* Discrete actions, first pass of stage motion: the in-play flags (as gpusim_in_play) and
  * theta = heading + beta_of[k] of the first C slots, k the action clamped to [0, num_actions) as
  * dynamics.decode_actions clamps it (beta_of: the per-action table of atan(0.5 tan(steer))). */
-void gpusim_motion_prepare(const uint8_t *controlled, const uint8_t *present, const uint8_t *stopped,
-                           const uint8_t *removed, const uint8_t *world_done, const float *heading,
-                           const int64_t *action, const float *beta_of, uint8_t *in_play,
-                           uint8_t *loss_mask, float *theta, int64_t W, int64_t A, int64_t C,
-                           int64_t num_actions, int num_threads) {
+void gpusim_motion_prepare(const MotionPrepareArgs *args) {
+    GPUSIM_UNPACK_MotionPrepareArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {
@@ -121,13 +114,8 @@ void gpusim_motion_prepare(const uint8_t *controlled, const uint8_t *present, co
 
 /* Discrete actions, second pass of stage motion: gpusim_motion with the control, tan(steer) and
  * cos(beta) looked up per action (accel_of, tan_of, cos_b_of [num_actions]). */
-void gpusim_motion_discrete(const float *pos, const float *heading, const float *speed, const float *length,
-                            const int64_t *action, const float *accel_of, const float *tan_of,
-                            const float *cos_b_of, const float *cos_t, const float *sin_t,
-                            const uint8_t *moving, float *pos_out, float *heading_out, float *speed_out,
-                            int64_t W, int64_t A, int64_t C, int64_t num_actions, float dt, float max_accel,
-                            float min_speed, float max_speed, float min_length, float pi, float two_pi,
-                            int num_threads) {
+void gpusim_motion_discrete(const MotionDiscreteArgs *args) {
+    GPUSIM_UNPACK_MotionDiscreteArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {

@@ -25,7 +25,6 @@ reference's bit for bit (tests/test_stages_c.py).
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 from typing import Callable
 
@@ -33,7 +32,7 @@ import torch
 
 from gpusim.backend import op_backend
 from gpusim.kernels import dynamics
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, c_tensor
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, declare_struct_entry
 from gpusim.kernels.trimath import PI, TWO_PI
 
 
@@ -105,42 +104,70 @@ def bind_move_slots(backend: str | None, check: bool, action_space: int, dt: flo
         return lambda *tensors: move_slots(*tensors, action_space, dt, forward, backend=backend, check=check)
     prepare, discrete, e, b = lib.gpusim_motion_prepare, lib.gpusim_motion_discrete, torch.empty, torch.bool
     beta_of = tables["beta_of"].data_ptr()
-    per_action = (tables["accel_of"].data_ptr(), tables["tan_of"].data_ptr(), tables["cos_b_of"].data_ptr())
+    per_action = dict(accel_of=tables["accel_of"].data_ptr(), tan_of=tables["tan_of"].data_ptr(),
+                      cos_b_of=tables["cos_b_of"].data_ptr())
     n_act = dynamics.NUM_ACTIONS
-    constants = (dt, dynamics.MAX_ACCEL, dynamics.MIN_SPEED, dynamics.MAX_SPEED, dynamics.MIN_LENGTH, PI, TWO_PI)
+    prepare_args = MOTION_PREPARE_ARGS.bind(beta_of=beta_of, num_actions=n_act)
+    discrete_args = MOTION_DISCRETE_ARGS.bind(**per_action, num_actions=n_act, **_motion_constants(dt))
 
     def run(controlled, present, stopped, removed, world_done, pos, heading, speed, length, actions):
         W, A = present.shape
         C = actions.shape[1]
         threads = torch.get_num_threads()
         play, mask, theta = e(W, A, dtype=b), e(W, C, dtype=b), e(W, C)
-        prepare(controlled.data_ptr(), present.data_ptr(), stopped.data_ptr(), removed.data_ptr(),
-                world_done.data_ptr(), heading.data_ptr(), actions.data_ptr(), beta_of, play.data_ptr(),
-                mask.data_ptr(), theta.data_ptr(), W, A, C, n_act, threads)
+        prepare(prepare_args(
+            controlled=controlled, present=present, stopped=stopped, removed=removed, world_done=world_done,
+            heading=heading, action=actions, in_play=play, loss_mask=mask, theta=theta, W=W, A=A, C=C,
+            num_threads=threads))
         cos_t, sin_t = torch.cos(theta), torch.sin(theta)  # the reference's ops on the same [W, C] values
         out = (e(W, A, 2), e(W, A), e(W, A))
-        discrete(pos.data_ptr(), heading.data_ptr(), speed.data_ptr(), length.data_ptr(), actions.data_ptr(),
-                 *per_action, cos_t.data_ptr(), sin_t.data_ptr(), mask.data_ptr(), out[0].data_ptr(),
-                 out[1].data_ptr(), out[2].data_ptr(), W, A, C, n_act, *constants, threads)
+        discrete(discrete_args(
+            pos=pos, heading=heading, speed=speed, length=length, action=actions, cos_t=cos_t, sin_t=sin_t,
+            moving=mask, pos_out=out[0], heading_out=out[1], speed_out=out[2], W=W, A=A, C=C, num_threads=threads))
         return play, mask, out[0], out[1], out[2]
     run.keep = tables  # the bound pointers point into these
     return run
 
 
 # ---------------------------------------------------------------------------- C kernels (motion.c)
+#: The argument structs of motion.c's entry points (their C twins are generated from these tables).
+IN_PLAY_ARGS = CStruct("InPlayArgs", """
+    const uint8_t *controlled, const uint8_t *present, const uint8_t *stopped, const uint8_t *removed,
+    const uint8_t *world_done, uint8_t *in_play, uint8_t *loss_mask, int64_t W, int64_t A, int64_t C,
+    int num_threads""")
+MOTION_ARGS = CStruct("MotionArgs", """
+    const float *pos, const float *heading, const float *speed, const float *length, const float *accel,
+    const float *tan_d, const float *cos_b, const float *cos_t, const float *sin_t, const uint8_t *moving,
+    float *pos_out, float *heading_out, float *speed_out, int64_t W, int64_t A, int64_t C, float dt,
+    float max_accel, float min_speed, float max_speed, float min_length, float pi, float two_pi, int num_threads""")
+MOTION_PREPARE_ARGS = CStruct("MotionPrepareArgs", """
+    const uint8_t *controlled, const uint8_t *present, const uint8_t *stopped, const uint8_t *removed,
+    const uint8_t *world_done, const float *heading, const int64_t *action, const float *beta_of, uint8_t *in_play,
+    uint8_t *loss_mask, float *theta, int64_t W, int64_t A, int64_t C, int64_t num_actions, int num_threads""")
+MOTION_DISCRETE_ARGS = CStruct("MotionDiscreteArgs", """
+    const float *pos, const float *heading, const float *speed, const float *length, const int64_t *action,
+    const float *accel_of, const float *tan_of, const float *cos_b_of, const float *cos_t, const float *sin_t,
+    const uint8_t *moving, float *pos_out, float *heading_out, float *speed_out, int64_t W, int64_t A, int64_t C,
+    int64_t num_actions, float dt, float max_accel, float min_speed, float max_speed, float min_length, float pi,
+    float two_pi, int num_threads""")
+
+
 def _declare(lib) -> None:
-    """ctypes signatures of motion.c."""
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    for fn, args in ((lib.gpusim_in_play, [p] * 7 + [i64] * 3 + [i32]),
-                     (lib.gpusim_motion, [p] * 13 + [i64] * 3 + [f32] * 7 + [i32]),
-                     (lib.gpusim_motion_prepare, [p] * 11 + [i64] * 4 + [i32]),
-                     (lib.gpusim_motion_discrete, [p] * 14 + [i64] * 4 + [f32] * 7 + [i32])):
-        fn.restype, fn.argtypes = None, args
+    """ctypes signatures of motion.c: one struct each."""
+    for symbol in ("gpusim_in_play", "gpusim_motion", "gpusim_motion_prepare", "gpusim_motion_discrete"):
+        declare_struct_entry(lib, symbol)
+
+
+def _motion_constants(dt: float) -> dict:
+    """The step and the bicycle model's limits, the struct fields both motion passes share."""
+    return dict(dt=dt, max_accel=dynamics.MAX_ACCEL, min_speed=dynamics.MIN_SPEED, max_speed=dynamics.MAX_SPEED,
+                min_length=dynamics.MIN_LENGTH, pi=PI, two_pi=TWO_PI)
 
 
 #: motion.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
-LIBRARY = CLibrary(name="motion", source=Path(__file__).with_suffix(".c"), prefix="gpusim_motion", abi=1,
-                   declare=_declare, label=STEP_LABEL)
+LIBRARY = CLibrary(name="motion", source=Path(__file__).with_suffix(".c"), prefix="gpusim_motion", abi=2,
+                   declare=_declare, label=STEP_LABEL,
+                   structs=(IN_PLAY_ARGS, MOTION_ARGS, MOTION_PREPARE_ARGS, MOTION_DISCRETE_ARGS))
 
 
 def in_play_cpu(controlled, present, stopped, removed, world_done, num_slots: int, check: bool = True):
@@ -166,8 +193,10 @@ def in_play_cpu(controlled, present, stopped, removed, world_done, num_slots: in
     if lib is None:
         return in_play_reference(*ins, C)
     play, mask = torch.empty(W, A, dtype=b), torch.empty(W, C, dtype=b)
-    lib.gpusim_in_play(*[t.data_ptr() for t in ins], play.data_ptr(), mask.data_ptr(), W, A, C,
-                       torch.get_num_threads())
+    controlled, present, stopped, removed, world_done = ins
+    lib.gpusim_in_play(IN_PLAY_ARGS(controlled=controlled, present=present, stopped=stopped, removed=removed,
+                                    world_done=world_done, in_play=play, loss_mask=mask, W=W, A=A, C=C,
+                                    num_threads=torch.get_num_threads()))
     return play, mask
 
 
@@ -213,11 +242,10 @@ def bicycle_slots_cpu(pos, heading, speed, length, accel, steer, moving, dt: flo
     theta = heading[:, :C] + beta
     cos_t, sin_t = torch.cos(theta), torch.sin(theta)
     out = (torch.empty(W, A, 2), torch.empty(W, A), torch.empty(W, A))
-    lib.gpusim_motion(pos.data_ptr(), heading.data_ptr(), speed.data_ptr(), length.data_ptr(), accel.data_ptr(),
-                      tan_d.data_ptr(), cos_b.data_ptr(), cos_t.data_ptr(), sin_t.data_ptr(), moving.data_ptr(),
-                      out[0].data_ptr(), out[1].data_ptr(), out[2].data_ptr(), W, A, C, dt, dynamics.MAX_ACCEL,
-                      dynamics.MIN_SPEED, dynamics.MAX_SPEED, dynamics.MIN_LENGTH, PI, TWO_PI,
-                      torch.get_num_threads())
+    lib.gpusim_motion(MOTION_ARGS(
+        pos=pos, heading=heading, speed=speed, length=length, accel=accel, tan_d=tan_d, cos_b=cos_b, cos_t=cos_t,
+        sin_t=sin_t, moving=moving, pos_out=out[0], heading_out=out[1], speed_out=out[2], W=W, A=A, C=C,
+        **_motion_constants(dt), num_threads=torch.get_num_threads()))
     return out
 
 

@@ -7,6 +7,7 @@ view). Pure Python: no tensors.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from gpusim.enums import NUM_OBJECT_TYPES, NUM_ROAD_OBS_TYPES  # noqa: F401  (re-exported for the kernels)
@@ -84,11 +85,34 @@ SIGNAL_FEATURES = (
 STYLE_FEATURES = tuple(f"{t}_norm" for t in STYLE_TERMS)
 
 
+#: The blocks of the flat observation vector, in order: name -> ``(slots, features per slot)`` as a
+#: function of the sizes dict of :func:`layout_from_sizes` (``ego_dim``, ``num_partners``,
+#: ``partner_dim``, ``num_roads``, ``road_dim``, ``num_signals``, ``signal_dim``, ``style_dim``,
+#: ``candidate_dim``). Every writer (the observation kernels, the observe stage) and every reader
+#: (the policy's encoder, the renderer, the experience hooks) finds a block by its slice in the
+#: :class:`ObsLayout` built from this table, so a new block is one entry here plus its writer. The
+#: kernels write ``ego``, ``partners`` and ``roads`` in one pass: those three stay adjacent and in
+#: this order (:func:`layout_from_sizes` checks it).
+BLOCKS = {
+    "ego": lambda s: (1, s["ego_dim"]),
+    "partners": lambda s: (s["num_partners"], s["partner_dim"]),
+    "roads": lambda s: (s["num_roads"], s["road_dim"]),
+    "signals": lambda s: (s["num_signals"], s["signal_dim"]),
+    "style": lambda s: (1, s["style_dim"]),
+    "candidates": lambda s: (1, s["candidate_dim"]),
+}
+
+#: The blocks the observation kernels write in one pass, adjacent and in this order.
+KERNEL_BLOCKS = ("ego", "partners", "roads")
+
+
 @dataclass(frozen=True)
 class ObsLayout:
-    """Layout of the flat observation vector ``[ego | partners | roads | signals | style]`` (the
-    signal block is absent, ``num_signals = 0``, unless asked for; the style block, the agent's
-    own normalised reward weights, is there only with ``EnvConfig.reward_conditioning``).
+    """Layout of the flat observation vector, the blocks of :data:`BLOCKS` in their order
+    (by default ``[ego | partners | roads | signals | style | candidates]``; the signal block is
+    absent, ``num_signals = 0``, unless asked for; the style block, the agent's own normalised
+    reward weights, is there only with ``EnvConfig.reward_conditioning``; the candidate block only
+    in the memory task).
 
     Attributes:
         ego_dim: features of the ego block (``len(ego_features)``).
@@ -96,20 +120,22 @@ class ObsLayout:
         partner_dim: features per partner slot (last = valid flag).
         num_roads: K road slots.
         road_dim: features per road slot (last = valid flag).
-        obs_dim: D = ego_dim + P * partner_dim + K * road_dim + N * signal_dim + style_dim.
+        obs_dim: D, the sum of the block widths.
         ego, partners, roads, signals: slices of the flat vector; ``obs[..., layout.partners]``
             reshaped to ``[..., P, partner_dim]`` gives the partner slots (likewise roads, signals).
         num_signals: N traffic-signal slots (0: no signal block). signal_dim: features per signal
             slot (last = valid flag).
-        style_dim: entries of the style block (0 or ``gpusim.styles.NUM_STYLE_TERMS``), the last
-            columns; ``style``: its slice. Each entry is ``(v - low) / (high - low)`` of the
-            agent's own style (:data:`STYLE_FEATURES`; docs/styles.md).
+        style_dim: entries of the style block (0 or ``gpusim.styles.NUM_STYLE_TERMS``); ``style``:
+            its slice. Each entry is ``(v - low) / (high - low)`` of the agent's own style
+            (:data:`STYLE_FEATURES`; docs/styles.md).
         num_candidates: G candidate goals of the memory task (0: no candidate block);
             candidate_dim: width of the candidate block, ``3 G + 1`` (per candidate x, y in the ego
-            frame and distance, / 100 m, then ``at_decoy``), the very last columns; ``candidates``:
-            its slice; ``candidate_features``: its names (``gpusim/sim/candidates.py``).
+            frame and distance, / 100 m, then ``at_decoy``); ``candidates``: its slice;
+            ``candidate_features``: its names (``gpusim/sim/candidates.py``).
         ego_features, partner_features, road_features, signal_features: feature names, with their
             divisor after a ``/`` (see the module docstring).
+        blocks: ``((name, slice), ...)`` of every block of :data:`BLOCKS`, in order (a block of
+            width 0 has an empty slice).
     """
 
     ego_dim: int
@@ -135,6 +161,67 @@ class ObsLayout:
     candidate_dim: int = 0
     candidates: slice = field(default_factory=lambda: slice(0, 0))
     candidate_features: tuple = ()
+    blocks: tuple = ()
+
+    def block(self, name: str) -> slice:
+        """The slice of block ``name`` (a key of :data:`BLOCKS`).
+
+        Raises:
+            KeyError: naming the unknown block and the known ones.
+        """
+        for n, sl in self.blocks:
+            if n == name:
+                return sl
+        raise KeyError(f"ObsLayout: no block {name!r}; blocks: {[n for n, _ in self.blocks]}")
+
+    @property
+    def kernel(self) -> slice:
+        """The columns the observation kernels write in one pass: ``ego``, ``partners``, ``roads``."""
+        return slice(self.ego.start, self.roads.stop)
+
+    def column(self, block: str, feature: str) -> int:
+        """Column of feature ``feature`` (its full name, e.g. ``"goal_dist/100"``) of the one-slot
+        block ``block`` (``"ego"``, ``"candidates"``) in the flat vector.
+
+        Raises:
+            ValueError: an unknown feature name (the message lists the block's names).
+        """
+        names = {"ego": self.ego_features, "candidates": self.candidate_features, "style": self.style_features}[block]
+        if feature not in names:
+            raise ValueError(f"ObsLayout: the {block} block has no feature {feature!r}; it has {list(names)}")
+        return self.block(block).start + names.index(feature)
+
+
+def layout_from_sizes(**sizes) -> ObsLayout:
+    """The :class:`ObsLayout` of the block sizes ``sizes`` (the keys :data:`BLOCKS` reads; missing
+    ``num_signals``, ``signal_dim``, ``style_dim``, ``candidate_dim`` are 0), blocks in the order of
+    :data:`BLOCKS`, with the default feature names (:func:`obs_layout` sets the real ones).
+
+    Raises:
+        ValueError: a negative size, or the kernel blocks (:data:`KERNEL_BLOCKS`) not adjacent and
+            in order.
+    """
+    s = {"num_signals": 0, "signal_dim": 0, "style_dim": 0, "candidate_dim": 0, **{k: int(v) for k, v in sizes.items()}}
+    if any(v < 0 for v in s.values()):
+        raise ValueError(f"obs_layout: sizes must be >= 0, got {s}")
+    blocks, at = [], 0
+    for name, width in BLOCKS.items():
+        slots, feats = width(s)
+        blocks.append((name, slice(at, at + slots * feats)))
+        at += slots * feats
+    by = dict(blocks)
+    names = [n for n, _ in blocks]
+    k0 = names.index(KERNEL_BLOCKS[0])
+    if tuple(names[k0:k0 + len(KERNEL_BLOCKS)]) != KERNEL_BLOCKS:
+        raise ValueError(f"obs_layout: the blocks {KERNEL_BLOCKS} must be adjacent and in this order, got {names}")
+    return ObsLayout(
+        ego_dim=s["ego_dim"], num_partners=s["num_partners"], partner_dim=s["partner_dim"],
+        num_roads=s["num_roads"], road_dim=s["road_dim"], obs_dim=at,
+        ego=by["ego"], partners=by["partners"], roads=by["roads"],
+        num_signals=s["num_signals"], signal_dim=s["signal_dim"], signals=by["signals"],
+        style_dim=s["style_dim"], style=by["style"], candidate_dim=s["candidate_dim"],
+        candidates=by["candidates"], blocks=tuple(blocks),
+    )
 
 
 def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: bool = False,
@@ -152,31 +239,33 @@ def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: 
         raise ValueError(f"obs_layout: num_partners and num_roads must be >= 1, got {num_partners}, {num_roads}")
     if int(num_signals) < 0:
         raise ValueError(f"obs_layout: num_signals must be >= 0, got {num_signals}")
-    P, K, N = int(num_partners), int(num_roads), int(num_signals)
-    e, p, r, g = len(EGO_FEATURES), len(PARTNER_FEATURES), len(ROAD_FEATURES), len(SIGNAL_FEATURES)
-    end = e + P * p + K * r
-    S = len(STYLE_FEATURES) if styles else 0
     G = int(candidates) if int(candidates) >= 2 else 0
     cand_names = tuple(f"cand{k}_{n}" for k in range(G) for n in ("x/100", "y/100", "dist/100"))
     cand_names += ("at_decoy",) if G else ()
-    s1 = end + N * g + S
-    return ObsLayout(
-        ego_dim=e,
-        num_partners=P,
-        partner_dim=p,
-        num_roads=K,
-        road_dim=r,
-        obs_dim=s1 + len(cand_names),
-        ego=slice(0, e),
-        partners=slice(e, e + P * p),
-        roads=slice(e + P * p, end),
-        num_signals=N,
-        signals=slice(end, end + N * g),
-        style_dim=S,
-        style=slice(end + N * g, end + N * g + S),
-        style_features=STYLE_FEATURES if styles else (),
-        num_candidates=G,
-        candidate_dim=len(cand_names),
-        candidates=slice(s1, s1 + len(cand_names)),
-        candidate_features=cand_names,
-    )
+    style_names = STYLE_FEATURES if styles else ()
+    lay = layout_from_sizes(
+        ego_dim=len(EGO_FEATURES), num_partners=num_partners, partner_dim=len(PARTNER_FEATURES),
+        num_roads=num_roads, road_dim=len(ROAD_FEATURES), num_signals=num_signals,
+        signal_dim=len(SIGNAL_FEATURES), style_dim=len(style_names), candidate_dim=len(cand_names))
+    return dataclasses.replace(lay, style_features=style_names, num_candidates=G, candidate_features=cand_names)
+
+
+def kernel_layout(num_partners: int, num_roads: int) -> ObsLayout:
+    """The layout of what the observation kernels write (``gpusim.kernels.observations``): the
+    :data:`KERNEL_BLOCKS` of :func:`obs_layout` alone, from column 0 (their D0 = ``obs_dim``);
+    the env writes it at ``obs_layout(...).kernel``.
+
+    Raises:
+        ValueError: as :func:`obs_layout`.
+    """
+    full = obs_layout(num_partners, num_roads)
+    k0 = full.kernel.start
+
+    def shift(sl: slice) -> slice:
+        return slice(sl.start - k0, sl.stop - k0)
+
+    return dataclasses.replace(
+        full, obs_dim=full.kernel.stop - k0, ego=shift(full.ego), partners=shift(full.partners),
+        roads=shift(full.roads), signals=slice(0, 0), num_signals=0, style=slice(0, 0), style_dim=0,
+        candidates=slice(0, 0), candidate_dim=0,
+        blocks=tuple((n, shift(full.block(n))) for n in KERNEL_BLOCKS))

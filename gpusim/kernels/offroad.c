@@ -1,7 +1,8 @@
 /* CPU kernel of gpusim/kernels/offroad.py (offroad_reference). Called through ctypes by offroad.py. */
 #include "cpu_common.h"
+#include "gpusim_generated.h" /* the argument structs (cbuild.CStruct tables in the .py) */
 
-GPUSIM_EXPORT_ABI(gpusim_offroad, 1)
+GPUSIM_EXPORT_ABI(gpusim_offroad, 2)
 
 /* grid.cell_index_reference for one position (same float32 operations; observations/cpu.c too). */
 static int64_t cell_of(const float *origin, const int32_t *dims, float cell_size, int64_t s, float x, float y) {
@@ -34,11 +35,8 @@ static inline int crosses(float px1, float py1, float px2, float py2, float qx1,
  * bounding box overlaps the box's, grown by margin (PRECHECK_MARGIN); a NaN corner or segment
  * coordinate fails it, as torch.amin/maximum propagate NaN into false comparisons. out [W, A]:
  * all A columns written (columns >= C are 0). */
-void gpusim_offroad(const float *pos, const float *cos_h, const float *sin_h, const float *length,
-                    const float *width, const uint8_t *present, const int64_t *scenario, const float *road_seg,
-                    const void *grid, int grid_is16, const int64_t *grid_start, const float *grid_origin,
-                    const int32_t *grid_dims, uint8_t *out, int64_t W, int64_t A, int64_t C, int64_t R,
-                    int64_t KE, float cell_size, float half_scale, float margin, int num_threads) {
+void gpusim_offroad(const OffroadArgs *args) {
+    GPUSIM_UNPACK_OffroadArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {

@@ -24,7 +24,6 @@ kernel of ``offroad.c`` (same float32 operations, same pre-check margin: identic
 
 from __future__ import annotations
 
-import ctypes
 import weakref
 from pathlib import Path
 
@@ -33,7 +32,8 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, bool_out, c_tensor, check_index_range, heading_trig_of
+from gpusim.kernels.cbuild import (STEP_LABEL, CLibrary, CStruct, bool_out, c_tensor, check_index_range,
+                                   declare_struct_entry, heading_trig_of)
 from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
 
 
@@ -273,16 +273,22 @@ def offroad(
 
 
 # ---------------------------------------------------------------------------- C kernel (offroad.c)
+#: The argument struct of ``gpusim_offroad`` (offroad.c; its C twin is generated from this table).
+OFFROAD_ARGS = CStruct("OffroadArgs", """
+    const float *pos, const float *cos_h, const float *sin_h, const float *length, const float *width,
+    const uint8_t *present, const int64_t *scenario, const float *road_seg, const void *grid, int grid_is16,
+    const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims, uint8_t *out, int64_t W,
+    int64_t A, int64_t C, int64_t R, int64_t KE, float cell_size, float half_scale, float margin, int num_threads""")
+
+
 def _declare(lib) -> None:
-    """ctypes signature of offroad.c."""
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.gpusim_offroad.restype = None
-    lib.gpusim_offroad.argtypes = [p] * 9 + [i32] + [p] * 4 + [i64] * 5 + [f32] * 3 + [i32]
+    """ctypes signature of offroad.c: one :data:`OFFROAD_ARGS` struct."""
+    declare_struct_entry(lib, "gpusim_offroad")
 
 
 #: offroad.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
-LIBRARY = CLibrary(name="offroad", source=Path(__file__).with_suffix(".c"), prefix="gpusim_offroad", abi=1,
-                   declare=_declare, label=STEP_LABEL)
+LIBRARY = CLibrary(name="offroad", source=Path(__file__).with_suffix(".c"), prefix="gpusim_offroad", abi=2,
+                   declare=_declare, label=STEP_LABEL, structs=(OFFROAD_ARGS,))
 
 
 #: ``(weak reference to the grid table, its version, grid_start, (rows, start))`` of the last call
@@ -317,18 +323,20 @@ def bind_offroad(backend: str | None, check: bool, road_seg, grid_edge, grid_ori
             pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin, grid_dims, cell_size,
             box_scale, grid_start, num_slots, backend=backend, check=check)
     edge2, start = _grid_rows(grid_edge, grid_start)
-    pack_args = (road_seg.data_ptr(), edge2.data_ptr(), edge2.dtype == torch.int16, start.data_ptr(),
-                 grid_origin.data_ptr(), grid_dims.data_ptr())
-    sizes = (road_seg.shape[1], edge2.shape[1], float(cell_size), 0.5 * box_scale, PRECHECK_MARGIN)
+    pack_args = dict(road_seg=road_seg.data_ptr(), grid=edge2.data_ptr(), grid_is16=int(edge2.dtype == torch.int16),
+                     grid_start=start.data_ptr(), grid_origin=grid_origin.data_ptr(), grid_dims=grid_dims.data_ptr(),
+                     R=road_seg.shape[1], KE=edge2.shape[1], cell_size=float(cell_size), half_scale=0.5 * box_scale,
+                     margin=PRECHECK_MARGIN)
     kernel, keep = lib.gpusim_offroad, (road_seg, edge2, start, grid_origin, grid_dims)
+    args = OFFROAD_ARGS.bind(**pack_args)
 
     def run(pos, heading, length, width, present, scenario, out=None, cos_h=None, sin_h=None):
         W, A = heading.shape
         cos_h, sin_h = heading_trig_of(heading, cos_h, sin_h)
         out = torch.empty(W, A, dtype=torch.bool) if out is None else out
-        kernel(pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), length.data_ptr(), width.data_ptr(),
-               present.data_ptr(), scenario.data_ptr(), *pack_args, out.data_ptr(), W, A,
-               A if num_slots is None else num_slots, *sizes, torch.get_num_threads())
+        kernel(args(pos=pos, cos_h=cos_h, sin_h=sin_h, length=length, width=width, present=present,
+                    scenario=scenario, out=out, W=W, A=A, C=A if num_slots is None else num_slots,
+                    num_threads=torch.get_num_threads()))
         return out
     run.keep = keep  # the tensors the bound pointers point into live as long as the call
     return run

@@ -3,8 +3,9 @@
  * torch.linalg.vector_norm of the logged velocity, which torch's CPU reduction computes as
  * sqrtf(fmaf(vy, vy, vx * vx)); the kernel writes exactly that. Called through ctypes by replay.py. */
 #include "cpu_common.h"
+#include "gpusim_generated.h" /* the argument structs (cbuild.CStruct tables in the .py) */
 
-GPUSIM_EXPORT_ABI(gpusim_replay, 1)
+GPUSIM_EXPORT_ABI(gpusim_replay, 2)
 
 /* One world of replay.replay_reference at log index li: replayed slots take the log (or leave the
  * scene), the others are copied. replayed [W, A], or NULL: replayed = ~controlled & ~removed. */
@@ -39,11 +40,8 @@ static inline void replay_world(int64_t w, int64_t li, const float *pos, const f
 
 /* replay.replay_reference: replayed slots take the log at log_index[w] (or leave the scene), the
  * others are copied. Outputs fully written. */
-void gpusim_replay(const float *pos, const float *heading, const float *speed, const uint8_t *present,
-                   const uint8_t *replayed, const int64_t *scenario, const int64_t *log_index,
-                   const float *traj_pos, const float *traj_heading, const float *traj_vel,
-                   const uint8_t *traj_valid, float *out_pos, float *out_heading, float *out_speed,
-                   uint8_t *out_present, int64_t W, int64_t A, int64_t T, int num_threads) {
+void gpusim_replay(const ReplayArgs *args) {
+    GPUSIM_UNPACK_ReplayArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++)
@@ -54,12 +52,8 @@ void gpusim_replay(const float *pos, const float *heading, const float *speed, c
 /* gpusim_replay with its two derived inputs computed in the pass (stage replay): replayed =
  * ~controlled & ~removed, log_index[w] = init_steps + (step[w] - trial_start[w]) (int32 clocks,
  * step the new one). */
-void gpusim_replay_state(const float *pos, const float *heading, const float *speed, const uint8_t *present,
-                         const uint8_t *controlled, const uint8_t *removed, const int64_t *scenario,
-                         const int32_t *step, const int32_t *trial_start, int64_t init_steps,
-                         const float *traj_pos, const float *traj_heading, const float *traj_vel,
-                         const uint8_t *traj_valid, float *out_pos, float *out_heading, float *out_speed,
-                         uint8_t *out_present, int64_t W, int64_t A, int64_t T, int num_threads) {
+void gpusim_replay_state(const ReplayStateArgs *args) {
+    GPUSIM_UNPACK_ReplayStateArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++)

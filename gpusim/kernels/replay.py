@@ -16,7 +16,6 @@ reduction computes it).
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import torch
@@ -24,7 +23,8 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, c_tensor, check_index_range
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, check_index_range, declare_struct_entry
+from gpusim.kernels.clocks import log_index
 
 
 def replay_reference(
@@ -200,22 +200,35 @@ def replay_state(pos, heading, speed, present, controlled, removed, scenario, st
     if name == "c":
         return replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario, step, trial_start,
                                 init_steps, traj_pos, traj_heading, traj_vel, traj_valid, check=check)
-    return replay(pos, heading, speed, present, ~controlled & ~removed, scenario, init_steps + (step - trial_start),
-                  traj_pos, traj_heading, traj_vel, traj_valid, backend=name)
+    return replay(pos, heading, speed, present, ~controlled & ~removed, scenario,
+                  log_index(init_steps, step, trial_start), traj_pos, traj_heading, traj_vel, traj_valid, backend=name)
 
 
 # ---------------------------------------------------------------------------- C kernels (replay.c)
+#: The argument structs of ``gpusim_replay`` and ``gpusim_replay_state`` (replay.c; their C twins are
+#: generated from these tables).
+REPLAY_ARGS = CStruct("ReplayArgs", """
+    const float *pos, const float *heading, const float *speed, const uint8_t *present, const uint8_t *replayed,
+    const int64_t *scenario, const int64_t *log_index, const float *traj_pos, const float *traj_heading,
+    const float *traj_vel, const uint8_t *traj_valid, float *out_pos, float *out_heading, float *out_speed,
+    uint8_t *out_present, int64_t W, int64_t A, int64_t T, int num_threads""")
+REPLAY_STATE_ARGS = CStruct("ReplayStateArgs", """
+    const float *pos, const float *heading, const float *speed, const uint8_t *present, const uint8_t *controlled,
+    const uint8_t *removed, const int64_t *scenario, const int32_t *step, const int32_t *trial_start,
+    int64_t init_steps, const float *traj_pos, const float *traj_heading, const float *traj_vel,
+    const uint8_t *traj_valid, float *out_pos, float *out_heading, float *out_speed, uint8_t *out_present,
+    int64_t W, int64_t A, int64_t T, int num_threads""")
+
+
 def _declare(lib) -> None:
-    """ctypes signatures of replay.c."""
-    p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    lib.gpusim_replay.restype = lib.gpusim_replay_state.restype = None
-    lib.gpusim_replay.argtypes = [p] * 15 + [i64] * 3 + [i32]
-    lib.gpusim_replay_state.argtypes = [p] * 9 + [i64] + [p] * 8 + [i64] * 3 + [i32]
+    """ctypes signatures of replay.c: one struct each (:data:`REPLAY_ARGS`, :data:`REPLAY_STATE_ARGS`)."""
+    declare_struct_entry(lib, "gpusim_replay")
+    declare_struct_entry(lib, "gpusim_replay_state")
 
 
 #: replay.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
-LIBRARY = CLibrary(name="replay", source=Path(__file__).with_suffix(".c"), prefix="gpusim_replay", abi=1,
-                   declare=_declare, label=STEP_LABEL)
+LIBRARY = CLibrary(name="replay", source=Path(__file__).with_suffix(".c"), prefix="gpusim_replay", abi=2,
+                   declare=_declare, label=STEP_LABEL, structs=(REPLAY_ARGS, REPLAY_STATE_ARGS))
 
 
 def _traj(S: int, A: int, T: int, traj_pos, traj_heading, traj_vel, traj_valid) -> list:
@@ -237,13 +250,16 @@ def bind_replay_state(backend: str | None, check: bool, init_steps: int, traj_po
             pos, heading, speed, present, controlled, removed, scenario, step, trial_start, init_steps, traj_pos,
             traj_heading, traj_vel, traj_valid, backend=backend, check=check)
     kernel, init, e = lib.gpusim_replay_state, int(init_steps), torch.empty
-    log = (traj_pos.data_ptr(), traj_heading.data_ptr(), traj_vel.data_ptr(), traj_valid.data_ptr())
+    args = REPLAY_STATE_ARGS.bind(traj_pos=traj_pos, traj_heading=traj_heading, traj_vel=traj_vel,
+                                  traj_valid=traj_valid, init_steps=init, T=T)
 
-    def run(*state_tensors):
-        W, A = state_tensors[3].shape
+    def run(pos, heading, speed, present, controlled, removed, scenario, step, trial_start):
+        W, A = present.shape
         out = (e(W, A, 2), e(W, A), e(W, A), e(W, A, dtype=torch.bool))
-        kernel(*[t.data_ptr() for t in state_tensors], init, *log, *[t.data_ptr() for t in out], W, A, T,
-               torch.get_num_threads())
+        kernel(args(
+            pos=pos, heading=heading, speed=speed, present=present, controlled=controlled, removed=removed,
+            scenario=scenario, step=step, trial_start=trial_start, out_pos=out[0], out_heading=out[1],
+            out_speed=out[2], out_present=out[3], W=W, A=A, num_threads=torch.get_num_threads()))
         return out
     run.keep = (traj_pos, traj_heading, traj_vel, traj_valid)  # the bound pointers point into these
     return run
@@ -279,7 +295,12 @@ def replay_cpu(pos, heading, speed, present, replayed, scenario, log_index, traj
         if o.dtype != ref_t.dtype or o.shape != ref_t.shape or not o.is_contiguous() or o.device.type != "cpu":
             raise ValueError(f"replay: out tensors must be contiguous CPU {ref_t.dtype} {tuple(ref_t.shape)}")
     check_index_range(args[5], S, f"replay: scenario indices must lie in [0, S = {S})")
-    lib.gpusim_replay(*(t.data_ptr() for t in args + list(out)), W, A, T, torch.get_num_threads())
+    pos, heading, speed, present, replayed, scenario, log_index, traj_pos, traj_heading, traj_vel, traj_valid = args
+    lib.gpusim_replay(REPLAY_ARGS(
+        pos=pos, heading=heading, speed=speed, present=present, replayed=replayed, scenario=scenario,
+        log_index=log_index, traj_pos=traj_pos, traj_heading=traj_heading, traj_vel=traj_vel, traj_valid=traj_valid,
+        out_pos=out[0], out_heading=out[1], out_speed=out[2], out_present=out[3], W=W, A=A, T=T,
+        num_threads=torch.get_num_threads()))
     return tuple(out)
 
 
@@ -310,7 +331,7 @@ def replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario
     if lib is None or T == 0:
         pos, heading, speed, present, controlled, removed, scenario, step, trial_start = args
         return replay_reference(pos, heading, speed, present, ~controlled & ~removed, scenario,
-                                init_steps + (step - trial_start), *traj)
+                                log_index(init_steps, step, trial_start), *traj)
     if check:
         check_index_range(args[6], S, f"replay: scenario indices must lie in [0, S = {S})")
     return bind_replay_state("c", False, init_steps, *traj)(*args)

@@ -1,18 +1,15 @@
 /* CPU kernel of the red-light test of gpusim/kernels/signals.py (red_light_violation_reference:
  * stage signals). Called through ctypes by signals.py. */
 #include "cpu_common.h"
+#include "gpusim_generated.h" /* the argument structs (cbuild.CStruct tables in the .py) */
 
-GPUSIM_EXPORT_ABI(gpusim_signals, 1)
+GPUSIM_EXPORT_ABI(gpusim_signals, 2)
 
 /* signals.red_light_violation_reference: slot c of world w crossed the stop line of a red signal
  * (signal l < num_signals[s] whose state at log_index[w] is one of red_codes) moving forward.
  * cos_h / sin_h [W, C] from torch; half_width, min_cos float32; out [W, C] fully written. */
-void gpusim_red_light(const float *pos_before, const float *pos, const float *cos_h, const float *sin_h,
-                      const uint8_t *moving, const int64_t *scenario, const int64_t *log_index,
-                      const float *signal_pos, const float *signal_dir, const int8_t *signal_state,
-                      const uint8_t *signal_valid, const int32_t *num_signals, uint8_t *out,
-                      int64_t W, int64_t C, int64_t T, int64_t L, int red0, int red1, float half_width,
-                      float min_cos, int num_threads) {
+void gpusim_red_light(const RedLightArgs *args) {
+    GPUSIM_UNPACK_RedLightArgs(args)
     int64_t w;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (num_threads > 1)
     for (w = 0; w < W; w++) {

@@ -33,7 +33,6 @@ dispatcher (docs/design.md section 3); the red-light test also has the C kernel 
 
 from __future__ import annotations
 
-import ctypes
 import math
 import weakref
 from pathlib import Path
@@ -43,7 +42,8 @@ import triton
 import triton.language as tl
 
 from gpusim.backend import backend_for, op_backend
-from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, check_index_range, checker
+from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, check_index_range, checker, declare_struct_entry
+from gpusim.kernels.clocks import log_index
 from gpusim.enums import RED_SIGNAL_STATES, SignalState
 from gpusim.kernels.checks import check_tensors
 from gpusim.kernels.obs_layout import SIGNAL_FEATURES
@@ -509,7 +509,7 @@ def red_light_state(pos_before, pos, heading, moving, scenario, step, trial_star
     if name == "c" and not check and _no_signals(num_signals):
         return torch.zeros(W, C, dtype=torch.bool)
     return red_light_violation(pos_before, pos[:, :C].contiguous(), heading[:, :C].contiguous(), moving.contiguous(),
-                               scenario, init_steps + (step - trial_start), signal_pos, signal_dir, signal_state,
+                               scenario, log_index(init_steps, step, trial_start), signal_pos, signal_dir, signal_state,
                                signal_valid, num_signals, backend=name, check=check)
 
 
@@ -527,16 +527,22 @@ def bind_red_light_state(backend: str | None, check: bool, init_steps: int, sign
 
 
 # ---------------------------------------------------------------------------- C kernel (signals.c)
+#: The argument struct of ``gpusim_red_light`` (signals.c; its C twin is generated from this table).
+RED_LIGHT_ARGS = CStruct("RedLightArgs", """
+    const float *pos_before, const float *pos, const float *cos_h, const float *sin_h, const uint8_t *moving,
+    const int64_t *scenario, const int64_t *log_index, const float *signal_pos, const float *signal_dir,
+    const int8_t *signal_state, const uint8_t *signal_valid, const int32_t *num_signals, uint8_t *out, int64_t W,
+    int64_t C, int64_t T, int64_t L, int red0, int red1, float half_width, float min_cos, int num_threads""")
+
+
 def _declare(lib) -> None:
-    """ctypes signature of signals.c."""
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.gpusim_red_light.restype = None
-    lib.gpusim_red_light.argtypes = [p] * 13 + [i64] * 4 + [i32, i32, f32, f32, i32]
+    """ctypes signature of signals.c: one :data:`RED_LIGHT_ARGS` struct."""
+    declare_struct_entry(lib, "gpusim_red_light")
 
 
 #: signals.c, built at first use (:class:`gpusim.kernels.cbuild.CLibrary`).
-LIBRARY = CLibrary(name="signals", source=Path(__file__).with_suffix(".c"), prefix="gpusim_signals", abi=1,
-                   declare=_declare, label=STEP_LABEL)
+LIBRARY = CLibrary(name="signals", source=Path(__file__).with_suffix(".c"), prefix="gpusim_signals", abi=2,
+                   declare=_declare, label=STEP_LABEL, structs=(RED_LIGHT_ARGS,))
 
 #: ``(weak reference, version, answer)`` of the last ``num_signals`` tensor :func:`_no_signals` read
 _NO_SIGNALS: list = [None, -1, False]
@@ -591,8 +597,9 @@ def red_light_cpu(pos_before, pos, heading, moving, scenario, log_index, signal_
     pb, p, _, mv, sc, sp, sd, st, sv, ns = ins
     red = [int(v) for v in RED_SIGNAL_STATES]
     li = log_index.to(torch.int64).contiguous()  # kept alive through the call
-    lib.gpusim_red_light(pb.data_ptr(), p.data_ptr(), c.contiguous().data_ptr(), s.contiguous().data_ptr(),
-                         mv.data_ptr(), sc.data_ptr(), li.data_ptr(), sp.data_ptr(), sd.data_ptr(), st.data_ptr(),
-                         sv.data_ptr(), ns.data_ptr(), out.data_ptr(), W, C, T, L, red[0], red[1], half_width,
-                         min_cos, torch.get_num_threads())
+    c, s = c.contiguous(), s.contiguous()  # kept alive through the call
+    lib.gpusim_red_light(RED_LIGHT_ARGS(
+        pos_before=pb, pos=p, cos_h=c, sin_h=s, moving=mv, scenario=sc, log_index=li, signal_pos=sp, signal_dir=sd,
+        signal_state=st, signal_valid=sv, num_signals=ns, out=out, W=W, C=C, T=T, L=L, red0=red[0], red1=red[1],
+        half_width=half_width, min_cos=min_cos, num_threads=torch.get_num_threads()))
     return out

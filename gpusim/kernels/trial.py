@@ -46,6 +46,7 @@ import triton.language as tl
 
 from gpusim.backend import backend_for
 from gpusim.kernels.checks import check_tensors
+from gpusim.kernels.clocks import trial_time
 
 
 class TrialOut(NamedTuple):
@@ -113,7 +114,7 @@ def trial_step_reference(
     n_act = slot_active.sum(1)
     n_rm = (slot_active & rem[:, :C]).sum(1)
     all_removed = (n_act > 0) & (n_rm == n_act)
-    timeout = (step - trial_start) >= per_trial_timeout
+    timeout = trial_time(step, trial_start) >= per_trial_timeout
     trial_end = running & (all_removed | timeout | truncated | episode_end)
     new_count = trial_count + trial_end.to(torch.int32)
     last = trial_end & ((new_count >= k_trials) | episode_end)

@@ -85,9 +85,7 @@ def decode_ego_observation(obs: torch.Tensor, layout, partner_radius: float = 50
     if not isinstance(obs, torch.Tensor) or obs.dim() != 1:
         raise ValueError(f"render_ego_view: obs must be a 1-D [D] tensor, got "
                          f"{tuple(obs.shape) if isinstance(obs, torch.Tensor) else type(obs).__name__}")
-    D = layout.ego_dim + layout.num_partners * layout.partner_dim + layout.num_roads * layout.road_dim
-    D += getattr(layout, "num_signals", 0) * getattr(layout, "signal_dim", 0)  # signal block (not drawn here)
-    D += getattr(layout, "style_dim", 0)  # style block (not drawn here)
+    D = layout.obs_dim  # every block; the signal, style and candidate blocks are not drawn here
     if obs.shape[0] != D:
         raise ValueError(f"render_ego_view: obs has {obs.shape[0]} features, the layout says D = {D}")
     scales = {"partner_radius": float(partner_radius), "road_radius": float(road_radius)}
@@ -98,13 +96,10 @@ def decode_ego_observation(obs: torch.Tensor, layout, partner_radius: float = 50
     _need(ego_c, EGO_NEEDS, "ego")
     _need(par_c, PARTNER_NEEDS, "partner")
     _need(road_c, ROAD_NEEDS, "road")
-    e0 = layout.ego.start if hasattr(layout, "ego") else 0
-    p0 = layout.partners.start if hasattr(layout, "partners") else layout.ego_dim
-    r0 = layout.roads.start if hasattr(layout, "roads") else p0 + layout.num_partners * layout.partner_dim
-    ego_v = v[e0:e0 + layout.ego_dim]
+    ego_v = v[layout.ego]
     ego = {name: float(ego_v[i] * d) for name, (i, d) in ego_c.items()}
 
-    P = rearrange(v[p0:p0 + layout.num_partners * layout.partner_dim], "(p f) -> p f", p=layout.num_partners)
+    P = rearrange(v[layout.partners], "(p f) -> p f", p=layout.num_partners)
     pv = P[:, -1] > 0.5
     col = lambda M, cols, n: M[:, cols[n][0]] * cols[n][1]  # noqa: E731
     ptype = np.full(layout.num_partners, -1, np.int64)
@@ -119,7 +114,7 @@ def decode_ego_observation(obs: torch.Tensor, layout, partner_radius: float = 50
         "type": ptype[pv], "slot": np.nonzero(pv)[0],
     }
 
-    Rm = rearrange(v[r0:r0 + layout.num_roads * layout.road_dim], "(k f) -> k f", k=layout.num_roads)
+    Rm = rearrange(v[layout.roads], "(k f) -> k f", k=layout.num_roads)
     rv = Rm[:, -1] > 0.5
     mx, my = col(Rm, road_c, "mid_x"), col(Rm, road_c, "mid_y")
     half = col(Rm, road_c, "length") / 2

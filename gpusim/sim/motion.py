@@ -26,6 +26,7 @@ import torch
 
 from gpusim.config import Dynamics
 from gpusim.kernels import dynamics
+from gpusim.kernels.clocks import log_index
 from gpusim.kernels.motion import bind_move_slots
 from gpusim.sim.context import SimContext, StepVars, bound_op, slots
 from gpusim.sim.random_start import log_origin
@@ -81,7 +82,7 @@ def expert_targets(ctx: SimContext, state: EnvState) -> dict:
     """
     p, C = ctx.pack, ctx.num_slots
     T = p.num_steps
-    nxt = (ctx.config.init_steps + (state.step - log_origin(ctx, state)) + 1).to(torch.int64)
+    nxt = (log_index(ctx.config.init_steps, state.step, log_origin(ctx, state)) + 1).to(torch.int64)
     i = nxt.clamp(max=T - 1)[:, None]
     w = state.scenario[:, None]
     c = torch.arange(C, device=ctx.device)[None, :]

@@ -19,15 +19,18 @@ has a signal, the C kernel zeroes the signal block in its pass instead (the sign
 would be all zero).
 
 Memory task (``EnvConfig.goal_candidates`` >= 2): the candidate block
-(:func:`gpusim.sim.candidates.candidate_block`, 3 G + 1 columns) is the very last block, written
-after every other one (zero for slots not observed), and the ego block's goal columns
+(:func:`gpusim.sim.candidates.candidate_block`, 3 G + 1 columns) is written
+after every other block (zero for slots not observed), and the ego block's goal columns
 (``goal_x``, ``goal_y``, ``goal_dist``) are zeroed: the true goal must not show.
 
 Exact memoryless control (``EnvConfig.zero_trial_index``): the ego block's ``trial_index`` column
 is zeroed after every other block is written, so the first observation of every trial is the same
 (docs/trial.md).
 
-Driving styles (``EnvConfig.reward_conditioning``): the last ``NUM_STYLE_TERMS`` columns hold the
+Every block is written at its slice of the env's layout (:func:`config_obs_layout`, the one
+table ``gpusim.kernels.obs_layout.BLOCKS``); no offset is computed here.
+
+Driving styles (``EnvConfig.reward_conditioning``): the style block holds the
 slot's own normalised style (:func:`gpusim.sim.styles.style_observation`), written after the
 other blocks for every backend (one torch ``where`` + copy; zero for slots not observed).
 """
@@ -37,21 +40,34 @@ from __future__ import annotations
 import torch
 
 from gpusim.backend import step_backend
-from gpusim.kernels.obs_layout import EGO_FEATURES
+from gpusim.kernels.clocks import trial_features
+from gpusim.kernels.obs_layout import ObsLayout, obs_layout
 from gpusim.kernels.observations.state import bind_observations_state
-from gpusim.kernels.observations.cpu import observations_cpu_static
-from gpusim.kernels.signals import SIGNAL_DIM, signal_observations
+from gpusim.kernels.signals import signal_observations
 from gpusim.sim.candidates import candidate_block
 from gpusim.sim.context import SimContext, StepVars, bound_op, slots
 from gpusim.sim.signals import no_signal_pack, signal_log_index
 from gpusim.sim.styles import style_observation
 from gpusim.state import EnvState
 
-#: The ego block's goal columns (hidden in the memory task).
-GOAL_COLUMNS = slice(EGO_FEATURES.index("goal_x/100"), EGO_FEATURES.index("goal_dist/100") + 1)
-#: The ego block's trial-index column (zeroed by the exact memoryless control).
-TRIAL_INDEX_COLUMN = EGO_FEATURES.index("trial_index")
-from gpusim.styles import NUM_STYLE_TERMS
+
+
+def config_obs_layout(cfg) -> ObsLayout:
+    """The env's :class:`~gpusim.kernels.obs_layout.ObsLayout` for ``cfg`` (``EnvConfig``): its
+    partner, road and signal slots, the style block with reward conditioning, the candidate block
+    in the memory task (``DriveEnv.obs_layout``; every block found by its slice)."""
+    return obs_layout(num_partners=cfg.num_partners, num_roads=cfg.num_roads, num_signals=cfg.num_signals,
+                      styles=cfg.reward_conditioning, candidates=cfg.goal_candidates)
+
+
+#: The ego block's trial-index column in the default layout (zeroed by the exact memoryless control;
+#: the stage itself reads it from the env's layout).
+TRIAL_INDEX_COLUMN = obs_layout(1, 1).column("ego", "trial_index")
+
+
+def goal_columns(layout: ObsLayout) -> slice:
+    """The ego block's goal columns ``goal_x .. goal_dist`` (hidden in the memory task)."""
+    return slice(layout.column("ego", "goal_x/100"), layout.column("ego", "goal_dist/100") + 1)
 
 
 def _trial_clock(ctx: SimContext, state: EnvState) -> tuple:
@@ -59,19 +75,7 @@ def _trial_clock(ctx: SimContext, state: EnvState) -> tuple:
     cfg = ctx.config
     if not cfg.trial_mode:
         return None, None
-    return (state.trial_count.to(torch.float32) / cfg.k_trials,
-            (state.step - state.trial_start).to(torch.float32) / cfg.scenario_length)
-
-
-def cpu_static(ctx: SimContext):
-    """The C observation kernel's pack- and config-derived arguments
-    (:func:`~gpusim.kernels.observations.cpu.observations_cpu_static`), computed once per pack."""
-    cfg = ctx.config
-    return ctx.pack_fact("observations_cpu_static", lambda pk: observations_cpu_static(
-        road_seg=pk.road_seg, road_type=pk.road_type, grid_road=pk.grid_road, grid_start=pk.grid_start,
-        grid_origin=pk.grid_origin, grid_dims=pk.grid_dims, cell_size=pk.cell_size,
-        num_partners=cfg.num_partners, partner_radius=cfg.partner_radius, road_radius=cfg.road_radius,
-        A=pk.traj_valid.shape[1], C=ctx.num_slots))
+    return trial_features(state.trial_count, state.step, state.trial_start, cfg.k_trials, cfg.scenario_length)
 
 
 def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None) -> torch.Tensor:
@@ -79,26 +83,27 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     running step, whose backend and checked layout the kernels use."""
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     full = ctx.obs_buf
-    n_style = NUM_STYLE_TERMS if cfg.reward_conditioning else 0  # style block (reward conditioning): the last columns, written last
-    n_cand = 3 * cfg.goal_candidates + 1 if cfg.goal_candidates >= 2 else 0  # memory task block: the very last
-    d0 = full.shape[-1] - cfg.num_signals * SIGNAL_DIM - n_style - n_cand
+    lay = ctx.cached("obs_layout", config_obs_layout)
+    n_sig, n_style, n_cand = (sl.stop - sl.start for sl in (lay.signals, lay.style, lay.candidates))
+    kern = lay.kernel  # the partner/road kernels' columns; d0: where they end
+    d0 = kern.stop
     if step is None:  # env.observe() outside a step: the step's backend, arguments checked
         step = StepVars(actions=None, episode_end=False, backend=step_backend(state.pos, cfg.cpu_kernels))
-    # a pack without any signal (a host read of the pack: CPU tensors only): the C kernel zeroes the
-    # signal block in the same pass instead of the signal kernel running (all zero then)
-    no_signals = cfg.num_signals > 0 and state.pos.is_cpu and ctx.pack_fact("no_signals", no_signal_pack)
+    # a pack without any signal (a host read of the pack, on the C backend only): the C kernel zeroes
+    # the signal block in the same pass instead of the signal kernel running (all zero then)
+    no_signals = cfg.num_signals > 0 and step.backend == "c" and ctx.pack_fact("no_signals", no_signal_pack)
     t_index, t_time = _trial_clock(ctx, state)
     observe_op = bound_op(ctx, step, "observations", lambda backend, check: bind_observations_state(
         backend, check, p.road_seg, p.road_type, p.grid_road, p.grid_origin, p.grid_dims, p.cell_size, cfg.num_partners,
-        cfg.partner_radius, cfg.road_radius, p.grid_start, static=lambda: cpu_static(ctx)))
+        cfg.partner_radius, cfg.road_radius, p.grid_start))
     ctx.obs_written, signals_done = observe_op(
         state.pos, state.heading, state.speed, state.length, state.width, state.agent_type, state.present, state.goal,
         state.collided_now, state.offroad_now, t_index, t_time, state.last_reward, state.controlled, ctx.obs_written,
-        state.scenario, out=full if d0 == full.shape[-1] else full[..., :d0],
-        zero_tail=full.shape[-1] - d0 if no_signals else 0, scratch=ctx.obs_scratch)
+        state.scenario, out=full if kern == slice(0, full.shape[-1]) else full[..., kern],
+        zero_tail=lay.signals.stop - d0 if no_signals else 0, scratch=ctx.obs_scratch)
     if cfg.zero_trial_index:  # the exact memoryless control: trial k starts like trial 0
-        full[..., TRIAL_INDEX_COLUMN].fill_(0.0)
-    if not (n_style or n_cand or (cfg.num_signals > 0 and not signals_done)):
+        full[..., lay.column("ego", "trial_index")].fill_(0.0)
+    if not (n_style or n_cand or (n_sig and not signals_done)):
         return full
     active = ctx.obs_written.view(-1, C)  # the slots observed; the other rows are zero
     if cfg.num_signals > 0 and not signals_done:
@@ -106,14 +111,13 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
             pos=slots(state.pos, C), heading=slots(state.heading, C), active=active, scenario=state.scenario,
             log_index=signal_log_index(ctx, state), signal_pos=p.signal_pos, signal_dir=p.signal_dir,
             signal_state=p.signal_state, signal_valid=p.signal_valid, num_signals=p.num_signals,
-            num_obs=cfg.num_signals, radius=cfg.road_radius, out=full, offset=d0)
+            num_obs=cfg.num_signals, radius=cfg.road_radius, out=full, offset=lay.signals.start)
     if n_style:
-        full[..., d0 + cfg.num_signals * SIGNAL_DIM: full.shape[-1] - n_cand].copy_(
-            style_observation(ctx, state, active))
+        full[..., lay.style].copy_(style_observation(ctx, state, active))
     if n_cand:
         block = candidate_block(state)
-        full[..., full.shape[-1] - n_cand:].copy_(torch.where(active[..., None], block, torch.zeros_like(block)))
-        full[..., GOAL_COLUMNS].fill_(0.0)
+        full[..., lay.candidates].copy_(torch.where(active[..., None], block, torch.zeros_like(block)))
+        full[..., goal_columns(lay)].fill_(0.0)
     return full
 
 

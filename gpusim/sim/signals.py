@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from gpusim.kernels.clocks import log_index
 from gpusim.kernels.signals import bind_red_light_state
 from gpusim.sim.context import SimContext, StepVars, bound_op, slots
 from gpusim.sim.random_start import log_origin
@@ -31,7 +32,7 @@ from gpusim.state import EnvState
 def signal_log_index(ctx: SimContext, state: EnvState) -> torch.Tensor:
     """[W] int32 log index of each world's signals: ``init_steps + (step - trial_start)`` (plus
     ``start_offset`` with random start, :func:`gpusim.sim.random_start.log_origin`)."""
-    return ctx.config.init_steps + (state.step - log_origin(ctx, state))
+    return log_index(ctx.config.init_steps, state.step, log_origin(ctx, state))
 
 
 def no_signal_pack(pack) -> bool:

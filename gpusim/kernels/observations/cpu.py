@@ -29,38 +29,69 @@ from typing import NamedTuple
 import torch
 
 from gpusim.kernels.cbuild import CFLAGS, CLibrary, cache_dir, check_index_range  # noqa: F401  (re-exported)
-from gpusim.kernels.cbuild import heading_trig
+from gpusim.kernels.cbuild import CStruct, declare_struct_entry, define_lines, heading_trig
 from gpusim.kernels.grid import grid_table_rows
-from gpusim.kernels.obs_layout import GOAL_SCALE, SIZE_SCALE, SPEED_SCALE
+from gpusim.kernels.obs_layout import EGO_EXTRA, GOAL_SCALE, SIZE_SCALE, SPEED_SCALE, kernel_layout
 from gpusim.kernels.observations.naive import observations_reference
-from gpusim.kernels.observations.tables import check_inputs, index_bits, road_table
+from gpusim.kernels.observations.tables import GEO_COLS, ROAD_COLS, check_inputs, ego_extra, index_bits, road_table
 
-#: Version of the C function's argument list (``gpusim_obs_abi()`` in cpu.c must return it).
-ABI = 3
+#: Version of the C functions' argument structs (``gpusim_obs_abi()`` in cpu.c must return it).
+ABI = 4
 SOURCE = Path(__file__).with_name("cpu.c")
+
+#: The constants both entry points take (sizes, sort-key index bits, the grid cell, squared radii and
+#: their inverses, feature scales, threads; :func:`_kernel_constants`).
+_CONSTANTS = """int64_t A, int64_t C, int64_t K, int64_t R, int64_t P, int abits, int rbits, float cell_size, float pr2,
+    float inv_pr, float rr2, float inv_rr, float two_inv_rr, float speed_mul, float size_mul, float goal_div,
+    int num_threads"""
+#: The argument structs of ``gpusim_observations`` and ``gpusim_observations_state`` (cpu.c; their C
+#: twins are generated from these tables).
+OBSERVATIONS_ARGS = CStruct("ObservationsArgs", """
+    const float *pos, const float *cos_h, const float *sin_h, const float *speed, const float *length,
+    const float *width, const int8_t *agent_type, const uint8_t *present, const float *goal, const float *extra,
+    const uint8_t *active, const int64_t *scenario, const float *geo, const float *feat, const void *grid,
+    int grid_is16, const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims,
+    const int64_t *rows, int64_t n, float *out, int64_t out_stride, int64_t zero_tail, """ + _CONSTANTS)
+OBSERVATIONS_STATE_ARGS = CStruct("ObservationsStateArgs", """
+    const float *pos, const float *cos_h, const float *sin_h, const float *speed, const float *length,
+    const float *width, const int8_t *agent_type, const uint8_t *present, const float *goal,
+    const uint8_t *collided, const uint8_t *offroad, const float *t_index, const float *t_time,
+    const float *last_reward, const uint8_t *controlled, const uint8_t *written, uint8_t *written_out,
+    const int64_t *scenario, const float *geo, const float *feat, const void *grid, int grid_is16,
+    const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims, int64_t W, float *out,
+    int64_t out_stride, int64_t zero_tail, """ + _CONSTANTS)
 
 
 def _declare(lib) -> None:
-    """ctypes signature of ``gpusim_observations`` (cpu.c)."""
-    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-    lib.gpusim_observations.restype = ctypes.c_int
-    lib.gpusim_observations.argtypes = (
-        [p] * 15 + [i32] + [p] * 3          # pos .. grid, grid_is16, grid_start, origin, dims
-        + [p, i64, p, i64, i64]              # rows, n, out, out_stride, zero_tail
-        + [i64] * 5 + [i32, i32]             # A, C, K, R, P, abits, rbits
-        + [f32] * 9 + [i32]                  # cell_size .. goal_div, num_threads
-    )
-    lib.gpusim_observations_state.restype = ctypes.c_int
-    lib.gpusim_observations_state.argtypes = (
-        [p] * 17 + [p] * 4 + [i32] + [p] * 3  # pos .. written_out, scenario .. grid, grid_is16, start, origin, dims
-        + [i64, p, i64, i64]                 # W, out, out_stride, zero_tail
-        + [i64] * 5 + [i32, i32]             # A, C, K, R, P, abits, rbits
-        + [f32] * 9 + [i32]                  # cell_size .. goal_div, num_threads
-    )
+    """ctypes signatures of cpu.c: one struct each (:data:`OBSERVATIONS_ARGS`,
+    :data:`OBSERVATIONS_STATE_ARGS`), an int status returned."""
+    declare_struct_entry(lib, "gpusim_observations", ctypes.c_int)
+    declare_struct_entry(lib, "gpusim_observations_state", ctypes.c_int)
+
+
+def generated_header() -> str:
+    """The constants ``cpu.c`` takes from the layout (its ``gpusim_generated.h``): the kernel
+    blocks' widths and the ego columns by feature name (:func:`~gpusim.kernels.obs_layout.kernel_layout`,
+    ``EGO_<name>``), the road tables' widths (``tables.GEO_COLS``, ``ROAD_COLS``).
+
+    Raises:
+        ValueError: the ego extras not contiguous and in the order of ``EGO_EXTRA`` (the kernel
+            copies them in one block).
+    """
+    lay = kernel_layout(1, 1)
+    cols = {name.split("/")[0]: i for i, name in enumerate(lay.ego_features)}
+    first = cols[EGO_EXTRA[0]]
+    if [cols[n] for n in EGO_EXTRA] != list(range(first, first + len(EGO_EXTRA))):
+        raise ValueError(f"observations_cpu: the ego extras {EGO_EXTRA} must be adjacent ego columns")
+    consts = {"EGO_DIM": lay.ego_dim, "NEXTRA": len(EGO_EXTRA), "PDIM": lay.partner_dim, "RDIM": lay.road_dim,
+              "GEO_COLS": GEO_COLS, "FEAT_COLS": ROAD_COLS}
+    consts.update({f"EGO_{name}": i for name, i in cols.items()})
+    return define_lines("", consts)
 
 
 _LIB = CLibrary(name="obs_cpu", source=SOURCE, prefix="gpusim_obs", abi=ABI, declare=_declare,
-                label="C observation kernel")
+                label="C observation kernel", generated=generated_header,
+                structs=(OBSERVATIONS_ARGS, OBSERVATIONS_STATE_ARGS))
 
 
 def load_library():
@@ -110,13 +141,13 @@ def _trig_input(t, name: str, W: int, A: int) -> torch.Tensor:
     return t.contiguous()
 
 
-def _kernel_constants(A: int, C: int, K: int, R: int, P: int, cell_size, partner_radius, road_radius) -> tuple:
-    """The trailing size and scale arguments shared by both C entry points, in their order (sizes,
-    sort-key index bits, the grid cell, squared radii and their inverses, feature scales, threads)."""
+def _kernel_constants(A: int, C: int, K: int, R: int, P: int, cell_size, partner_radius, road_radius) -> dict:
+    """The size and scale fields shared by both C entry points (:data:`_CONSTANTS`: sizes, sort-key
+    index bits, the grid cell, squared radii and their inverses, feature scales), threads excluded."""
     pr, rr = float(partner_radius), float(road_radius)
-    return (A, C, K, R, P, index_bits(A), index_bits(K),
-            float(cell_size), pr * pr, 1.0 / pr, rr * rr, 1.0 / rr, 2.0 * (1.0 / rr),
-            1.0 / SPEED_SCALE, 1.0 / SIZE_SCALE, GOAL_SCALE, torch.get_num_threads())
+    return dict(A=A, C=C, K=K, R=R, P=P, abits=index_bits(A), rbits=index_bits(K), cell_size=float(cell_size),
+                pr2=pr * pr, inv_pr=1.0 / pr, rr2=rr * rr, inv_rr=1.0 / rr, two_inv_rr=2.0 * (1.0 / rr),
+                speed_mul=1.0 / SPEED_SCALE, size_mul=1.0 / SIZE_SCALE, goal_div=GOAL_SCALE)
 
 
 def observations_cpu(
@@ -186,14 +217,13 @@ def observations_cpu(
     elif check:
         cos_h = _trig_input(cos_h, "cos_h", W, A)
         sin_h = _trig_input(sin_h, "sin_h", W, A)
-    ptr = lambda t: t.data_ptr()  # noqa: E731  (all checked contiguous above)
-    rc = lib.gpusim_observations(
-        ptr(pos), ptr(cos_h), ptr(sin_h), ptr(speed), ptr(length), ptr(width), ptr(agent_type),
-        ptr(present), ptr(goal), ptr(ego_extra), ptr(ego_active), ptr(scenario), ptr(geo), ptr(feat),
-        ptr(grid2), int(grid2.dtype == torch.int16), ptr(start), ptr(grid_origin), ptr(grid_dims),
-        None if rows is None else ptr(rows), n, ptr(obs), obs.stride(1), zero_tail,
-        *_kernel_constants(A, C, K, R, P, cell_size, partner_radius, road_radius),
-    )
+    rc = lib.gpusim_observations(OBSERVATIONS_ARGS(  # all checked contiguous above
+        pos=pos, cos_h=cos_h, sin_h=sin_h, speed=speed, length=length, width=width, agent_type=agent_type,
+        present=present, goal=goal, extra=ego_extra, active=ego_active, scenario=scenario, geo=geo, feat=feat,
+        grid=grid2, grid_is16=int(grid2.dtype == torch.int16), grid_start=start, grid_origin=grid_origin,
+        grid_dims=grid_dims, rows=rows, n=n, out=obs, out_stride=obs.stride(1), zero_tail=zero_tail,
+        **_kernel_constants(A, C, K, R, P, cell_size, partner_radius, road_radius),
+        num_threads=torch.get_num_threads()))
     if rc != 0:
         raise RuntimeError(f"observations_cpu: the C kernel returned {rc} (A={A}, K={K})")
     return obs
@@ -237,7 +267,7 @@ def _check_state_call(pos, heading, speed, length, width, agent_type, present, g
         raise ValueError(f"observations_cpu_state: tensors must be on the CPU, got {pos.device}")
     lay = check_inputs(pos=pos, heading=heading, speed=speed, length=length, width=width,
                        agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(),
-                       ego_extra=torch.empty(W, C, 5), ego_active=controlled[:, :C].contiguous(), scenario=scenario,
+                       ego_extra=torch.empty(W, C, len(EGO_EXTRA)), ego_active=controlled[:, :C].contiguous(), scenario=scenario,
                        road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
                        grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
                        partner_radius=partner_radius, road_radius=road_radius, out=None,
@@ -288,10 +318,7 @@ def observations_cpu_state(
     lib = load_library()
     if lib is None:  # the torch reference through observations_cpu, with the classic inputs
         active = (controlled & present)[:, :C].contiguous()
-        zeros = torch.zeros_like(last_reward)
-        ti = zeros if t_index is None else t_index[:, None] + zeros
-        tt = zeros if t_time is None else t_time[:, None] + zeros
-        extra = torch.stack([collided[:, :C].float(), offroad[:, :C].float(), ti, tt, last_reward], dim=-1)
+        extra = ego_extra(collided, offroad, t_index, t_time, last_reward)
         flat = active.view(-1)
         observations_cpu(pos=pos, heading=heading, speed=speed, length=length, width=width,
                          agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(), ego_extra=extra,
@@ -324,30 +351,28 @@ def state_call(lib, static, pos, cos_h, sin_h, speed, length, width, agent_type,
     """
     W, A = present.shape
     written_out = torch.empty(W * last_reward.shape[1], dtype=torch.bool)
-    rc = lib.gpusim_observations_state(
-        pos.data_ptr(), cos_h.data_ptr(), sin_h.data_ptr(), speed.data_ptr(), length.data_ptr(), width.data_ptr(),
-        agent_type.data_ptr(), present.data_ptr(), goal.data_ptr(), collided.data_ptr(), offroad.data_ptr(),
-        None if t_index is None else t_index.data_ptr(), None if t_time is None else t_time.data_ptr(),
-        last_reward.data_ptr(), controlled.data_ptr(), written.data_ptr(), written_out.data_ptr(),
-        scenario.data_ptr(), *static.pack_args, W, out.data_ptr(), out.stride(1), int(zero_tail),
-        *static.constants, torch.get_num_threads(),
-    )
+    rc = lib.gpusim_observations_state(static.args(
+        pos=pos, cos_h=cos_h, sin_h=sin_h, speed=speed, length=length, width=width, agent_type=agent_type,
+        present=present, goal=goal, collided=collided, offroad=offroad, t_index=t_index, t_time=t_time,
+        last_reward=last_reward, controlled=controlled, written=written, written_out=written_out, scenario=scenario,
+        W=W, out=out, out_stride=out.stride(1), zero_tail=int(zero_tail), num_threads=torch.get_num_threads()))
     if rc != 0:
         raise RuntimeError(f"observations_cpu_state: the C kernel returned {rc} (A={A}, K={static.K})")
     return written_out
 
 
 class StateCallStatic(NamedTuple):
-    """The arguments of the C state entry that depend only on the pack and the config
-    (:func:`observations_cpu_static`): ``pack_args`` (road tables, grid table and its layout flag,
-    grid starts, origins and dims, as the C call takes them), ``constants`` (sizes, index bits,
-    radii and scales, threads excluded) and ``K``; ``keep`` holds the tensors the pointers point
-    into, so they live as long as this tuple."""
+    """The fields of the C state entry's struct that depend only on the pack and the config
+    (:func:`observations_cpu_static`), by name: ``pack_args`` (road tables, grid table and its
+    layout flag, grid starts, origins and dims), ``constants`` (sizes, index bits, radii and
+    scales, threads excluded) and ``K``; ``keep`` holds the tensors the pointers point into, so
+    they live as long as this tuple; ``args``: the struct's packer with those fields set."""
 
-    pack_args: tuple
-    constants: tuple
+    pack_args: dict
+    constants: dict
     K: int
     keep: tuple
+    args: object = None  # OBSERVATIONS_STATE_ARGS.bind(**pack_args, **constants)
 
 
 def observations_cpu_static(road_seg, road_type, grid_road, grid_start, grid_origin, grid_dims, cell_size,
@@ -363,7 +388,9 @@ def observations_cpu_static(road_seg, road_type, grid_road, grid_start, grid_ori
     geo, feat = road_table(road_seg, road_type)
     grid2, start = grid2.contiguous(), start.contiguous()
     K, R = grid_road.shape[-1], road_seg.shape[1]
-    pack_args = (geo.data_ptr(), feat.data_ptr(), grid2.data_ptr(), int(grid2.dtype == torch.int16),
-                 start.data_ptr(), grid_origin.data_ptr(), grid_dims.data_ptr())
-    constants = _kernel_constants(A, C, K, R, int(num_partners), cell_size, partner_radius, road_radius)[:-1]
-    return StateCallStatic(pack_args, constants, K, (geo, feat, grid2, start, grid_origin, grid_dims))
+    pack_args = dict(geo=geo.data_ptr(), feat=feat.data_ptr(), grid=grid2.data_ptr(),
+                     grid_is16=int(grid2.dtype == torch.int16), grid_start=start.data_ptr(),
+                     grid_origin=grid_origin.data_ptr(), grid_dims=grid_dims.data_ptr())
+    constants = _kernel_constants(A, C, K, R, int(num_partners), cell_size, partner_radius, road_radius)
+    return StateCallStatic(pack_args, constants, K, (geo, feat, grid2, start, grid_origin, grid_dims),
+                           OBSERVATIONS_STATE_ARGS.bind(**pack_args, **constants))

@@ -10,7 +10,7 @@ import torch
 from einops import rearrange
 
 from gpusim.kernels.grid import cell_index, grid_table_rows
-from gpusim.kernels.obs_layout import GOAL_SCALE, obs_layout
+from gpusim.kernels.obs_layout import GOAL_SCALE, kernel_layout
 from gpusim.kernels.observations.tables import (
     AGENT_COLS,
     GEO_COLS,
@@ -121,7 +121,7 @@ def observe_block(**kw) -> torch.Tensor:
     intermediate concatenations, which would copy the road block twice more)."""
     ego, partners, roads = observe_features(**kw)
     n, P, K = kw["rows"].shape[0], kw["P"], kw["grid2"].shape[1]
-    lay = obs_layout(P, K)
+    lay = kernel_layout(P, K)
     kp = partners[0].shape[1]
     blk = torch.empty(n, lay.obs_dim, device=kw["pos"].device, dtype=torch.float32)
     _write_columns(blk[:, lay.ego], ego)

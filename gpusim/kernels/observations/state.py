@@ -20,9 +20,11 @@ import torch
 
 from gpusim.backend import op_backend
 from gpusim.kernels.cbuild import heading_trig
-from gpusim.kernels.observations.cpu import cpu_kernel_available, load_library, observations_cpu_state, state_call
+from gpusim.kernels.observations.cpu import (cpu_kernel_available, load_library, observations_cpu_state,
+                                              observations_cpu_static, state_call)
 from gpusim.kernels.observations.launcher import observations_triton
 from gpusim.kernels.observations.naive import observations_reference
+from gpusim.kernels.observations.tables import ego_extra
 
 
 def observations_state(pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index,
@@ -66,12 +68,9 @@ def observations_state(pos, heading, speed, length, width, agent_type, present, 
             static=static() if callable(static) else static), zero_tail > 0
     C = last_reward.shape[1]
     active = (controlled[:, :C] & present[:, :C]).contiguous()
-    zeros = torch.zeros_like(last_reward)
-    ti = zeros if t_index is None else t_index[:, None] + zeros
-    tt = zeros if t_time is None else t_time[:, None] + zeros
     kw = dict(pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
               present=present, goal=goal[:, :C].contiguous(), ego_active=active, scenario=scenario,
-              ego_extra=torch.stack([collided[:, :C].float(), offroad[:, :C].float(), ti, tt, last_reward], dim=-1),
+              ego_extra=ego_extra(collided, offroad, t_index, t_time, last_reward),
               road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_start=grid_start,
               grid_origin=grid_origin, grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
               partner_radius=partner_radius, road_radius=road_radius)
@@ -90,19 +89,42 @@ def bind_observations_state(backend: str | None, check: bool, road_seg, road_typ
     ``check``, ``static``) bound: returns ``fn(pos, heading, speed, length, width, agent_type,
     present, goal, collided, offroad, t_index, t_time, last_reward, controlled, written, scenario,
     out, zero_tail, scratch) -> (observed, tail_zeroed)``. On the C backend without checks it
-    calls the kernel's state entry directly (cos/sin of the headings: ``cbuild.heading_trig``)."""
+    calls the kernel's state entry directly (cos/sin of the headings: ``cbuild.heading_trig``).
+    ``static``: the C kernel's per-pack arguments (``observations_cpu_static``, or a function of
+    no argument returning them); None: derived here at the first call (the agent and slot counts
+    come from the state) and kept with the bound call, so a stage names no C internals."""
+    if static is None and backend == "c":
+        kept: dict = {}
+
+        def static():
+            return kept["static"]
+
+        def derive(present, last_reward):
+            if "static" not in kept:
+                kept["static"] = observations_cpu_static(
+                    road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_start=grid_start,
+                    grid_origin=grid_origin, grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
+                    partner_radius=partner_radius, road_radius=road_radius, A=present.shape[1],
+                    C=last_reward.shape[1])
+    else:
+        def derive(present, last_reward):
+            pass
     lib = load_library() if backend == "c" and not check else None
     if lib is None:
         def call(*state, out, zero_tail, scratch):
+            derive(state[6], state[12])  # present, last_reward
             return observations_state(*state, road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size,
                                       num_partners, partner_radius, road_radius, out, grid_start, zero_tail,
                                       backend=backend, check=check, static=static, scratch=scratch)
         return call
-    static = static() if callable(static) else static
+    fixed = [None if callable(static) else static]
 
     def run(pos, heading, *state, out, zero_tail, scratch):
+        if fixed[0] is None:
+            derive(state[4], state[10])  # present, last_reward
+            fixed[0] = static()
         cos_h, sin_h = heading_trig(heading)
-        return state_call(lib, static, pos, cos_h, sin_h, *state, out, zero_tail), zero_tail > 0
+        return state_call(lib, fixed[0], pos, cos_h, sin_h, *state, out, zero_tail), zero_tail > 0
     return run
 
 

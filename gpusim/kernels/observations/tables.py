@@ -19,8 +19,25 @@ from gpusim.kernels.obs_layout import (
     SIZE_SCALE,
     SPEED_SCALE,
     ObsLayout,
-    obs_layout,
+    kernel_layout,
 )
+
+def ego_extra(collided, offroad, t_index, t_time, last_reward) -> torch.Tensor:
+    """The ego extras [W, C, len(EGO_EXTRA)] float32 from the state's fields, in the order of
+    :data:`~gpusim.kernels.obs_layout.EGO_EXTRA` (the torch paths' one builder; ``cpu.c`` reads
+    the same fields in its state entry).
+
+    Args (W worlds, A agents, C slots): collided, offroad: [W, A] bool (``*_now``; the first C
+    columns are read); t_index, t_time: [W] float32 trial index and time in trial, or None (0);
+    last_reward: [W, C] float32.
+    """
+    C = last_reward.shape[1]
+    zeros = torch.zeros_like(last_reward)
+    cols = {"collided": collided[:, :C].float(), "offroad": offroad[:, :C].float(),
+            "trial_index": zeros if t_index is None else t_index[:, None] + zeros,
+            "time_in_trial": zeros if t_time is None else t_time[:, None] + zeros, "last_reward": last_reward}
+    return torch.stack([cols[name] for name in EGO_EXTRA], dim=-1)
+
 
 #: int32 bit pattern of float32 +inf: sort keys at or above it are invalid candidates.
 INF_BITS = 0x7F800000
@@ -237,7 +254,7 @@ def check_inputs(
         )
     if A > 2**16 or K > 2**16:
         raise ValueError(f"observations: A = {A} and K = {K} must be <= 65536 (sort keys hold the index)")
-    lay = obs_layout(num_partners, K)
+    lay = kernel_layout(num_partners, K)
     _check_outputs(out, rows, written, W, C, lay.obs_dim, pos.device)
     return lay
 
