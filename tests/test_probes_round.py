@@ -23,6 +23,8 @@ new user and as an attacker would try them; each test failed on the tree before 
   ``checkpoint.pt``) is refused (formerly the two policies' rows were merged); the interval of an
   unbounded metric (episode length) is not clipped to [-1, 1] (formerly -5.5 [-1.0, +1.0]); an
   unknown ``--metric`` is named with the known ones (formerly ``'foo'``).
+- ``convert --split`` finding none of the split no longer suggests ``--allow-missing`` (it would
+  write nothing).
 """
 
 from __future__ import annotations
@@ -282,3 +284,12 @@ def test_paired_ambiguous_label_unknown_metric_and_unbounded_interval(tmp_path, 
     assert got["diff"] == pytest.approx((10 - 10 + 41) / 3)  # (80-70, 60-70, 91-50) by hand
     want = paired_difference([80, 60, 91], [70, 70, 50], [0, 0, 1])  # no bounds: lengths are not rates
     assert (got["lo"], got["hi"]) == pytest.approx((want.lo, want.hi)) and got["lo"] < got["diff"] < got["hi"]
+
+
+def test_convert_split_none_found_suggests_no_allow_missing(tmp_path, capsys):
+    from gpusim.data.__main__ import main as data_main
+    rc = data_main(["convert", str(REPO / "data" / "womd_tfrecord"), "--split", "held_out", "--out",
+                    str(tmp_path / "pack")])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and "50 of the 50 scenes of split 'held_out'" in err and "--allow-missing" not in err
+    assert err.endswith("Pass the folders holding them") and not (tmp_path / "pack").exists()

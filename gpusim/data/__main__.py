@@ -350,9 +350,10 @@ def _cmd_convert_split(args, config: DataConfig) -> int:
           f"scenes were converted from: {version}")
     lost = _lost(report)
     if lost and not args.allow_missing:
+        rest = (f", or --allow-missing to write the pack of the {len(entries) - lost} found" if lost < len(entries)
+                else "")  # none found: --allow-missing would write nothing
         print(f"error: {lost} of the {len(entries)} scenes of split {args.split!r} are missing, not matching or "
-              f"refused (named above); no pack written. Pass the folders holding them, or --allow-missing to write "
-              f"the pack of the {len(entries) - lost} found", file=sys.stderr)
+              f"refused (named above); no pack written. Pass the folders holding them{rest}", file=sys.stderr)
         return 2
     if not scenarios:
         print("nothing converted; no pack written", file=sys.stderr)
