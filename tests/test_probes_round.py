@@ -25,6 +25,8 @@ new user and as an attacker would try them; each test failed on the tree before 
   unknown ``--metric`` is named with the known ones (formerly ``'foo'``).
 - ``convert --split`` finding none of the split no longer suggests ``--allow-missing`` (it would
   write nothing).
+- ``train/run.py --resume CKPT --setting NAME`` whose setting differs from the checkpoint's names
+  the setting as the source of the conflicting ``--env.*`` values (formerly flags never typed).
 """
 
 from __future__ import annotations
@@ -293,3 +295,15 @@ def test_convert_split_none_found_suggests_no_allow_missing(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and "50 of the 50 scenes of split 'held_out'" in err and "--allow-missing" not in err
     assert err.endswith("Pass the folders holding them") and not (tmp_path / "pack").exists()
+
+
+def test_resume_with_a_setting_names_the_setting(tmp_path):
+    from train.config import TrainConfig, UserError, parse_args
+    from train.resume import prepare_run
+    policy = _small_policy()
+    ckpt = save_checkpoint(tmp_path / "run" / "checkpoint.pt", policy=policy,
+                           optimizer=torch.optim.Adam(policy.parameters()), global_step=10, update=1,
+                           config=TrainConfig().to_dict(), env_config=TrainConfig().to_dict()["env"])
+    with pytest.raises(UserError, match=r"conflict with it \(--setting sim_agent gives its --env\.\* values\): "
+                                        r".*--env\.goal-behavior continue"):
+        prepare_run(parse_args(["--resume", str(ckpt), "--setting", "sim_agent"]))

@@ -109,8 +109,9 @@ def prepare_run(cfg: TrainConfig):
     ckpt = load_checkpoint(ckpt_file)
     conflicts = resume_conflicts(cfg, ckpt)
     if conflicts:
+        via = f" (--setting {cfg.setting} gives its --env.* values)" if getattr(cfg, "setting", None) else ""
         raise UserError(f"--resume {ckpt_file}: the env and policy settings come from the checkpoint, and these "
-                        f"flags conflict with it: {'; '.join(conflicts)}. Drop them, or start a new run")
+                        f"flags conflict with it{via}: {'; '.join(conflicts)}. Drop them, or start a new run")
     saved = ckpt.get("config") or {}
     saved_w = saved.get("num_worlds")
     if saved_w is not None:
