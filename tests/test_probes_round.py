@@ -11,7 +11,8 @@ new user and as an attacker would try them; each test failed on the tree before 
   is a string, ``scenes`` a list (formerly an AttributeError traceback); a fingerprint of NaN or no
   positions (formerly matched any record) and a record address out of range (formerly converted).
 - ``train/splits.py train --skip-missing`` finding none of the split is an error (formerly an
-  empty list, exit 0); ``--link`` with ``--copy`` is refused (formerly the copy was dropped).
+  empty list, exit 0); ``--link`` with ``--copy`` is refused (formerly the copy was dropped); an
+  output under a file names its flag (formerly ``[Errno 20]``), checked before the scenes are read.
 - ``train/bc.py --out`` at a directory or under a file is refused before the data is collected
   (formerly after training: an error, or a ``FileExistsError`` traceback); a missing
   ``--eval-data`` is named as such (formerly called ``--data``).
@@ -307,3 +308,11 @@ def test_resume_with_a_setting_names_the_setting(tmp_path):
     with pytest.raises(UserError, match=r"conflict with it \(--setting sim_agent gives its --env\.\* values\): "
                                         r".*--env\.goal-behavior continue"):
         prepare_run(parse_args(["--resume", str(ckpt), "--setting", "sim_agent"]))
+
+
+def test_splits_copy_under_a_file_names_the_flag(tmp_path, capsys):
+    from train.splits import main as splits_main
+    (tmp_path / "f").write_text("x")
+    assert splits_main(["train", "--data", str(SAMPLE), "--skip-missing", "--splits-file",
+                        str(REPO / "data" / "splits.json"), "--copy", str(tmp_path / "f" / "out")]) == 2
+    assert f"--copy {tmp_path / 'f' / 'out'}: {tmp_path / 'f'} is a file, not a directory" in capsys.readouterr().err

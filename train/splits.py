@@ -398,6 +398,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     out_dir = args.link or args.copy
     try:
+        if out_dir:
+            check_output_path(out_dir, "--link" if args.link else "--copy", kind="dir")  # before the scenes are read
         files = load_split(args.name, args.data, missing="skip" if args.skip_missing else "error",
                            path=pathlib.Path(args.splits_file), limit=args.limit)
         if out_dir:
@@ -413,7 +415,7 @@ def main(argv=None) -> int:
                     (out / f.name).symlink_to(f.resolve())
                 else:
                     shutil.copyfile(f, out / f.name)
-    except (SplitError, OSError) as e:
+    except (SplitError, OSError, OutputError) as e:
         print(f"train/splits.py: {e}", file=sys.stderr)
         return 2
     verb = "linked" if args.link else "copied"
