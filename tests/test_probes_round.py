@@ -4,7 +4,9 @@ new user and as an attacker would try them; each test failed on the tree before 
 - A checkpoint whose weights disagree with its recorded policy description (an edited file, or
   weights of one run under another's description) is one line naming the file and the first
   mismatching tensor with both shapes, for evaluation (``load_policy``) and ``--resume``
-  (formerly a many-line ``state_dict`` size mismatch traceback).
+  (formerly a many-line ``state_dict`` size mismatch traceback); the description is checked
+  against the weights before the policy takes memory (a crafted huge description was allocated
+  first), and an invalid description (missing or unknown field) is one line, not a traceback.
 - An edited split file is refused in one line by both readers (``train/splits.py``, ``convert
   --split``): an id with a path separator (formerly read a file outside ``--data``), a scene in
   two splits or twice in one (formerly listed silently: a held-out scene trained on), a split that
@@ -316,3 +318,23 @@ def test_splits_copy_under_a_file_names_the_flag(tmp_path, capsys):
     assert splits_main(["train", "--data", str(SAMPLE), "--skip-missing", "--splits-file",
                         str(REPO / "data" / "splits.json"), "--copy", str(tmp_path / "f" / "out")]) == 2
     assert f"--copy {tmp_path / 'f' / 'out'}: {tmp_path / 'f'} is a file, not a directory" in capsys.readouterr().err
+
+
+def test_description_checked_before_the_policy_takes_memory(small_ckpt, tmp_path):
+    """A description far larger than its weights (hidden 2,000,000: a 16 TB layer) is refused by
+    its shapes, before any allocation (formerly an allocator error, or a machine out of memory)."""
+    huge = _rewrite(small_ckpt, tmp_path / "huge.pt", lambda p: p["policy"]["config"].__setitem__("hidden", 2_000_000))
+    with pytest.raises(CheckpointError, match=r"is \[16, 11\] in the file, \[2000000, 11\] by the description"):
+        load_policy(huge)
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda p: p["policy"].pop("dims"), "KeyError: 'dims'"),
+    (lambda p: p["policy"]["dims"].__setitem__("bogus", 1), "unexpected keyword argument 'bogus'"),
+    (lambda p: p["policy"]["config"].__setitem__("n_heads", 3), "divisible by n_heads (3)"),
+])
+def test_invalid_description_is_one_line(small_ckpt, tmp_path, change, words):
+    bad = _rewrite(small_ckpt, tmp_path / "desc.pt", change)
+    with pytest.raises(CheckpointError, match=r"desc\.pt: its recorded policy description is invalid") as e:
+        load_policy(bad)
+    assert words in str(e.value) and "\n" not in str(e.value)

@@ -247,13 +247,22 @@ def policy_from_checkpoint(payload: dict, path, obs_layout=None, num_actions: in
         PolicyMismatch (a ``CheckpointError``, ``ValueError``): the policy's observation layout,
             action count or action space differs from the given ones.
         CheckpointError: the weights disagree with the checkpoint's recorded policy description
-            (:func:`load_weights`: the file and the first mismatching tensor with both shapes).
+            (:func:`load_weights`: the file and the first mismatching tensor with both shapes), or
+            the description itself is invalid (a missing or unknown field, an impossible size);
+            both are checked before the policy takes any memory.
     """
     import dataclasses
 
     from policy.actor_critic import ActorCritic
     from policy.encoders import ObsDims
 
+    try:
+        with torch.device("meta"):  # shapes only, no memory: a description larger than its weights is refused first
+            shell = ActorCritic.from_description(payload["policy"])
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path}: its recorded policy description is invalid "
+                              f"({type(e).__name__}: {e}); use another copy or an earlier checkpoint") from e
+    load_weights(shell, payload["model"], path, check_only=True)
     policy = ActorCritic.from_description(payload["policy"])
     have = dataclasses.asdict(policy.dims)
     want = have if obs_layout is None else dataclasses.asdict(ObsDims.from_layout(obs_layout))
@@ -268,7 +277,7 @@ def policy_from_checkpoint(payload: dict, path, obs_layout=None, num_actions: in
     return policy.eval()
 
 
-def load_weights(policy, state, path) -> None:
+def load_weights(policy, state, path, check_only: bool = False) -> None:
     """Load a checkpoint's ``"model"`` tensors into ``policy`` (built from the same checkpoint's
     recorded description, :meth:`policy.ActorCritic.from_description`), after checking that they
     fit it: the same tensor names, each a tensor of the shape the description gives.
@@ -276,6 +285,8 @@ def load_weights(policy, state, path) -> None:
     Args:
         policy: the :class:`policy.ActorCritic` to fill (in place). state: the checkpoint's
             ``"model"`` dict (name -> tensor). path: its file (for messages).
+        check_only: check the shapes and load nothing (``policy`` may live on the ``meta``
+            device: a description is checked against its weights before any memory is taken).
 
     Raises:
         CheckpointError: the weights disagree with the description (an edited or mixed-up file):
@@ -299,7 +310,8 @@ def load_weights(policy, state, path) -> None:
     extra = [name for name in state if name not in policy.state_dict()]
     if extra:
         raise CheckpointError(f"{head} tensor {extra[0]} ({len(extra)} in all) is not in the described policy; {tail}")
-    policy.load_state_dict(state)
+    if not check_only:
+        policy.load_state_dict(state)
 
 
 def load_policy(path, device="cpu", obs_layout=None, num_actions: int | None = None,
