@@ -338,3 +338,12 @@ def test_invalid_description_is_one_line(small_ckpt, tmp_path, change, words):
     with pytest.raises(CheckpointError, match=r"desc\.pt: its recorded policy description is invalid") as e:
         load_policy(bad)
     assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_resume_checks_the_description_before_building(small_ckpt, tmp_path):
+    from train.config import parse_args
+    from train.resume import prepare_run
+    huge = _rewrite(small_ckpt, tmp_path / "r" / "checkpoint.pt",
+                    lambda p: p["policy"]["config"].__setitem__("hidden", 2_000_000))
+    with pytest.raises(CheckpointError, match=r"\[16, 11\] in the file, \[2000000, 11\] by the description"):
+        prepare_run(parse_args(["--resume", str(huge)]))

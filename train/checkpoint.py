@@ -256,13 +256,7 @@ def policy_from_checkpoint(payload: dict, path, obs_layout=None, num_actions: in
     from policy.actor_critic import ActorCritic
     from policy.encoders import ObsDims
 
-    try:
-        with torch.device("meta"):  # shapes only, no memory: a description larger than its weights is refused first
-            shell = ActorCritic.from_description(payload["policy"])
-    except (TypeError, KeyError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint {path}: its recorded policy description is invalid "
-                              f"({type(e).__name__}: {e}); use another copy or an earlier checkpoint") from e
-    load_weights(shell, payload["model"], path, check_only=True)
+    check_description(payload, path)
     policy = ActorCritic.from_description(payload["policy"])
     have = dataclasses.asdict(policy.dims)
     want = have if obs_layout is None else dataclasses.asdict(ObsDims.from_layout(obs_layout))
@@ -275,6 +269,26 @@ def policy_from_checkpoint(payload: dict, path, obs_layout=None, num_actions: in
     load_weights(policy, payload["model"], path)
     policy.requires_grad_(False)
     return policy.eval()
+
+
+def check_description(payload: dict, path) -> None:
+    """Check a loaded checkpoint's recorded policy description against its weights before any
+    policy is built from it: the policy is built on the ``meta`` device (shapes, no memory) and
+    :func:`load_weights` compares the shapes.
+
+    Raises:
+        CheckpointError: the description is invalid (a missing or unknown field, an impossible
+            size), or the weights disagree with it (the first mismatching tensor, both shapes).
+    """
+    from policy.actor_critic import ActorCritic
+
+    try:
+        with torch.device("meta"):
+            shell = ActorCritic.from_description(payload["policy"])
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path}: its recorded policy description is invalid "
+                              f"({type(e).__name__}: {e}); use another copy or an earlier checkpoint") from e
+    load_weights(shell, payload["model"], path, check_only=True)
 
 
 def load_weights(policy, state, path, check_only: bool = False) -> None:

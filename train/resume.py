@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from train.checkpoint import load_checkpoint, load_weights
+from train.checkpoint import check_description, load_checkpoint, load_weights
 from train.config import (TrainConfig, UserError, check_device, env_config_from_dict, flag, memory_task_experience,
                           refuse_file_hook, resolve_path, user_set)
 from train.logger import truncate_jsonl
@@ -91,7 +91,8 @@ def prepare_run(cfg: TrainConfig):
             imports code (``MODULE:CLASS``) that the command line neither names nor trusts
             (``--trust-checkpoint-code``; :func:`train.config.refuse_file_hook`).
             FileNotFoundError: missing ``--resume``.
-        train.checkpoint.CheckpointError (a ValueError): unreadable checkpoint.
+        train.checkpoint.CheckpointError (a ValueError): unreadable checkpoint; its policy
+            description invalid or disagreeing with its weights.
     """
     check_device(cfg.device)
     if cfg.wandb and importlib.util.find_spec("wandb") is None:
@@ -107,6 +108,7 @@ def prepare_run(cfg: TrainConfig):
     if ckpt_file.is_dir():
         ckpt_file = ckpt_file / CHECKPOINT_FILE
     ckpt = load_checkpoint(ckpt_file)
+    check_description(ckpt, ckpt_file)  # before the policy is built from it (shapes on the meta device)
     conflicts = resume_conflicts(cfg, ckpt)
     if conflicts:
         via = f" (--setting {cfg.setting} gives its --env.* values)" if getattr(cfg, "setting", None) else ""
