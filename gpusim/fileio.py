@@ -200,9 +200,7 @@ def write_text(path, text: str, *, flag: str | None = None) -> pathlib.Path:
     Raises:
         OutputError: as :func:`atomic_write`.
     """
-    with atomic_write(path, "w", flag=flag) as f:
-        f.write(text)
-    return pathlib.Path(path)
+    return write_bytes(path, text.encode("utf-8"), flag=flag)
 
 
 def write_bytes(path, data: bytes, *, flag: str | None = None) -> pathlib.Path:

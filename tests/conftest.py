@@ -25,6 +25,15 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE_DIR = REPO / "data" / "womd_sample"
 
 
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """Every test leaves torch's intra-op thread count as it found it (the trainer and the
+    evaluator set it from ``--num-threads``)."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tracked_files() -> list[str]:
     """Paths (relative to the repository root, POSIX) of the files git tracks (``git ls-files``).

@@ -27,13 +27,6 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 POLICIES = REPO / "policies"
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def run_ckpt(tmp_path_factory):
     """A short FakeEnv run's checkpoint (identity hook)."""

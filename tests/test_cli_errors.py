@@ -31,13 +31,6 @@ TINY = ["--num-worlds", "2", "--quiet", "--num-threads", "1", "--policy.d-model"
         "--policy.max-roads", "8", "--env.scenario-length", "10", "--device", "cpu"]
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def _fake_cfg(tmp_path, **kw):
     base = dict(num_worlds=2, total_timesteps=200, device="cpu", seed=3, log_dir=str(tmp_path / "runs"),
                 run_name="r", quiet=True, num_threads=1, report_interval=1,

@@ -27,13 +27,6 @@ ENV = dict(max_controlled=8, scenario_length=10, collision_behavior="remove", of
 SMALL = PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16, max_roads=8)
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def pack_dir(tmp_path_factory):
     pack = ScenarioPack.from_json([SAMPLE / f for f in FILES], EnvConfig(**ENV).data_config())

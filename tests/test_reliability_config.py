@@ -30,13 +30,6 @@ from test_train_run import FakeEnv
 NAN, INF = float("nan"), float("inf")
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def float_fields(cls) -> list[str]:
     """The fields of dataclass ``cls`` whose type admits a float (``float``, ``float | None``)."""
     hints = typing.get_type_hints(cls)

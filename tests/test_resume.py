@@ -29,13 +29,6 @@ FILES = ["db4edc9bd0c9d18c.json.xz", "b5f53fa2db40a6b4.json.xz", "1c365f15b70ebd
 ENV = dict(max_controlled=8, scenario_length=10, collision_behavior="remove", offroad_behavior="remove")
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def small_pack(tmp_path_factory):
     """Three real sample scenarios converted once and saved as a pack directory."""

@@ -147,14 +147,6 @@ class FakeEnv:
         return {"goal_reached": g / n, "n": n}
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads():
-    """train() sets torch's thread count (num_threads=1 here); give the test process its own back."""
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def small_policy(env, **kw):
     torch.manual_seed(0)
     cfg = PolicyConfig(d_model=16, n_layers=2, n_heads=2, hidden=16, **kw)
