@@ -22,7 +22,7 @@ from gpusim.config import ActionSpace, EnvConfig
 from gpusim.data.mirror import training_pack
 from gpusim.data.pack import ScenarioPack
 from gpusim.kernels import dynamics
-from gpusim.metrics import METRIC_NAMES, EpisodeMetrics, trial_metric_names
+from gpusim.metrics import EpisodeMetrics, metric_columns
 from gpusim.sim.actions import ActionCheck
 from gpusim.sim.context import SimContext, StepVars
 from gpusim.sim.episode import begin_episode, draw_scenarios
@@ -81,7 +81,7 @@ class DriveEnv:
         self.obs_dim = self.obs_layout.obs_dim
         generator = torch.Generator(device=self.device)
         generator.manual_seed(int(seed))
-        names = METRIC_NAMES + (trial_metric_names(config.k_trials) if config.trial_mode else ())
+        names = metric_columns(config.k_trials if config.trial_mode else None)  # the registry, gpusim/metrics.py
         metrics = EpisodeMetrics(self.num_worlds, self.num_slots, alpha=config.log_ema_alpha, device=self.device,
                                  names=names)
         self.sim = SimContext(config=config, pack=pack, device=self.device, generator=generator,

@@ -3,21 +3,20 @@ agent-episodes (``gpusim.metrics``: per-slot EMA and plain means, kept on the de
 
 Only valid steps count: returns add the step's reward (0 on invalid steps), lengths count
 ``loss_mask``, the contact flags count contacts of agents in play. When a slot's ``terminal`` is
-set its episode's values (:func:`~gpusim.metrics.episode_values`, plus the per-trial scores in
-trial mode) go to the metrics log. The op is :func:`gpusim.kernels.accounting.accumulate` on the
+set its episode's tallies go to the metrics log as the registry's columns
+(:data:`gpusim.metrics.METRICS`, :func:`~gpusim.metrics.episode_rows`, per-trial scores in trial
+mode). The op is :func:`gpusim.kernels.accounting.accumulate` on the
 step's backend; on the CPU (torch and C backends) it also returns the number of terminal slots
 without a sync, and a step where none is ``terminal`` skips the metrics log (adding no episode
-changes nothing, and it saves ~30 small torch ops per step). A new metric column = a column
-in ``gpusim/metrics.py`` and, if it needs a new accumulator, a state field written here
-(docs/architecture.md).
+changes nothing, and it saves ~30 small torch ops per step). A new metric = one
+:class:`~gpusim.metrics.Metric` in ``METRICS`` (``gpusim/metrics.py``) and, if it needs a new
+accumulator, a state field written here and its tally (docs/architecture.md).
 """
 
 from __future__ import annotations
 
-import torch
-
 from gpusim.kernels.accounting import bind_accumulate
-from gpusim.metrics import episode_values
+from gpusim.metrics import episode_rows
 from gpusim.sim.context import SimContext, StepVars, bound_op
 from gpusim.state import EnvState
 
@@ -42,16 +41,12 @@ def record_finished(ctx: SimContext, state: EnvState, step: StepVars, changes: d
     (ego slots) and ``ctx.coplayer_metrics`` (co-player slots), with the accumulators ``changes``
     (this stage's new ``ep_return`` ... ``ever_red_light``) and ``state`` as the stage saw it."""
     C, cfg = ctx.num_slots, ctx.config
-    values = episode_values(
-        ep_return=changes["ep_return"],
-        ep_length=changes["ep_length"],
-        goal_reached=changes["goal_reached"][:, :C],
-        collided=changes["ever_collided"][:, :C],
-        offroad=changes["ever_offroad"][:, :C],
-        red_light=changes["ever_red_light"],
-        extra=(torch.cat([state.trial_reached, state.trial_score], dim=-1).float()
-               if cfg.trial_mode else None),
-    )
+    tallies = {"return": changes["ep_return"], "length": changes["ep_length"],
+               "goal": changes["goal_reached"][:, :C], "collided": changes["ever_collided"][:, :C],
+               "offroad": changes["ever_offroad"][:, :C], "red_light": changes["ever_red_light"],
+               # the trial kernel's trial_score is the clean score of trial k (gpusim/kernels/trial.py)
+               "trial_reached": state.trial_reached, "trial_clean": state.trial_score}
+    values = episode_rows(tallies, cfg.k_trials if cfg.trial_mode else None)
     # roles (gpusim/sim/roles.py): egos feed the main log, co-players their own (ego = slot_active
     # without co-players, and terminal is only set on active slots, so nothing changes then)
     ctx.metrics.add(values, step.terminal & state.ego)

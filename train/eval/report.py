@@ -1,15 +1,16 @@
 """Summaries of evaluation records (means with confidence intervals) and their rich tables.
 
 Input: the per agent-episode records of :func:`train.eval.sweep.run_sweep` (1-D CPU tensors per
-column). Reported metrics (:data:`METRICS`, labels in brackets):
+column). Reported metrics (labels in brackets):
 
-* ``goal_reached`` (goal), ``collided`` (collision), ``offroad`` (offroad),
-  ``collision_or_offroad`` (collision or offroad: the union per agent-episode, an agent that does
-  both counts once), ``score`` (goal reached without collision or offroad), ``episode_return``
-  (return), as in ``gpusim/metrics.py``;
+* the metrics of the registry ``gpusim.metrics.METRICS`` (:func:`summary_metrics`, each with its
+  label and range): ``episode_return`` (return), ``goal_reached`` (goal), ``collided``
+  (collision), ``offroad`` (offroad), ``score`` (goal reached without collision or offroad),
+  ``red_light_violation`` (red-light violation), ``collision_or_offroad`` (collision or offroad:
+  the union per agent-episode, an agent that does both counts once);
 * trial mode: ``trial_k_score`` (goal reached in trial k, docs/design.md section 9),
-  ``trial_k_clean_score`` (goal in trial k without collision/offroad — what the env's training
-  metrics call ``trial_k_score`` today) and ``ada_delta_trial_k_minus_0`` = the mean over
+  ``trial_k_clean_score`` (goal in trial k without collision/offroad), the per-trial metrics of
+  the registry, and ``ada_delta_trial_k_minus_0`` (``gpusim.metrics.ADAPTATION``) = the mean over
   agent-episodes of ``trial_k_score - trial_0_score`` (paired, so its interval is that of the
   per-agent differences), ``ada_delta_clean_trial_k_minus_0`` the same on the clean scores,
   plus per world-episode trial logs (trials completed, share ended before
@@ -41,13 +42,23 @@ import math
 
 import torch
 
-from gpusim.metrics import collision_or_offroad
+from gpusim import metrics as registry
+from gpusim.metrics import ADAPTATION, collision_or_offroad, derived_columns
 from train.eval.stats import Interval, mean_interval
 from train.eval.styles import STYLE_METRICS
 
-#: (column, label) of the main metrics, in table order.
-METRICS = (("goal_reached", "goal"), ("collided", "collision"), ("offroad", "offroad"),
-           ("collision_or_offroad", "collision or offroad"), ("score", "score"), ("episode_return", "return"))
+
+def summary_metrics() -> tuple:
+    """The per-episode metrics of the registry (``gpusim.metrics.METRICS``, read at call time)
+    the summaries report, in table order: :class:`~gpusim.metrics.Metric` s with ``summary`` set
+    and no ``per_trial``, the bounded ones (rates) first, each group in registry order."""
+    chosen = [m for m in registry.METRICS if m.summary and not m.per_trial]
+    return tuple(sorted(chosen, key=lambda m: m.bounds is None))
+
+
+def metric_labels() -> dict[str, str]:
+    """``{column: table label}`` of the registry's metrics and the style metrics."""
+    return {**{m.name: m.label or m.name for m in registry.METRICS if not m.per_trial}, **dict(STYLE_METRICS)}
 
 
 def _with_union(agents: dict) -> dict:
@@ -153,21 +164,23 @@ def summarise(agents: dict, worlds: dict | None = None, method: str = "normal", 
                            clusters=c)
         return dataclasses.replace(iv, n=int((distinct if where is None else distinct[where]).sum()))
 
-    out = {name: ci(agents[name], None if name == "episode_return" else (0.0, 1.0)) for name, _ in METRICS}
+    out = {m.name: ci(agents[m.name], m.bounds) for m in summary_metrics() if m.name in agents}
     for name, _ in STYLE_METRICS:
         if name in agents:  # time_to_goal: NaN for agents that did not reach the goal, left out
             x = agents[name]
             out[name] = ci(x[~torch.isnan(x)], None, ~torch.isnan(x))
     K = _trial_count(agents)
-    for k in range(K):
-        out[f"trial_{k}_score"] = ci(agents[f"trial_{k}_score"])
-    for k in range(K):
-        out[f"trial_{k}_clean_score"] = ci(agents[f"trial_{k}_clean_score"])
-    for k in range(1, K):
-        out[f"ada_delta_trial_{k}_minus_0"] = ci(agents[f"trial_{k}_score"] - agents["trial_0_score"], (-1.0, 1.0))
-    for k in range(1, K):  # the same on the clean score (the partner task's figure: a collision avoided)
-        out[f"ada_delta_clean_trial_{k}_minus_0"] = ci(agents[f"trial_{k}_clean_score"] - agents["trial_0_clean_score"],
-                                                       (-1.0, 1.0))
+    for m in registry.METRICS:  # the per-trial metrics of the registry
+        if m.per_trial and m.summary:
+            for k in range(K):
+                if m.name.format(k=k) in agents:
+                    out[m.name.format(k=k)] = ci(agents[m.name.format(k=k)], m.bounds)
+    # ada_delta (gpusim.metrics.ADAPTATION): per agent-episode differences, so the interval is paired
+    deltas = derived_columns(agents)
+    for name, _ in ADAPTATION:
+        for k in range(1, K):
+            if name.format(k=k) in deltas:
+                out[name.format(k=k)] = ci(deltas[name.format(k=k)], (-1.0, 1.0))
     if "trial_0_decoy" in agents:  # the memory task: what follows a wrong candidate in trial 0
         for k in range(K):
             out[f"trial_{k}_decoy"] = ci(agents[f"trial_{k}_decoy"])
@@ -197,7 +210,7 @@ def per_scenario(agents: dict, num_scenarios: int) -> list[dict]:
         m = scen == s
         n = int(m.sum())
         row = {"index": s, "agent_episodes": n, "episodes": int(agents["repetition"][m].unique().numel())}
-        for name, _ in METRICS:
+        for name in (x.name for x in summary_metrics() if x.name in agents):
             row[name] = float(agents[name][m].to(torch.float64).mean()) if n else float("nan")
         rows.append(row)
     return rows
@@ -223,7 +236,7 @@ def summary_table(runs: list[dict], title: str):
     table.add_column("metric")
     for run in runs:
         table.add_column(escape(run["label"]), justify="right")
-    labels = dict(METRICS + STYLE_METRICS)
+    labels = metric_labels()
     names = []
     for run in runs:
         names += [k for k in run["summary"] if k not in names]

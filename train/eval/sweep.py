@@ -10,8 +10,11 @@
   :class:`PolicyDriver` a trained :class:`policy.ActorCritic` (KV-cache memory, argmax by default).
 * :func:`run_sweep` runs every batch for one full episode (``env.horizon`` steps) and returns one
   record per ego agent-episode (:data:`AGENT_COLUMNS`) and one per world-episode
-  (:data:`WORLD_COLUMNS`), accumulated on the device from the :class:`~gpusim.env.StepResult` s
-  (same definitions as ``gpusim/metrics.py``) and read to the host once per batch.
+  (:data:`WORLD_COLUMNS`), read to the host once per batch. The metrics of the registry
+  (``gpusim.metrics.METRICS``) are the rows the env publishes for each finished agent-episode
+  (``EpisodeMetrics.last``), not accumulated again here; the evaluator accumulates only its own
+  columns (trial goal steps, decoys, the trial log per world-episode, style probes) from the
+  :class:`~gpusim.env.StepResult` s.
 """
 
 from __future__ import annotations
@@ -22,12 +25,12 @@ from typing import Callable, Protocol
 
 import torch
 
-from gpusim.metrics import clean_goal, collision_or_offroad
 from train.eval.styles import StyleProbe
 
-#: Per agent-episode columns of :func:`run_sweep` (trial columns added in trial mode).
-AGENT_COLUMNS = ("scenario", "world", "slot", "repetition", "episode_return", "episode_length", "goal_reached",
-                 "collided", "offroad", "score", "collision_or_offroad")
+#: Per agent-episode placement columns of :func:`run_sweep`; the metric columns follow them: those of
+#: the registry (``gpusim.metrics.METRICS``, read from the env's published rows), then the
+#: evaluator's own (trial goal steps, decoys, style probes).
+AGENT_COLUMNS = ("scenario", "world", "slot", "repetition")
 #: Per world-episode columns of :func:`run_sweep` (trial mode only; else empty).
 WORLD_COLUMNS = ("scenario", "repetition", "trials", "trials_ended_early", "trial_steps")
 
@@ -204,9 +207,11 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
 
     Returns:
         Device tensors: ``ego`` [W, C] bool; ``coplayer`` [W, C] bool (active slots that are not
-        egos: co-players, recorded with their role); ``episode_return`` [W, C] float32; ``episode_length``
-        [W, C] int64 (valid steps); ``goal_reached``, ``collided``, ``offroad`` [W, C] bool;
-        in trial mode also ``trial_goal``, ``trial_collided``, ``trial_offroad`` [W, C, K] bool
+        egos: co-players, recorded with their role); ``metrics``: ``{name: [W, C] float32}``, every
+        column of the registry (``gpusim.metrics.METRICS``) as the env published it for the
+        agent-episode that finished in the slot (``EpisodeMetrics.last``, ego or co-player log by
+        the env's roles; NaN for a slot where none finished); in trial mode also ``trial_goal``
+        [W, C, K] bool (``trial_k_score`` of ``metrics``)
         (on the memory task also ``trial_decoy`` [W, C, K] bool: reached a wrong candidate in trial k),
         ``trials``, ``trials_ended_early``, ``trial_steps`` [W] int64, ``trial_goal_step`` [W, C, K]
         int64 (step within trial k, 1-based, at which the goal was reached; -1 = not reached);
@@ -216,17 +221,19 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     from train.rollout import trial_clock
 
     cfg = env.config
+    logs = (env.episode_metrics, env.sim.coplayer_metrics)
+    for log in logs:
+        if log is not None:
+            log.clear_last()
     obs = env.reset(scenarios=scenarios.to(env.device))
     ego = egos(env).to(torch.bool)
     coplayer = env.state.slot_active & ~ego
+    env_ego = env.state.ego.clone()  # the log each slot's episode goes to (the env's roles)
     driver.begin(env, obs)
     W, C, dev = env.num_worlds, env.num_slots, env.device
-    ret = torch.zeros(W, C, device=dev)
-    length = torch.zeros(W, C, dtype=torch.int64, device=dev)
-    goal, col, off = (torch.zeros(W, C, dtype=torch.bool, device=dev) for _ in range(3))
     trial = bool(cfg.trial_mode)
     K = int(cfg.k_trials) if trial else 1
-    tg, tc, to, td = (torch.zeros(W, C, K, dtype=torch.bool, device=dev) for _ in range(4))
+    td = torch.zeros(W, C, K, dtype=torch.bool, device=dev)
     decoys = trial and int(cfg.goal_candidates) >= 2  # the memory task: per-trial decoy flags
     tcount = torch.zeros(W, dtype=torch.int64, device=dev)
     t_steps = torch.zeros(W, dtype=torch.int64, device=dev)
@@ -236,17 +243,9 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     for _ in range(env.horizon):
         before = env.state  # the env's trial clock is read from the state a step starts from
         res = env.step(driver.act(env, obs))
-        g, c, o = res.info["goal_reached"], res.info["collided"], res.info["offroad"]
-        ret += res.reward
-        length += res.loss_mask.to(torch.int64)
-        goal |= g
-        col |= c
-        off |= o
         if trial:
+            g = res.info["goal_reached"]
             cur = torch.nn.functional.one_hot(tcount.clamp_max(K - 1), K).to(torch.bool)[:, None, :]
-            tg |= g[..., None] & cur
-            tc |= c[..., None] & cur
-            to |= o[..., None] & cur
             if decoys:
                 td |= res.info["decoy_reached"][..., None] & cur
             ended = res.trial_ended.any(dim=1)
@@ -259,13 +258,15 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
             probe.step(env, res)
         driver.observe(env, res)
         obs = res.obs
-    out = {"ego": ego, "coplayer": coplayer, "episode_return": ret, "episode_length": length, "goal_reached": goal, "collided": col,
-           "offroad": off}
+    # the rows the env published for the episodes that finished in each slot (gpusim/metrics.py)
+    last = logs[0].last if logs[1] is None else torch.where(env_ego[..., None], logs[0].last, logs[1].last)
+    metrics = {name: last[..., i] for i, name in enumerate(logs[0].names)}
+    out = {"ego": ego, "coplayer": coplayer, "metrics": metrics}
     if probe is not None:
         out.update(probe.columns())
     if trial:
-        out.update(trial_goal=tg, trial_collided=tc, trial_offroad=to, trials=tcount, trials_ended_early=early,
-                   trial_steps=t_steps, trial_goal_step=gstep)
+        out.update(trial_goal=torch.stack([metrics[f"trial_{k}_score"] > 0 for k in range(K)], dim=-1),
+                   trials=tcount, trials_ended_early=early, trial_steps=t_steps, trial_goal_step=gstep)
         if decoys:
             out["trial_decoy"] = td
     return out
@@ -277,7 +278,8 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
 
     Returns:
         ``(agents, worlds)``: dicts of 1-D CPU tensors, one entry per recorded agent-episode, egos
-        and co-players (:data:`AGENT_COLUMNS` + ``ego`` (1 ego, 0 co-player) + ``trial_k_score`` /
+        and co-players (:data:`AGENT_COLUMNS` + the registry's metrics + ``ego`` (1 ego, 0
+        co-player) + ``trial_k_score`` /
         ``trial_k_clean_score`` / ``trial_k_goal_step`` (/ ``trial_k_decoy`` on the memory task); the
         score columns are float 0/1) and per
         real world-episode (:data:`WORLD_COLUMNS`, trial mode only). Summaries use the ego rows
@@ -292,19 +294,14 @@ def episode_records(ep: dict, scenarios: torch.Tensor, repetition: torch.Tensor,
     cols = {
         "scenario": scenarios.to(dev)[:, None].expand(W, C), "world": wi, "slot": ci,
         "repetition": repetition.to(dev)[:, None].expand(W, C),
-        "episode_return": ep["episode_return"], "episode_length": ep["episode_length"],
-        "goal_reached": ep["goal_reached"], "collided": ep["collided"], "offroad": ep["offroad"],
-        "score": clean_goal(ep["goal_reached"], ep["collided"], ep["offroad"]),
-        "collision_or_offroad": collision_or_offroad(ep["collided"], ep["offroad"]), "ego": ego,
+        **{k: v for k, v in ep["metrics"].items() if not k.startswith("trial_")}, "ego": ego,
     }
     for name in ("mean_speed", "min_gap", "time_to_goal"):  # driving styles (train/eval/styles.py)
         if name in ep:
             cols[name] = ep[name]
     if "trial_goal" in ep:
-        clean = clean_goal(ep["trial_goal"], ep["trial_collided"], ep["trial_offroad"])
         for k in range(ep["trial_goal"].shape[-1]):
-            cols[f"trial_{k}_score"] = ep["trial_goal"][..., k]
-            cols[f"trial_{k}_clean_score"] = clean[..., k]
+            cols.update({n: v for n, v in ep["metrics"].items() if n.startswith(f"trial_{k}_")})
             cols[f"trial_{k}_goal_step"] = ep["trial_goal_step"][..., k]
             if "trial_decoy" in ep:
                 cols[f"trial_{k}_decoy"] = ep["trial_decoy"][..., k]
