@@ -206,6 +206,49 @@ def test_cycle_finder_sees_lazy_and_from_import_cycles(tmp_path):
     assert import_cycles(import_graph(tmp_path, ("train",))) == []
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` with every module of a subpackage merged into that subpackage (its first level
+    below ``gpusim`` / ``policy`` / ``train``: ``train.eval.modes`` -> ``train.eval``; a top-level
+    module such as ``train.coplayer`` stays itself); self-edges dropped."""
+    packages = {m for m in graph if m.count(".") == 1 and any(o.startswith(m + ".") for o in graph)}
+
+    def unit(m: str) -> str:
+        head = ".".join(m.split(".")[:2])
+        return head if head in packages else m
+
+    out = {unit(m): set() for m in graph}
+    for m, edges in graph.items():
+        out[unit(m)] |= {unit(e) for e in edges} - {unit(m)}
+    return out
+
+
+def test_package_graph_merges_subpackages(tmp_path):
+    """A cycle between a top-level module and a subpackage is seen at the package level even when
+    the modules themselves form no cycle (``eval.modes -> coplayer -> eval.styles``)."""
+    files = {"train/__init__.py": "", "train/eval/__init__.py": "",
+             "train/eval/modes.py": "def f():\n    from train.coplayer import make_pool\n",
+             "train/eval/styles.py": "import torch\n",
+             "train/coplayer.py": "from train.eval.styles import partner_styles\n"}
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    graph = import_graph(tmp_path, ("train",))
+    assert import_cycles(graph) == []
+    assert package_graph(graph) == {"train": set(), "train.eval": {"train.coplayer"},
+                                    "train.coplayer": {"train.eval"}}
+    assert import_cycles(package_graph(graph)) == [["train.coplayer", "train.eval", "train.coplayer"]]
+
+
+def test_coplayer_and_eval_import_one_way():
+    """The evaluation package uses the co-player pool (``train.eval.modes`` builds it); the
+    co-player module never imports the evaluation package back (``--coplayer PATH@STYLE`` is parsed
+    in ``train.coplayer``)."""
+    pg = package_graph(import_graph())
+    assert "train.coplayer" in pg["train.eval"]
+    assert "train.eval" not in pg["train.coplayer"], "train.coplayer imports train.eval: " + ", ".join(
+        sorted(e for e in import_graph()["train.coplayer"] if e.startswith("train.eval")))
+
+
 def test_no_import_cycle_in_gpusim_policy_train():
     graph = import_graph()
     assert {"train.run", "train.evaluate", "policy.actor_critic", "gpusim.env"} <= set(graph)

@@ -18,6 +18,9 @@ co-player slots of every world while the ego policy learns (or is evaluated).
   and trial k differs from trial 1 only through the ego's memory (docs/trial.md).
 * Partners act by argmax by default (``deterministic=True``; ``--coplayer-sample`` samples with
   torch's global generator instead).
+* ``--coplayer PATH@STYLE`` specs are parsed here (:func:`partner_styles`), for the trainer and the
+  evaluator alike: the evaluation package (``train.eval``) imports this module, never the reverse
+  (``tests/test_layering.py``).
 
 Training side (``train/rollout.py``): co-player steps get ``loss_mask = 0`` and do not count as
 active slots, so they never enter the PPO loss, the advantage normalisation, the optimizer-step
@@ -32,7 +35,40 @@ import pathlib
 
 import torch
 
+from gpusim.styles import STYLES, style_values
 from train.config import UserError, resolve_path
+
+
+def partner_styles(specs) -> tuple[list[str], tuple | None]:
+    """Split ``--coplayer PATH@STYLE`` specs: ``(paths, [P][R] style table or None)``. The distinct
+    styles form the table (one drawn per world per episode); a path without ``@`` uses
+    ``default`` when another spec names a style. The style is what follows the last ``@``,
+    unless the whole spec is an existing file or directory or that part holds a path separator:
+    a path may itself contain ``@`` (``runs/a@b/checkpoint.pt``, ``runs/x.pt@fast``).
+
+    Raises:
+        UserError: an unknown style name.
+    """
+    import os
+
+    paths, names = [], []
+    for spec in specs:
+        path, at, name = str(spec).rpartition("@")
+        if not at or "/" in name or os.sep in name or resolve_path(str(spec)).exists():
+            path, name = str(spec), ""
+        paths.append(path)
+        if name and name not in STYLES and "," not in name:
+            raise UserError(f"--coplayer {spec}: unknown style {name!r}; named styles: {', '.join(STYLES)}")
+        names.append(name)
+    if not any(names):
+        return paths, None
+    table = []
+    for name in dict.fromkeys(n or "default" for n in names):
+        try:
+            table.append(style_values(name, what="--coplayer"))
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    return list(dict.fromkeys(paths)), tuple(table)
 
 
 def coplayer_env_config(env_config, coplayer_paths, user_set: set[str] = frozenset()):
@@ -40,12 +76,10 @@ def coplayer_env_config(env_config, coplayer_paths, user_set: set[str] = frozens
     (``ego_slots`` / ``ego_fraction`` in ``user_set`` or already > 0), one ego per world
     (``ego_slots=1``); unchanged otherwise (no ``--coplayer``: every controlled slot is an ego).
     ``PATH@STYLE`` specs set the partners' style table (``EnvConfig.partner_styles``,
-    :func:`train.eval.styles.partner_styles`; docs/styles.md).
+    :func:`partner_styles`; docs/styles.md).
 
     Raises:
         UserError: an unknown style, or a style without ``--env.reward-conditioning``."""
-    from train.eval.styles import partner_styles
-
     _, table = partner_styles(coplayer_paths or ())
     if table is not None:
         if not env_config.reward_conditioning:
@@ -219,8 +253,6 @@ def make_pool(paths, env, device, seed: int, deterministic: bool = True) -> Copl
     """
     if not paths:
         return None
-    from train.eval.styles import partner_styles
-
     paths = partner_styles(paths)[0]  # PATH@STYLE: the style is the env's (coplayer_env_config)
     if not env.config.has_coplayers:
         raise UserError("--coplayer needs co-player slots: set --env.ego-slots N (or --env.ego-fraction F) "

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.styles import STYLES, style_values
+from gpusim.styles import style_values
 from train.config import UserError
+from train.coplayer import partner_styles  # noqa: F401  (--coplayer PATH@STYLE, parsed where co-players are built)
 
 #: Per agent-episode columns added with reward conditioning (name, table label).
 STYLE_METRICS = (("mean_speed", "mean speed (m/s)"), ("min_gap", "min gap (m)"),
@@ -52,40 +53,6 @@ def style_env_config(env_config, values):
     if values is None:
         return env_config
     return env_config.replace(style=values)
-
-
-def partner_styles(specs) -> tuple[list[str], tuple | None]:
-    """Split ``--coplayer PATH@STYLE`` specs: ``(paths, [P][R] style table or None)``. The distinct
-    styles form the table (one drawn per world per episode); a path without ``@`` uses
-    ``default`` when another spec names a style. The style is what follows the last ``@``,
-    unless the whole spec is an existing file or directory or that part holds a path separator:
-    a path may itself contain ``@`` (``runs/a@b/checkpoint.pt``, ``runs/x.pt@fast``).
-
-    Raises:
-        UserError: an unknown style name.
-    """
-    import os
-
-    from train.config import resolve_path
-
-    paths, names = [], []
-    for spec in specs:
-        path, at, name = str(spec).rpartition("@")
-        if not at or "/" in name or os.sep in name or resolve_path(str(spec)).exists():
-            path, name = str(spec), ""
-        paths.append(path)
-        if name and name not in STYLES and "," not in name:
-            raise UserError(f"--coplayer {spec}: unknown style {name!r}; named styles: {', '.join(STYLES)}")
-        names.append(name)
-    if not any(names):
-        return paths, None
-    table = []
-    for name in dict.fromkeys(n or "default" for n in names):
-        try:
-            table.append(style_values(name, what="--coplayer"))
-        except ValueError as e:
-            raise UserError(str(e)) from None
-    return list(dict.fromkeys(paths)), tuple(table)
 
 
 class StyleProbe:
