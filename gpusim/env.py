@@ -4,8 +4,9 @@ Each of W worlds runs one scenario of a :class:`~gpusim.data.ScenarioPack`; worl
 C = ``config.max_controlled`` policy slots (slot ``c`` = agent slot ``c``). All state is an
 :class:`~gpusim.state.EnvState` of device tensors. A step validates the actions
 (:mod:`gpusim.sim.actions`), then runs the stages of :data:`gpusim.sim.pipeline.PIPELINE` in order
-(motion, replay, contacts, rewards, goals, trial, accounting, restart, observe; one module each
-in ``gpusim/sim/``, diagram in docs/architecture.md), then builds the :class:`StepResult`.
+(the order is written there only; one module each in ``gpusim/sim/``, diagram in
+docs/architecture.md, checked against it by ``tests/test_architecture_doc.py``), then builds the
+:class:`StepResult`.
 
 Time alignment is that of docs/contracts.md: ``reward``, ``terminal``, ``truncation`` and
 ``loss_mask`` of a :class:`StepResult` are about the actions just taken; ``obs``, ``removed``,

@@ -1,0 +1,35 @@
+"""docs/architecture.md's stage diagram is the step as it runs: the stages of
+``gpusim.sim.pipeline.PIPELINE`` in order, each in the module the diagram names (a stage added to
+the pipeline and not to the diagram, or moved, fails here)."""
+
+from __future__ import annotations
+
+import inspect
+import pathlib
+import re
+
+from gpusim.sim.pipeline import PIPELINE
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: a stage box of the diagram: "│ <stage> <module path> │"
+BOX = re.compile(r"│ (\w+)\s+(sim/\w+\.py)\s*│")
+
+
+def diagram_stages(text: str) -> list[tuple[str, str]]:
+    """``(stage name, module path)`` of every stage box of the first diagram in ``text``."""
+    diagram = text.split("```")[1]
+    return BOX.findall(diagram)
+
+
+def test_diagram_lists_the_pipeline_in_order_with_its_modules():
+    boxes = diagram_stages((ROOT / "docs" / "architecture.md").read_text())
+    assert [name for name, _ in boxes] == [s.name for s in PIPELINE]
+    for (name, path), stage in zip(boxes, PIPELINE):
+        module = inspect.getsourcefile(stage.run)
+        assert pathlib.Path(module) == ROOT / "gpusim" / path, (name, module)
+
+
+def test_diagram_parser_sees_a_missing_stage():
+    text = "```\n│ motion      sim/motion.py    │ who acts\n│ replay      sim/replay.py    │ clock\n```\n"
+    assert diagram_stages(text) == [("motion", "sim/motion.py"), ("replay", "sim/replay.py")]
+    assert [n for n, _ in diagram_stages(text)] != [s.name for s in PIPELINE]
