@@ -123,10 +123,7 @@ def atomic_write(path, mode: str = "w", *, flag: str | None = None, encoding: st
     tmp = None
     with write_errors(path, flag):
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if path.is_dir():
-                raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+            fd, tmp = _temp_beside(path)
             kwargs = {"encoding": encoding} if mode == "w" else {}
             with os.fdopen(fd, mode, **kwargs) as f:
                 yield f
@@ -139,6 +136,15 @@ def atomic_write(path, mode: str = "w", *, flag: str | None = None, encoding: st
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
+
+
+def _temp_beside(path: pathlib.Path, suffix: str = "") -> tuple[int, str]:
+    """``(fd, name)`` of a new temporary file ``<dir>/<name>.<random>.tmp<suffix>`` beside ``path``
+    (its folder created); raises ``IsADirectoryError`` when ``path`` is a directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    return tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp" + suffix)
 
 
 @contextlib.contextmanager
@@ -156,10 +162,7 @@ def atomic_path(path, *, flag: str | None = None):
     tmp = None
     with write_errors(path, flag):
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if path.is_dir():
-                raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-            fd, name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp" + path.suffix)
+            fd, name = _temp_beside(path, path.suffix)
             os.close(fd)
             tmp = pathlib.Path(name)
             yield tmp
