@@ -119,23 +119,9 @@ def atomic_write(path, mode: str = "w", *, flag: str | None = None, encoding: st
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode must be 'w' or 'wb', not {mode!r}")
-    path = pathlib.Path(path)
-    tmp = None
-    with write_errors(path, flag):
-        try:
-            fd, tmp = _temp_beside(path)
-            kwargs = {"encoding": encoding} if mode == "w" else {}
-            with os.fdopen(fd, mode, **kwargs) as f:
-                yield f
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            tmp = None
-            _fsync_dir(path.parent)
-        finally:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
+    kwargs = {"encoding": encoding} if mode == "w" else {}
+    with _replaced(path, flag, "") as tmp, open(tmp, mode, **kwargs) as f:
+        yield f
 
 
 def _temp_beside(path: pathlib.Path, suffix: str = "") -> tuple[int, str]:
@@ -158,11 +144,21 @@ def atomic_path(path, *, flag: str | None = None):
         OutputError: an ``OSError`` while creating, syncing or renaming (one line naming the file
             and the cause), or the writer left no file at the temporary path.
     """
+    with _replaced(path, flag, pathlib.Path(path).suffix) as tmp:
+        yield tmp
+
+
+@contextlib.contextmanager
+def _replaced(path, flag: str | None, suffix: str):
+    """The one mechanism of :func:`atomic_write` and :func:`atomic_path`: yields a new temporary
+    file's path beside ``path`` (:func:`_temp_beside`, ``suffix`` kept last); when the block ends
+    without an error the file is ``fsync``-ed and renamed over ``path`` and the folder synced; on
+    any error it is removed. ``OSError`` becomes :class:`OutputError` (:func:`write_errors`)."""
     path = pathlib.Path(path)
     tmp = None
     with write_errors(path, flag):
         try:
-            fd, name = _temp_beside(path, path.suffix)
+            fd, name = _temp_beside(path, suffix)
             os.close(fd)
             tmp = pathlib.Path(name)
             yield tmp
