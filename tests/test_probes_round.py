@@ -44,7 +44,8 @@ import torch
 from policy import PolicyConfig
 from policy.actor_critic import ActorCritic
 from policy.encoders import ObsDims
-from train.checkpoint import CheckpointError, checkpoint_checksums, load_policy, save_checkpoint
+from test_checkpoint_integrity import _rewrite
+from train.checkpoint import CheckpointError, load_policy, save_checkpoint
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "womd_sample"
@@ -64,17 +65,6 @@ def small_ckpt(tmp_path):
     opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
     return save_checkpoint(tmp_path / "run" / "checkpoint.pt", policy=policy, optimizer=opt, global_step=10,
                            update=1, config={}, env_config={})
-
-
-def _rewrite(src: pathlib.Path, dst: pathlib.Path, change) -> pathlib.Path:
-    """``dst``: checkpoint ``src`` with ``change(payload)`` applied and its checksums recomputed
-    (anyone who edits a checkpoint can do so: the checksum guards against corruption, not edits)."""
-    payload = torch.load(src, map_location="cpu", weights_only=True)
-    change(payload)
-    payload["checksums"] = checkpoint_checksums(payload)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(payload, dst)
-    return dst
 
 
 def _widen(payload):

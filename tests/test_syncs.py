@@ -182,17 +182,17 @@ def test_step_and_expert_actions_make_no_host_sync(space, trial, styles, count_t
     assert counter.hits == [], "\n".join(counter.hits)
 
 
-def _update_batch(R: int, H: int, obs_dim: int, device) -> RolloutBatch:
-    """A rollout of R rows x H steps: row r's agent is removed after step 2 + r (later rows keep more
-    steps), random observations, actions and returns."""
-    g = torch.Generator().manual_seed(0)
+def _update_batch(R: int, H: int, obs_dim: int, device, first_removed: int = 2, seed: int = 0) -> RolloutBatch:
+    """A rollout of R rows x H steps: row r's agent is removed after step ``first_removed + r``
+    (removed tails of different lengths), random observations, actions and returns (``seed``)."""
+    g = torch.Generator().manual_seed(seed)
     b = RolloutBatch.empty(R, H, obs_dim, False, 1, "cpu")
     b.obs.copy_(torch.randn(R, H, obs_dim, generator=g))
     b.actions.copy_(torch.randint(91, (R, H), generator=g))
     b.logprobs.fill_(-4.5)
     b.rewards.copy_(torch.randn(R, H, generator=g))
     b.values.copy_(torch.randn(R, H, generator=g))
-    b.removed.copy_(torch.arange(H)[None, :] > 2 + torch.arange(R)[:, None])
+    b.removed.copy_(torch.arange(H)[None, :] > first_removed + torch.arange(R)[:, None])
     b.loss_mask.copy_(~b.removed)
     b.terminal[:, -1] = True
     b.slot_active.fill_(True)

@@ -10,6 +10,7 @@ import torch
 from policy import ActorCritic, PolicyConfig
 from policy.actor_critic import kept_index
 from policy.encoders import ObsDims
+from test_syncs import _update_batch
 from test_train_run import FakeEnv, _cfg
 from train.ppo import PPOConfig, ppo_update
 from train.rollout import RolloutBatch
@@ -20,18 +21,7 @@ DIMS = ObsDims(4, 2, 3, 3, 4)
 
 def _batch(R=6, H=8) -> RolloutBatch:
     """Row r's agent is removed after step 1 + r (removed tails of different lengths)."""
-    g = torch.Generator().manual_seed(3)
-    b = RolloutBatch.empty(R, H, DIMS.obs_dim, False, 1, "cpu")
-    b.obs.copy_(torch.randn(R, H, DIMS.obs_dim, generator=g))
-    b.actions.copy_(torch.randint(91, (R, H), generator=g))
-    b.logprobs.fill_(-4.5)
-    b.rewards.copy_(torch.randn(R, H, generator=g))
-    b.values.copy_(torch.randn(R, H, generator=g))
-    b.removed.copy_(torch.arange(H)[None, :] > 1 + torch.arange(R)[:, None])
-    b.loss_mask.copy_(~b.removed)
-    b.terminal[:, -1] = True
-    b.slot_active.fill_(True)
-    return b
+    return _update_batch(R, H, DIMS.obs_dim, "cpu", first_removed=1, seed=3)
 
 
 def _updated(pack_update: bool, pack_forward: bool) -> list[torch.Tensor]:
