@@ -368,7 +368,8 @@ def test_periodic_evaluation_logs_eval_mode_keys(tmp_path):
     env = DriveEnv(four_car_pack(), 2, config)
     partner = make_partner(tmp_path, env, "p.pt")
     cfg = types.SimpleNamespace(coplayer=(partner,), coplayer_sample=False, seed=0, eval_interval=2,
-                                eval_mode=("self_play", "coplayer"), eval_data=str(pack_file), data="unused")
+                                eval_mode=("self_play", "coplayer"), eval_data=str(pack_file), data="unused",
+                                eval_episodes=1)
     extras = RunExtras(cfg, env, "cpu", say=lambda line: None)
     policy = ego_policy(env)
     extras.after_update(1, False, policy)

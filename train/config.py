@@ -68,6 +68,30 @@ def check_device(device: str) -> torch.device:
     return dev
 
 
+
+def keep_best_entry(spec: str, eval_interval: int, eval_mode) -> tuple[str, float]:
+    """The periodic-evaluation entry ``--keep-best`` follows and its sign: ``(entry, +1.0)`` when
+    higher is better, ``(entry, -1.0)`` for a spec written with a leading ``-``.
+
+    Raises:
+        ValueError: one line naming ``--keep-best``: no periodic evaluation (``eval_interval`` 0), an
+            entry not of the form ``eval/<mode>/<metric>``, or a mode outside ``eval_mode``.
+    """
+    sign = -1.0 if spec.startswith("-") else 1.0
+    entry = spec[1:] if sign < 0 else spec
+    parts = entry.split("/")
+    if len(parts) != 3 or parts[0] != "eval" or not parts[2]:
+        raise ValueError(f"--keep-best {spec}: expected eval/<mode>/<metric> (e.g. eval/self_play/goal_reached, "
+                         "or -eval/self_play/collision_or_offroad when lower is better)")
+    if int(eval_interval) <= 0:
+        raise ValueError(f"--keep-best {spec}: needs the periodic evaluation; pass --eval-interval N "
+                         "(and --eval-data, e.g. the validation split)")
+    if parts[1] not in tuple(eval_mode):
+        raise ValueError(f"--keep-best {spec}: mode {parts[1]!r} is not evaluated; --eval-mode is "
+                         f"{' '.join(eval_mode)}")
+    return entry, sign
+
+
 @dataclass
 class TrainConfig:
     """Everything ``train/run.py`` needs.
@@ -138,6 +162,16 @@ class TrainConfig:
             ``train/evaluate.py``'s sweep in ``eval_mode`` and log ``eval/<mode>/*``; 0 = never.
         eval_mode: ``self_play``, ``coplayer`` (the ``--coplayer`` partners), ``human_replay``.
         eval_data: scenarios of the periodic evaluation (default: ``data``).
+        eval_episodes: runs of every scenario in each periodic evaluation (default 1; more where the
+            task draws something per episode, e.g. the partner type of ``--env.partner-task``).
+        keep_best: an entry of the periodic evaluation, ``eval/<mode>/<metric>`` (e.g.
+            ``eval/self_play/goal_reached``; a leading ``-`` when lower is better, e.g.
+            ``-eval/self_play/collision_or_offroad``): each time the periodic evaluation improves on
+            it, the policy is also written to ``best.pt`` beside ``checkpoint.pt``, so a run is chosen
+            at its best evaluation on ``--eval-data`` (e.g. the validation split), not at its last.
+            Needs ``--eval-interval`` and ``<mode>`` among ``--eval-mode``. ``best.pt`` is a normal
+            checkpoint for evaluation, rendering and shipping; a resume continues ``checkpoint.pt``
+            and keeps the best value seen so far.
         cuda_graph: capture the steady-state rollout step (env step + policy) in a CUDA graph
             (``train/graphed_rollout.py``): ``auto`` = on when the device is CUDA and the env runs
             the Triton backend (``GPUSIM_CUDA_GRAPHS=0`` turns it off), ``on`` = wanted (one
@@ -196,6 +230,8 @@ class TrainConfig:
     eval_interval: int = 0
     eval_mode: tuple[str, ...] = ("self_play",)
     eval_data: str | None = None
+    eval_episodes: int = 1
+    keep_best: str | None = None
     cuda_graph: Literal["auto", "on", "off"] = "auto"
     recipe: Literal["auto", "cpu", "gpu"] = "auto"
     init_policy: str | None = None
@@ -204,6 +240,10 @@ class TrainConfig:
 
     def __post_init__(self):
         check_finite(self)  # the groups check their own fields
+        if int(self.eval_episodes) < 1:
+            raise ValueError(f"--eval-episodes {self.eval_episodes}: must be >= 1")
+        if self.keep_best is not None:
+            keep_best_entry(self.keep_best, self.eval_interval, self.eval_mode)
 
     def to_dict(self) -> dict:
         """Plain-data view (enums as lower-case names), for checkpoints and logs; without

@@ -61,7 +61,8 @@ class RunExtras:
             for note in evaluation_config(self.env.config)[1]:  # the evaluation rule, said once
                 self.say(f"periodic evaluation: {note}")
             self._live = LiveEvaluator(self.env.config, self.cfg.eval_data or self.cfg.data, self.cfg.eval_mode,
-                                       self.cfg.coplayer, self.device, seed=self.cfg.seed)
+                                       self.cfg.coplayer, self.device, seed=self.cfg.seed,
+                                       episodes=self.cfg.eval_episodes)
         self.pending.update(self._live.run(policy))
         policy.eval()
 

@@ -37,7 +37,7 @@ import torch
 
 from gpusim.fileio import check_output_path, lock_directory, write_errors
 from train.checkpoint import save_checkpoint
-from train.config import USER_ERRORS, TrainConfig, UserError, one_line, parse_args, resolve_path
+from train.config import USER_ERRORS, TrainConfig, UserError, keep_best_entry, one_line, parse_args, resolve_path
 from train.extras import RunExtras
 from train.distributed import setup as setup_distributed
 from train.graphed_rollout import make_rollout
@@ -133,6 +133,7 @@ def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
     global_step, update, reports, saved = run.global_step, run.update, [], None
     last_report_t, last_report_step, rollout_time, update_time = time.time(), global_step, 0.0, 0.0
 
+    best = BestCheckpoint(cfg, run_dir, ckpt) if cfg.keep_best else None  # --keep-best: best.pt on --eval-data
     obs = env.reset(seed=cfg.seed + update)
     while global_step < cfg.total_timesteps:
         t0 = time.time()
@@ -156,6 +157,8 @@ def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
 
         last = global_step >= cfg.total_timesteps
         extras.after_update(update, last, policy)
+        if best is not None and ranks.is_main:
+            best.offer(extras.pending, run, global_step, update)
         if update % max(cfg.report_interval, 1) == 0 or last:
             now = time.time()
             record = _report_record(update, global_step, now - logger.start,
@@ -168,7 +171,7 @@ def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
                 reports.append(record)
             last_report_t, last_report_step, rollout_time, update_time = now, global_step, 0.0, 0.0
         if (cfg.checkpoint_interval > 0 and update % cfg.checkpoint_interval == 0) or last:
-            saved = _save(run, ranks, run_dir, global_step, update) or saved
+            saved = _save(run, ranks, run_dir, global_step, update, best.record if best else None) or saved
     logger.close()
     ranks.close()
     return {"global_step": global_step, "update": update, "reports": reports,
@@ -234,9 +237,10 @@ def _wait(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int):
+def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int, best: dict | None = None):
     """Write the checkpoint of ``update`` (weights, optimizer, counters, RNG, the run directory, the
-    elapsed time and every rank's metric state) on rank 0; returns its path there, None elsewhere.
+    elapsed time, every rank's metric state and ``best``, the ``--keep-best`` record) on rank 0;
+    returns its path there, None elsewhere.
 
     Raises:
         OutputError: the checkpoint cannot be written (full disk, read-only file system): one line
@@ -244,13 +248,62 @@ def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int):
     """
     metric_log = run.metric_log
     extra = {"run_dir": str(run_dir.resolve()), "elapsed": run.logger.elapsed, SHA_KEY: run.human_sha,
-             "env_metrics": metric_log.state_dict() if metric_log is not None else None}
+             "env_metrics": metric_log.state_dict() if metric_log is not None else None,
+             BestCheckpoint.KEY: best}
     extra = ranks.checkpoint_extra(extra, metric_log)  # every rank: gathers metric and RNG states
     if not ranks.is_main:
         return None
     with write_errors(run.ckpt_path):
         return save_checkpoint(run.ckpt_path, policy=run.policy, optimizer=run.optimizer, global_step=global_step,
                                update=update, config=run.config_dict, env_config=run.config_dict["env"], extra=extra)
+
+
+class BestCheckpoint:
+    """``--keep-best``: writes the policy to ``best.pt`` (beside ``checkpoint.pt``) each time the
+    periodic evaluation's entry improves, and records ``{"entry", "value", "update", "global_step"}``
+    in both files' ``extra["best"]`` (so a resumed run keeps the best value seen so far).
+
+    Args:
+        cfg: the run's :class:`train.config.TrainConfig` (``keep_best``, ``eval_interval``,
+            ``eval_mode``). run_dir: the run directory. ckpt: the checkpoint resumed (None: a new run).
+    """
+
+    KEY = "best"
+    FILE = "best.pt"
+
+    def __init__(self, cfg, run_dir: pathlib.Path, ckpt: dict | None):
+        self.entry, self.sign = keep_best_entry(cfg.keep_best, cfg.eval_interval, cfg.eval_mode)
+        self.path = pathlib.Path(run_dir) / self.FILE
+        saved = ((ckpt or {}).get("extra") or {}).get(self.KEY)
+        self.record = saved if saved and saved.get("entry") == self.entry else None
+
+    def offer(self, pending: dict, run, global_step: int, update: int) -> bool:
+        """Write ``best.pt`` when ``pending`` (the evaluation just run) holds a finite value of the
+        entry better than the best so far; returns whether it did. No evaluation this update: nothing.
+
+        Raises:
+            UserError: the evaluation ran but has no such entry (one line listing the mode's entries).
+            OutputError: ``best.pt`` cannot be written (one line naming it and the cause).
+        """
+        mode = self.entry.rsplit("/", 1)[0] + "/"
+        names = sorted(k[len(mode):] for k in pending if k.startswith(mode))
+        if names and self.entry not in pending:
+            raise UserError(f"--keep-best {self.entry}: the periodic evaluation has no such entry; its {mode} "
+                            f"entries are {', '.join(names)}")
+        value = pending.get(self.entry)
+        if value is None or not math.isfinite(float(value)):
+            return False
+        if self.record is not None and self.sign * float(value) <= self.sign * float(self.record["value"]):
+            return False
+        self.record = {"entry": self.entry, "value": float(value), "update": int(update),
+                       "global_step": int(global_step)}
+        extra = {"run_dir": str(self.path.parent.resolve()), "elapsed": run.logger.elapsed,
+                 SHA_KEY: run.human_sha, self.KEY: self.record}
+        with write_errors(self.path):
+            save_checkpoint(self.path, policy=run.policy, optimizer=run.optimizer, global_step=global_step,
+                            update=update, config=run.config_dict, env_config=run.config_dict["env"], extra=extra)
+        run.logger.info(f"best.pt: {self.entry} {float(value):.3f} at update {update}")
+        return True
 
 
 def _report_record(update, global_step, elapsed, sps, rollout_time, update_time, counts, optimizer, stats, env):

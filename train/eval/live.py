@@ -26,15 +26,18 @@ class LiveEvaluator:
             with reward conditioning the egos drive the ``default`` style, not the training draw).
         data: scenarios (JSON directory or saved pack). modes: mode names.
         coplayer: partner checkpoints (needed by ``coplayer``). device. seed: env and partner draws.
+        episodes: runs of every scenario per evaluation (``--eval-episodes``; the draws of the task,
+            e.g. the partner type, differ between runs).
 
     Raises:
         ValueError: unknown mode. UserError: a mode's missing option (``coplayer`` without
             partners), or what :func:`train.eval.modes.mode_env` and the mode's ``prepare`` raise.
     """
 
-    def __init__(self, env_config, data: str, modes, coplayer, device, seed: int = 0):
+    def __init__(self, env_config, data: str, modes, coplayer, device, seed: int = 0, episodes: int = 1):
         self.seed = int(seed)
-        self.opts = ModeOptions(coplayer=tuple(coplayer), seed=self.seed, flag="--eval-mode")
+        self.opts = ModeOptions(coplayer=tuple(coplayer), seed=self.seed, flag="--eval-mode",
+                                episodes_per_scenario=int(episodes))
         self.items = []
         env_config = evaluation_config(env_config)[0]  # log start, logged goals (the evaluation rule)
         if env_config.reward_conditioning and env_config.style is None:  # evaluation drives a fixed style
