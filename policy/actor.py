@@ -58,6 +58,7 @@ class Actor:
         deterministic: ``True`` / ``"argmax"``: argmax (discrete) / mean (continuous) actions
             instead of sampling (sampling draws from torch's global generator); ``"mean"``: the
             rounded expected value per action dimension (discrete; ``ActorCritic.sample``).
+        temperature: sampling temperature (``ActorCritic.sample``; 1 = the policy's distribution).
         reset_at_trial: clear a slot's memory at a trial end too (co-players; the memoryless
             control). ``None`` (default): the policy's ``config.memory == "trial"``
             (:class:`policy.PolicyConfig`), else False.
@@ -72,7 +73,7 @@ class Actor:
     """
 
     def __init__(self, policy, num_slots: int = 0, horizon: int = 1, device=None, deterministic: bool | str = False,
-                 reset_at_trial: bool | None = None, cache=None):
+                 reset_at_trial: bool | None = None, cache=None, temperature: float = 1.0):
         if device is None:
             device = next(iter(policy.parameters())).device
         if cache is None:
@@ -82,6 +83,7 @@ class Actor:
         self.policy = policy
         self.cache = cache
         self.deterministic = deterministic if deterministic in ("argmax", "mean") else bool(deterministic)
+        self.temperature = float(temperature)
         if reset_at_trial is None:
             reset_at_trial = resets_at_trial(policy)
         self.reset_at_trial = bool(reset_at_trial)
@@ -110,7 +112,7 @@ class Actor:
         if removed is not None:
             self.removed.copy_(removed)
         logits, value, self.cache = self.policy.forward_eval(obs, self.cache, self.removed)
-        return Act(self.policy.sample(logits, self.deterministic), logits, value)
+        return Act(self.policy.sample(logits, self.deterministic, self.temperature), logits, value)
 
     def env_action(self, action: torch.Tensor) -> torch.Tensor:
         """The action the env takes: a continuous one clamped to [-1, 1] (the Gaussian is unbounded);

@@ -290,7 +290,7 @@ class ActorCritic(nn.Module):
     def _std(self) -> torch.Tensor:
         return self.log_std.exp()
 
-    def sample(self, logits: torch.Tensor, deterministic: bool | str = False) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, deterministic: bool | str = False, temperature: float = 1.0) -> torch.Tensor:
         """Draw actions: [...] int64 indices (discrete) or [..., A] float32 (continuous).
 
         ``deterministic``: ``False`` samples; ``True`` / ``"argmax"`` takes the joint argmax
@@ -301,19 +301,26 @@ class ActorCritic(nn.Module):
         argmax is one cell of a flat 7 x 13 table and can sit far from the distribution's centre;
         the expected value is the analogue of a continuous policy's mean (docs/evaluation.md).
 
+        ``temperature`` T > 0 (sampling only; 1 = the policy's own distribution): a discrete draw
+        from softmax(logits / T), a continuous one with the standard deviation times T. Below 1 the
+        draws concentrate on the likelier actions (T -> 0 tends to the argmax), above 1 they spread.
+
         NaN or infinite logits are an error, not an action: where a row's logits are not all
         finite the action is :data:`gpusim.sim.actions.NO_ACTION` (discrete) or NaN (continuous),
         which the env's action check refuses (at the step in sync mode; recorded on the device
         and raised at the next host read in async mode, ``gpusim/sim/actions.py``). No host read.
 
         Raises:
-            ValueError: ``deterministic`` not one of the values above.
+            ValueError: ``deterministic`` not one of the values above; ``temperature`` not a finite
+                number > 0.
         """
         if deterministic not in (False, True, "argmax", "mean"):
             raise ValueError(f"sample: deterministic must be False, True, 'argmax' or 'mean', got {deterministic!r}")
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise ValueError(f"sample: temperature must be a finite number > 0, got {temperature!r}")
         finite = torch.isfinite(logits).all(dim=-1)  # [...]
         if self.continuous:
-            action = logits if deterministic else logits + self._std() * torch.randn_like(logits)
+            action = logits if deterministic else logits + (self._std() * temperature) * torch.randn_like(logits)
             return torch.where(finite[..., None], action, torch.full_like(action, float("nan")))
         if deterministic == "mean":
             p = torch.softmax(logits.float(), dim=-1).unflatten(-1, (NUM_ACCEL, NUM_STEER))
@@ -324,7 +331,8 @@ class ActorCritic(nn.Module):
             action = logits.argmax(dim=-1)
         else:  # Gumbel-max sampling: argmax(logits + Gumbel noise) is a draw from softmax(logits)
             u = torch.rand_like(logits).clamp_(1e-12, 1.0)
-            action = (logits - torch.log(-torch.log(u))).argmax(dim=-1)
+            scaled = logits if temperature == 1.0 else logits / temperature
+            action = (scaled - torch.log(-torch.log(u))).argmax(dim=-1)
         return torch.where(finite, action, torch.full_like(action, NO_ACTION))
 
     def log_prob(self, logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:

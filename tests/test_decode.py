@@ -55,3 +55,26 @@ def test_evaluate_decode_flag_reaches_the_summary(tmp_path):
                  "--no-per-scenario", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["decode"] == "mean" and res["deterministic"] is True
+
+
+def test_evaluate_temperature_reaches_the_sampler_and_is_refused_where_nothing_samples(tmp_path, capsys):
+    """``--temperature`` reaches ``ActorCritic.sample`` (seen by the actions taken: a cold sampler
+    drives like the argmax, a hot one does not) and is refused where no action is sampled."""
+    from train.evaluate import main
+
+    def goal(*flags):
+        out = tmp_path / "e.json"
+        assert main(["--policy", "policies/driver.pt", "--num-threads", "1", "--quiet", "--no-per-scenario",
+                     "--json", str(out), *flags]) == 0
+        res = json.loads(out.read_text())
+        return res, res["runs"][0]["summary"]["episode_return"]["mean"]
+
+    _, argmax = goal()
+    res, cold = goal("--stochastic", "--temperature", "1e-4")
+    assert res["temperature"] == 1e-4 and res["deterministic"] is False
+    assert cold == pytest.approx(argmax)  # T -> 0: the draw is the argmax
+    _, hot = goal("--stochastic", "--temperature", "50")
+    assert hot != pytest.approx(argmax)
+    assert main(["--policy", "policies/driver.pt", "--temperature", "0.5", "--quiet"]) == 2
+    assert "--temperature 0.5: actions are not sampled here" in capsys.readouterr().err
+    assert main(["--policy", "policies/driver.pt", "--stochastic", "--temperature", "0", "--quiet"]) == 2

@@ -198,6 +198,15 @@ def test_heads_and_distributions():
     lg = torch.log(torch.tensor([0.2, 0.5, 0.3])).expand(20000, 3)
     freq = torch.bincount(disc.sample(lg), minlength=3).float() / 20000
     torch.testing.assert_close(freq, torch.tensor([0.2, 0.5, 0.3]), atol=0.02, rtol=0)
+    # temperature T: a draw from softmax(logits / T), hand-computed for T = 0.5 (p^2 renormalised)
+    freq = torch.bincount(disc.sample(lg, temperature=0.5), minlength=3).float() / 20000
+    torch.testing.assert_close(freq, torch.tensor([0.04, 0.25, 0.09]) / 0.38, atol=0.02, rtol=0)
+    torch.manual_seed(2)
+    std = (model.sample(torch.zeros(20000, 2), temperature=2.0)).std(0)  # continuous: std times T
+    torch.testing.assert_close(std, 2.0 * model.log_std.exp().detach(), atol=0.05, rtol=0.03)
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="temperature"):
+            disc.sample(lg, temperature=bad)
     # initial discrete policy is near uniform
     with torch.no_grad():
         lo, _ = disc(_obs(1, 3), torch.zeros(1, 3, dtype=torch.bool), torch.zeros(1, 3, dtype=torch.bool))

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 import pathlib
 import sys
@@ -95,6 +96,9 @@ class EvalConfig:
         num_worlds: worlds per batch (0 = up to 32, spread evenly over the batches).
         k_trials: > 0: trial mode with this many trials per episode (0 = as trained).
         stochastic: sample the policies' actions instead of argmax / mean.
+        temperature: the sampling temperature of checkpoints' sampled actions (``--stochastic`` and
+            ``--mode wosac``, which samples): softmax(logits / T) for a discrete head, the standard
+            deviation times T for a continuous one; 1 (default) = the policy's own distribution.
         decode: how a checkpoint's deterministic action is taken from its discrete head (not with
             ``--stochastic``): ``argmax`` (the joint argmax, the default) or ``mean`` (per action
             dimension the expected grid index, rounded; ``policy.ActorCritic.sample``: better for a
@@ -144,6 +148,7 @@ class EvalConfig:
     num_worlds: int = 0
     k_trials: int = 0
     stochastic: bool = False
+    temperature: float = 1.0
     decode: Literal["argmax", "mean"] = "argmax"
     memory: Literal["episode", "trial"] | None = None
     partner_task: Literal["none", "crossing"] | None = None
@@ -275,7 +280,8 @@ def _make_driver(entry: dict, env, cfg: EvalConfig):
     except PolicyMismatch as e:
         raise UserError(f"--policy {entry['spec']}: {e.detail} (the env settings are the first checkpoint's); "
                         "evaluate it on its own or first") from None
-    return PolicyDriver(policy.to(env.device), deterministic=False if cfg.stochastic else cfg.decode, memory=cfg.memory)
+    return PolicyDriver(policy.to(env.device), deterministic=False if cfg.stochastic else cfg.decode, memory=cfg.memory,
+                        temperature=cfg.temperature)
 
 
 def _check(cfg: EvalConfig) -> list[str]:
@@ -320,6 +326,11 @@ def _check_modes(modes: list, cfg: EvalConfig, opts: ModeOptions):
         raise UserError("--export-rollouts needs --mode wosac")
     if own and cfg.wosac_rollouts < 1:
         raise UserError(f"--wosac-rollouts must be >= 1, got {cfg.wosac_rollouts}")
+    if not (math.isfinite(cfg.temperature) and cfg.temperature > 0):
+        raise UserError(f"--temperature must be a finite number > 0, got {cfg.temperature}")
+    if cfg.temperature != 1.0 and not cfg.stochastic and not own:
+        raise UserError(f"--temperature {cfg.temperature}: actions are not sampled here; add --stochastic "
+                        "(or use --mode wosac, which samples)")
     return own[0] if own else None
 
 
@@ -330,7 +341,7 @@ def _run_protocol(mode, policies: list[dict], base, base_notes: list, cfg: EvalC
     sampled = dataclasses.replace(cfg, stochastic=True)
     res = mode.protocol(policies, lambda entry, env: _make_driver(entry, env, sampled), base, cfg, device, progress)
     res.update(data=cfg.data, device=str(device), num_threads=threads, seed=cfg.seed, deterministic=False,
-               interval=cfg.interval, level=cfg.level, notes=base_notes + res.get("notes", []))
+               temperature=cfg.temperature, interval=cfg.interval, level=cfg.level, notes=base_notes + res.get("notes", []))
     return res
 
 
@@ -399,7 +410,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
             raise UserError("--coplayer PATH@STYLE: the evaluated policy was trained without reward conditioning")
         base = base.replace(partner_styles=partner_table)
     out = {"data": cfg.data, "device": str(device), "num_threads": threads, "seed": cfg.seed,
-           "deterministic": not cfg.stochastic, "decode": None if cfg.stochastic else cfg.decode, "memory": cfg.memory or "as trained", "interval": cfg.interval,
+           "deterministic": not cfg.stochastic, "decode": None if cfg.stochastic else cfg.decode,
+           "temperature": cfg.temperature if cfg.stochastic else None, "memory": cfg.memory or "as trained", "interval": cfg.interval,
            "level": cfg.level, "episodes_per_scenario": cfg.episodes_per_scenario,
            "k_trials": base.k_trials if base.trial_mode else 0,
            "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}

@@ -162,12 +162,14 @@ class PolicyDriver:
         policy: the model (put in eval mode). deterministic: ``True`` / ``"argmax"``: argmax
             (discrete) / mean (continuous) actions; ``"mean"``: the rounded expected value per
             action dimension (``ActorCritic.sample``); ``False``: sampled with torch's global generator. memory: ``"episode"`` or
-            ``"trial"``; ``None`` (default): the policy's own ``config.memory``.
+            ``"trial"``; ``None`` (default): the policy's own ``config.memory``. temperature: of the
+            sampled actions (``ActorCritic.sample``; 1 = the policy's own distribution).
     """
 
-    def __init__(self, policy, deterministic: bool | str = True, memory: str | None = None):
+    def __init__(self, policy, deterministic: bool | str = True, memory: str | None = None, temperature: float = 1.0):
         self.policy = policy.eval()
         self.deterministic = deterministic
+        self.temperature = float(temperature)
         self.memory = memory
         self.actor = None  # built at the first begin (W * C slots of the env, env.horizon steps)
 
@@ -177,7 +179,8 @@ class PolicyDriver:
         R = env.num_worlds * env.num_slots
         if self.actor is None or self.actor.num_slots != R:
             self.actor = Actor(self.policy, R, env.horizon, obs.device, self.deterministic,
-                               reset_at_trial=None if self.memory is None else self.memory == "trial")
+                               reset_at_trial=None if self.memory is None else self.memory == "trial",
+                               temperature=self.temperature)
         self.actor.begin()
 
     def act(self, env, obs):

@@ -272,8 +272,9 @@ def print_wosac(results: dict, console) -> None:
         console.print(escape(note), soft_wrap=True)
     level = int(round(100 * results["level"]))
     title = (f"WOSAC (2025 config) on {results['data']}: {results['num_scenarios']} scenario(s) x "
-             f"{results.get('rollouts', '?')} rollouts, 80 steps from log step {C.CURRENT_TIME_INDEX}; "
-             f"mean [{level}% CI] over scenarios")
+             f"{results.get('rollouts', '?')} rollouts, 80 steps from log step {C.CURRENT_TIME_INDEX}"
+             + (f", sampling temperature {results['temperature']:g}" if results.get("temperature", 1.0) != 1.0 else "")
+             + f"; mean [{level}% CI] over scenarios")
     table = Table(title=escape(title), title_justify="left")
     table.add_column("metric")
     for r in runs:
