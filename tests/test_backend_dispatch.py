@@ -360,3 +360,15 @@ def test_only_the_backend_module_chooses_from_tensors(path):
     bad = resolver_calls(path)
     assert not bad, (f"{path.relative_to(REPO)} chooses a backend itself {bad}: take backend= and resolve it with "
                      "gpusim.backend.op_backend (or the step's StepVars.backend)")
+
+
+def test_cuda_graphs_auto_capture_both_gpu_backends(monkeypatch):
+    """``cuda_graph="auto"`` captures a step on either GPU backend (the default on CUDA is "cupy"
+    where CuPy is installed) and not one on the torch reference."""
+    from gpusim import cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "cuda_graphs_enabled", lambda device=None: True)
+    assert cuda_graph.graph_decision("auto", "cuda", "triton") == (True, None)
+    assert cuda_graph.graph_decision("auto", "cuda", "cupy") == (True, None)
+    enabled, reason = cuda_graph.graph_decision("auto", "cuda", "torch")
+    assert not enabled and reason == "the env runs the torch backend (auto captures triton and cupy only)"
