@@ -36,6 +36,8 @@ from typing import Any, Callable
 
 import torch
 
+from gpusim.backend import GPU_BACKENDS
+
 ENV_FLAG = "GPUSIM_CUDA_GRAPHS"
 
 
@@ -264,10 +266,10 @@ def graph_decision(mode: str, device, backend: str) -> tuple[bool, str | None]:
     """Whether to capture the rollout step in a CUDA graph (``TrainConfig.cuda_graph``).
 
     Args:
-        mode: ``"auto"`` (on when ``device`` is CUDA, the env runs the Triton backend and
-            ``GPUSIM_CUDA_GRAPHS`` is not 0), ``"on"`` (wanted: the reason says why it cannot be
-            used), ``"off"``.
-        device: the env's device. backend: the env's kernel backend (``"triton"`` / ``"torch"``).
+        mode: ``"auto"`` (on when ``device`` is CUDA, the env runs a GPU kernel backend,
+            ``gpusim.backend.GPU_BACKENDS``: Triton or CuPy, and ``GPUSIM_CUDA_GRAPHS`` is not 0),
+            ``"on"`` (wanted: the reason says why it cannot be used), ``"off"``.
+        device: the env's device. backend: the env's step backend (``DriveEnv.step_backend``).
 
     Returns:
         ``(enabled, reason)``: ``reason`` says why it is off (None when enabled). With ``"on"``
@@ -285,8 +287,8 @@ def graph_decision(mode: str, device, backend: str) -> tuple[bool, str | None]:
         if os.environ.get(ENV_FLAG, "").strip().lower() in ("0", "false", "off"):
             return False, f"{ENV_FLAG}=0"
         return False, f"needs a CUDA device (the env runs on {device.type})"
-    if mode == "auto" and backend != "triton":
-        return False, f"the env runs the {backend} backend (auto captures the Triton backend only)"
+    if mode == "auto" and backend not in GPU_BACKENDS:
+        return False, f"the env runs the {backend} backend (auto captures {' and '.join(GPU_BACKENDS)} only)"
     return True, None
 
 

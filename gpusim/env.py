@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.backend import normalize_device
+from gpusim.backend import normalize_device, step_backend
 from gpusim.config import ActionSpace, EnvConfig
 from gpusim.data.mirror import training_pack
 from gpusim.data.pack import ScenarioPack
@@ -141,6 +141,17 @@ class DriveEnv:
     def check_actions(self) -> str:
         """The resolved action-check mode: ``"sync"`` or ``"async"`` (:mod:`gpusim.sim.actions`)."""
         return self._check.mode
+
+    @property
+    def step_backend(self) -> str:
+        """The backend the next step hands its ops (``"c"``, ``"torch"``, ``"triton"`` or
+        ``"cupy"``): :func:`gpusim.backend.step_backend` of the state's tensors and
+        ``EnvConfig.cpu_kernels``, the one rule the step itself resolves it by.
+
+        Raises:
+            RuntimeError: a forced backend the state's device cannot run (``gpusim.backend``).
+        """
+        return step_backend(self.state.pos, self.config.cpu_kernels)
 
     # ------------------------------------------------------------------ public API
     def reset(self, seed: int | None = None, scenarios: torch.Tensor | None = None) -> torch.Tensor:

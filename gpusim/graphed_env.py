@@ -58,7 +58,6 @@ import warnings
 
 import torch
 
-from gpusim.backend import backend_for
 from gpusim.cuda_graph import CudaGraphCapture, GraphEngine, graph_decision
 from gpusim.env import DriveEnv, StepResult
 
@@ -106,7 +105,7 @@ class GraphedEnv:
         self._other_actions = False  # this step's actions differ in shape/dtype/device from the graph's
         reason = None
         if capture is None:
-            enabled, reason = graph_decision("on", env.device, backend_for(env.state.pos))
+            enabled, reason = graph_decision("on", env.device, env.step_backend)
             if enabled:  # pragma: no cover  (needs a CUDA device)
                 capture = CudaGraphCapture(env.device, (env.generator,))
         if reason is None and env.check_actions == "sync":

@@ -279,13 +279,15 @@ class EpisodeMetrics:
         """Set every row of :attr:`last` to NaN (in place; before an episode whose rows are read)."""
         self.last.fill_(float("nan"))
 
-    def add(self, values: torch.Tensor, finished: torch.Tensor) -> None:
+    def add(self, values: torch.Tensor, finished: torch.Tensor, backend: str | None = None) -> None:
         """Record the agent-episodes where ``finished`` is True (device only, no host sync).
 
         Args:
             values: ``[W, C, M]`` float32 from :func:`episode_values` (rows not finished are ignored,
                 whatever they hold).
             finished: ``[W, C]`` bool (``StepResult.terminal``).
+            backend: the EMA kernel's backend (the step's, ``StepVars.backend``; None: resolved from
+                the tensors, ``gpusim.backend.op_backend``).
 
         Raises:
             ValueError: wrong shapes.
@@ -298,7 +300,7 @@ class EpisodeMetrics:
             raise ValueError(f"EpisodeMetrics.add: finished must be {(W, C)}, got {tuple(finished.shape)}")
         finished = finished.to(torch.bool)
         values = values.to(torch.float32)
-        self.ema.update(values.reshape(W * C, M), finished.reshape(W * C))
+        self.ema.update(values.reshape(W * C, M), finished.reshape(W * C), backend=backend)
         f = finished[..., None]
         self.sums += torch.where(f, values, 0.0).sum(dim=(0, 1), dtype=torch.float64)
         self.last.copy_(torch.where(f, values, self.last))

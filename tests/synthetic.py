@@ -73,8 +73,9 @@ def torch_reference_config(config):
 
 def backend_device(backend: str) -> torch.device:
     """The device a test parametrised over ``backend`` builds its tensors on: :data:`KERNEL_DEVICE`
-    for ``"triton"`` (forcing Triton on CPU tensors needs the interpreter), ``cpu`` for ``"torch"``."""
-    return KERNEL_DEVICE if backend == "triton" else torch.device("cpu")
+    for ``"triton"`` (forcing Triton on CPU tensors needs the interpreter) and ``"cupy"`` (CUDA
+    tensors only: its tests are skipped without a GPU), ``cpu`` for ``"torch"`` and ``"c"``."""
+    return KERNEL_DEVICE if backend in ("triton", "cupy") else torch.device("cpu")
 
 
 def straight_track(x0: float, y0: float, heading: float, speed: float, steps: int = T, accel: float = 0.0):

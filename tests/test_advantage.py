@@ -8,9 +8,18 @@ import math
 import pytest
 import torch
 
+from gpusim.backend import cupy_available, interpreting
 from gpusim.kernels import advantage as adv_mod
 from gpusim.kernels.advantage import advantage, advantage_reference
-from synthetic import to_cpu, to_kernel_device
+from synthetic import backend_device, to_cpu, to_kernel_device
+
+#: Every backend of the public dispatcher (``backend=``): "c" runs the reference (no C kernel),
+#: "cupy" the CUDA C kernel (skipped without a GPU and CuPy).
+BACKENDS = ["torch", "c",
+            pytest.param("triton", marks=pytest.mark.skipif(not (torch.cuda.is_available() or interpreting()),
+                                                            reason="no CUDA, no interpreter")),
+            pytest.param("cupy", marks=pytest.mark.skipif(not (torch.cuda.is_available() and cupy_available()),
+                                                          reason="needs a CUDA device and CuPy"))]
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,6 +223,20 @@ def test_bad_inputs(fn):
         fn(r, v, s, lv, 0.9, 0.9, log_rho=torch.zeros(3, 4))
     with pytest.raises(ValueError, match="rho_clip"):
         fn(r, v, s, lv, 0.9, 0.9, log_rho=torch.zeros(3, 5), rho_clip=0.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("with_rho", [False, True])
+def test_every_backend_matches_double_loop(backend, with_rho):
+    """The public dispatcher on each named backend (its tensors on that backend's device) against
+    the element-by-element recursion."""
+    r, v, s, lv, lr = make_inputs(19, 23, "episodes", seed=5, with_rho=with_rho)
+    dev = backend_device(backend)
+    moved = [None if x is None else x.to(dev) for x in (r, v, s, lv, lr)]
+    a, ret = to_cpu(advantage(*moved[:4], 0.97, 0.9, moved[4], 1.3, 0.9, backend=backend))
+    want_a, want_r = double_loop(r, v, s, lv, 0.97, 0.9, lr, 1.3, 0.9)
+    assert_close(a, want_a, f"{backend} advantages")
+    assert_close(ret, want_r, f"{backend} returns")
 
 
 def test_public_cpu_dispatches_to_reference():

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpusim.backend import interpreting, use_backend
+from gpusim.backend import cupy_available, interpreting, use_backend
 from gpusim.kernels import ema as ema_mod
 from gpusim.kernels.ema import EmaLog, ema_report, ema_report_reference, ema_update, ema_update_reference
 from synthetic import backend_device, to_cpu, to_kernel_device
 
 HAVE_TRITON = torch.cuda.is_available() or interpreting()
+HAVE_CUPY = torch.cuda.is_available() and cupy_available()
 BACKENDS = ["torch",
-            pytest.param("triton", marks=pytest.mark.skipif(not HAVE_TRITON, reason="no CUDA, no interpreter"))]
+            pytest.param("triton", marks=pytest.mark.skipif(not HAVE_TRITON, reason="no CUDA, no interpreter")),
+            pytest.param("cupy", marks=pytest.mark.skipif(not HAVE_CUPY, reason="needs a CUDA device and CuPy"))]
 
 
 def python_ema(history, alpha):

@@ -89,8 +89,9 @@ def test_a_new_stage_is_one_entry_in_the_pipeline():
 
 
 # ---------------------------------------------------------------------------- dynamics registry
-def delta_forward(pos, heading, speed, length, accel, steer, moving, dt):
-    """Toy "delta" model: constant velocity along the heading; controls are ignored."""
+def delta_forward(pos, heading, speed, length, accel, steer, moving, dt, backend=None):
+    """Toy "delta" model: constant velocity along the heading; controls are ignored (and the
+    step's backend: it has torch ops only)."""
     step = torch.stack([torch.cos(heading), torch.sin(heading)], dim=-1) * (speed * dt)[..., None]
     return torch.where(moving[..., None], pos + step, pos), heading.clone(), speed.clone()
 

@@ -75,11 +75,10 @@ def make_rollout(mode: str, env, policy, buffer: RolloutBatch, cache, say=None):
     :func:`train.rollout.collect_rollout` bound to the same arguments. With ``"on"`` and no graph
     possible, ``say`` (default ``warnings.warn``) gets one line with the reason.
     """
-    from gpusim.backend import backend_for
     from gpusim.env import DriveEnv
 
     if isinstance(env, DriveEnv):
-        enabled, reason = graph_decision(mode, env.device, backend_for(env.state.pos))
+        enabled, reason = graph_decision(mode, env.device, env.step_backend)
     else:
         enabled, reason = False, f"the env is a {type(env).__name__}, not a DriveEnv"
     if enabled:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from gpusim.backend import op_backend
+from gpusim.backend import WITH_C, op_backend
 from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, declare_struct_entry
 
 _NAMES = ("ep_return", "reward", "ep_length", "loss_mask", "goal_reached", "goal_now", "in_play", "collided",
@@ -45,8 +45,8 @@ def accumulate(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, 
         ep_return, reward: [W, C] float32. ep_length: [W, C] int32. loss_mask: [W, C] bool.
         goal_reached, goal_now, in_play, collided, offroad, ever_collided, ever_offroad: [W, A] bool.
         ever_red_light, red_light_now, terminal: [W, C] bool.
-        backend: ``"torch"`` | ``"triton"`` (the torch expressions) | ``"c"``, default
-            :func:`gpusim.backend.backend_for`. check: the C kernel's argument checks.
+        backend: ``"torch"`` | ``"triton"`` / ``"cupy"`` (the torch expressions) | ``"c"``, default
+            :func:`gpusim.backend.op_backend`. check: the C kernel's argument checks.
 
     Returns:
         ``(changes, collided_in_play [W, A] bool, offroad_in_play [W, A] bool, terminals)``;
@@ -60,7 +60,7 @@ def accumulate(ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, 
     """
     args = (ep_return, reward, ep_length, loss_mask, goal_reached, goal_now, in_play, collided, offroad,
             ever_collided, ever_offroad, ever_red_light, red_light_now, terminal)
-    name = op_backend(backend, reward)
+    name = op_backend(backend, reward, WITH_C)
     if name == "c":
         return accumulate_cpu(*args, check=check)
     return accumulate_reference(*args, count=name == "torch")

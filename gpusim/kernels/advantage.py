@@ -221,6 +221,8 @@ def advantage(
     log_rho: torch.Tensor | None = None,
     rho_clip: float = 1.0,
     c_clip: float = 1.0,
+    *,
+    backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns per row, optionally with V-trace importance clipping.
 
@@ -241,6 +243,10 @@ def advantage(
             None = on-policy (plain GAE).
         rho_clip: rho-bar (> 0), clip of the ratio scaling the TD error (used only with log_rho).
         c_clip: c-bar (> 0), clip of the ratio scaling the trace (used only with log_rho).
+        backend: :func:`gpusim.backend.op_backend` (default from ``rewards``: ``"cupy"`` on CUDA
+            tensors when CuPy is usable, else ``"triton"``; ``"torch"`` on the CPU): ``"cupy"`` runs
+            the CUDA C kernel (``gpusim/kernels/cuda/advantage.cu``), ``"triton"`` the Triton kernel
+            (CUDA tensors, or the interpreter), ``"torch"`` / ``"c"`` :func:`advantage_reference`.
 
     Returns:
         (advantages, returns): two new [B, T] float32 tensors on the input device;
@@ -248,19 +254,20 @@ def advantage(
 
     Raises:
         TypeError: a non-tensor argument or wrong dtype.
-        ValueError: wrong shapes, mixed devices, gamma/lambda outside [0, 1], clips <= 0.
+        ValueError: wrong shapes, mixed devices, gamma/lambda outside [0, 1], clips <= 0; a backend
+            the tensors cannot run (:func:`gpusim.backend.op_backend`).
+        RuntimeError: ``"cupy"`` without a usable CuPy.
 
-    Runs the CuPy CUDA C kernel on CUDA tensors when CuPy is usable, else the Triton kernel on CUDA
-    tensors (or when ``GPUSIM_BACKEND=triton``), else :func:`advantage_reference`. All backends agree
-    to float32 rounding (fused multiply-adds may differ in the last bits).
+    All backends agree to float32 rounding (fused multiply-adds may differ in the last bits).
     """
     _check_inputs(rewards, values, bootstrap_stop, last_value, gamma, gae_lambda, log_rho, rho_clip, c_clip)
-    if _backend.use_cupy(rewards):
+    name = _backend.op_backend(backend, rewards, _backend.WITH_CUPY)
+    if name == "cupy":
         from gpusim.kernels import cuda as _cuda
 
         return _cuda.advantage_cupy(rewards, values, bootstrap_stop, last_value, gamma, gae_lambda,
                                     log_rho, rho_clip, c_clip)
-    if _backend.backend_for(rewards) == "triton":
+    if name == "triton":
         return _advantage_triton(rewards, values, bootstrap_stop, last_value, gamma, gae_lambda,
                                  log_rho, rho_clip, c_clip)
     return advantage_reference(rewards, values, bootstrap_stop, last_value, gamma, gae_lambda,

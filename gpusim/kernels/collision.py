@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import interpreting, op_backend
+from gpusim.backend import WITH_C, interpreting, op_backend
 from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, bool_out, c_tensor, declare_struct_entry, heading_trig_of
 
 def collisions_reference(pos, heading, length, width, present, box_scale: float, num_query: int | None = None,
@@ -232,7 +232,8 @@ def collisions(pos, heading, length, width, present, box_scale: float, num_query
         query: optional [W, A] bool, overrides ``num_query``: only these agents are tested
             against everyone (the env passes its controlled agents); any other agent is flagged
             only when it overlaps a query agent.
-        backend: ``"torch"`` | ``"triton"`` | ``"c"``, default :func:`gpusim.backend.backend_for`.
+        backend: ``"torch"`` | ``"triton"`` | ``"c"`` | ``"cupy"`` (the Triton kernel), default
+            :func:`gpusim.backend.op_backend`.
         check, cos_h, sin_h, out: C backend only (:func:`collisions_cpu`); ignored otherwise.
 
     Returns:
@@ -242,7 +243,7 @@ def collisions(pos, heading, length, width, present, box_scale: float, num_query
         ValueError: ``query`` of the wrong shape, dtype or device; an unknown backend.
     Raises (Triton and C backends): ValueError on wrong shapes, dtypes or devices.
     """
-    name = op_backend(backend, heading)
+    name = op_backend(backend, heading, WITH_C)
     if name == "c":
         return collisions_cpu(pos, heading, length, width, present, box_scale, num_query, query, cos_h=cos_h,
                               sin_h=sin_h, out=out, check=check)
@@ -384,7 +385,7 @@ def _hit_by_triton(pos, heading, length, width, present, source, box_scale: floa
 
 def hit_by(pos, heading, length, width, present, source, box_scale: float, *, backend: str | None = None,
            check: bool = True, cos_h=None, sin_h=None, out=None) -> torch.Tensor:
-    name = op_backend(backend, heading)
+    name = op_backend(backend, heading, WITH_C)
     if name == "c":
         return hit_by_cpu(pos, heading, length, width, present, source, box_scale, cos_h=cos_h, sin_h=sin_h,
                           out=out, check=check)

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for, interpreting, normalize_device
+from gpusim.backend import interpreting, normalize_device, op_backend
 from gpusim.kernels import trimath
 from gpusim.kernels.trimath import wrap_angle_torch
 
@@ -279,7 +279,7 @@ def _bicycle_step_triton(pos, heading, speed, length, accel, steer, moving, dt: 
     return out_pos, out_h, out_v
 
 
-def bicycle_step(pos, heading, speed, length, accel, steer, moving, dt: float):
+def bicycle_step(pos, heading, speed, length, accel, steer, moving, dt: float, *, backend: str | None = None):
     """One step of the kinematic bicycle (module docstring has the equations).
 
     Args:
@@ -291,13 +291,15 @@ def bicycle_step(pos, heading, speed, length, accel, steer, moving, dt: float):
         steer: [W, A] float32 steering angle (rad), clipped to [-1, 1].
         moving: [W, A] bool; where False the state is returned unchanged (bit for bit).
         dt: time step (s).
+        backend: :func:`gpusim.backend.op_backend` (default from ``heading``): the Triton kernel
+            under ``"triton"`` / ``"cupy"``, else the reference.
 
     Returns:
         ``(pos [W, A, 2], heading [W, A], speed [W, A])`` float32, new tensors.
 
     Raises (Triton backend): ValueError/TypeError on wrong shapes, dtypes or devices.
     """
-    if backend_for(heading) == "triton":
+    if op_backend(backend, heading) == "triton":
         return _bicycle_step_triton(pos, heading, speed, length, accel, steer, moving, dt)
     return bicycle_step_reference(pos, heading, speed, length, accel, steer, moving, dt)
 
@@ -433,7 +435,8 @@ def _inverse_bicycle_triton(pos, heading, speed, length, target_pos, target_head
     return accel, steer
 
 
-def inverse_bicycle(pos, heading, speed, length, target_pos, target_heading, target_speed, target_valid, dt: float):
+def inverse_bicycle(pos, heading, speed, length, target_pos, target_heading, target_speed, target_valid, dt: float,
+                    *, backend: str | None = None):
     """Closed-loop inverse dynamics: controls that drive the current state onto the next logged pose.
 
     For each agent, from its *simulated* state, the controls (|accel| <= 4 m/s^2,
@@ -467,6 +470,7 @@ def inverse_bicycle(pos, heading, speed, length, target_pos, target_heading, tar
         target_speed: [W, A] float32 next logged speed (m/s).
         target_valid: [W, A] bool, the target is a valid logged step.
         dt: time step (s).
+        backend: as :func:`bicycle_step`.
 
     Returns:
         ``(accel [W, A], steer [W, A])`` float32, within the action limits (continuous values;
@@ -474,7 +478,7 @@ def inverse_bicycle(pos, heading, speed, length, target_pos, target_heading, tar
 
     Raises (Triton backend): ValueError/TypeError on wrong shapes, dtypes or devices.
     """
-    if backend_for(heading) == "triton":
+    if op_backend(backend, heading) == "triton":
         return _inverse_bicycle_triton(
             pos, heading, speed, length, target_pos, target_heading, target_speed, target_valid, dt
         )

@@ -213,7 +213,8 @@ def _ema_report_triton(slots, has_data, block_n: int | None = None, out=None):
 
 
 def ema_update(
-    slots: torch.Tensor, has_data: torch.Tensor, episode: torch.Tensor, done: torch.Tensor, alpha: float
+    slots: torch.Tensor, has_data: torch.Tensor, episode: torch.Tensor, done: torch.Tensor, alpha: float, *,
+    backend: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fold the metrics of just-finished episodes into the per-agent EMA slots, in place.
 
@@ -225,6 +226,10 @@ def ema_update(
         done: [N] bool, True where a slot's episode finished at this step.
         alpha: smoothing factor in [0, 1) (``EnvConfig.log_ema_alpha``, default 0.707); 0 keeps
             only the last episode.
+        backend: :func:`gpusim.backend.op_backend` (default from ``slots``: ``"cupy"`` on CUDA
+            tensors when CuPy is usable, else ``"triton"``; ``"torch"`` on the CPU): ``"cupy"`` runs
+            the CUDA C kernel (``gpusim/kernels/cuda/ema.cu``), ``"triton"`` the Triton kernel
+            (CUDA tensors, or the interpreter), ``"torch"`` / ``"c"`` :func:`ema_update_reference`.
 
     Returns:
         ``(slots, has_data)``: the same tensor objects, updated. For ``done`` rows: first
@@ -233,22 +238,22 @@ def ema_update(
 
     Raises:
         TypeError: non-tensor or wrong dtype. ValueError: wrong shapes, mixed devices,
-        non-contiguous ``slots``/``has_data``, alpha outside [0, 1).
-
-    Dispatch: CuPy CUDA C kernel on CUDA tensors when CuPy is usable, else Triton on CUDA tensors
-    (or ``GPUSIM_BACKEND=triton``), else :func:`ema_update_reference`.
+        non-contiguous ``slots``/``has_data``, alpha outside [0, 1); a backend the tensors cannot
+        run (:func:`gpusim.backend.op_backend`). RuntimeError: ``"cupy"`` without a usable CuPy.
     """
     _check_update(slots, has_data, episode, done, alpha)
-    if _backend.use_cupy(slots):
+    name = _backend.op_backend(backend, slots, _backend.WITH_CUPY)
+    if name == "cupy":
         from gpusim.kernels import cuda as _cuda
 
         return _cuda.ema_update_cupy(slots, has_data, episode, done, alpha)
-    if _backend.backend_for(slots) == "triton":
+    if name == "triton":
         return _ema_update_triton(slots, has_data, episode, done, alpha)
     return ema_update_reference(slots, has_data, episode, done, alpha)
 
 
-def ema_report(slots: torch.Tensor, has_data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def ema_report(slots: torch.Tensor, has_data: torch.Tensor, *, backend: str | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Population mean of the EMA slots that have data.
 
     Args:
@@ -262,14 +267,16 @@ def ema_report(slots: torch.Tensor, has_data: torch.Tensor) -> tuple[torch.Tenso
     Raises:
         TypeError: non-tensor or wrong dtype. ValueError: wrong shapes or mixed devices.
 
-    Dispatch as :func:`ema_update`. Backends sum in different orders (float32 rounding differs).
+    ``backend`` and its errors as :func:`ema_update`. Backends sum in different orders (float32
+    rounding differs).
     """
     _check_report(slots, has_data)
-    if _backend.use_cupy(slots):
+    name = _backend.op_backend(backend, slots, _backend.WITH_CUPY)
+    if name == "cupy":
         from gpusim.kernels import cuda as _cuda
 
         return _cuda.ema_report_cupy(slots, has_data)
-    if _backend.backend_for(slots) == "triton":
+    if name == "triton":
         return _ema_report_triton(slots, has_data)
     return ema_report_reference(slots, has_data)
 
@@ -313,12 +320,13 @@ class EmaLog:
         self.slots = torch.zeros(num_slots, len(names), dtype=torch.float32, device=device)
         self.has_data = torch.zeros(num_slots, dtype=torch.bool, device=device)
 
-    def update(self, episode_metrics: torch.Tensor, done: torch.Tensor) -> None:
+    def update(self, episode_metrics: torch.Tensor, done: torch.Tensor, *, backend: str | None = None) -> None:
         """Fold finished episodes in (device only, no host sync).
 
         Args:
             episode_metrics: [N, M] metrics of episodes finishing now (any float dtype; cast to float32).
             done: [N] bool (other dtypes are compared with 0).
+            backend: as :func:`ema_update`.
 
         Raises:
             ValueError / TypeError: as :func:`ema_update` for wrong shapes or devices.
@@ -327,7 +335,7 @@ class EmaLog:
             episode_metrics = episode_metrics.to(torch.float32)
         if done.dtype != torch.bool:
             done = done != 0
-        ema_update(self.slots, self.has_data, episode_metrics, done, self.alpha)
+        ema_update(self.slots, self.has_data, episode_metrics, done, self.alpha, backend=backend)
 
     def report(self) -> dict[str, float]:
         """``{name: population mean, ..., "n": slots with data}``, or ``{}`` while no slot has data.

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
+from gpusim.backend import op_backend
 
 
 def episode_mask_reference(terminal: torch.Tensor, removed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,13 +141,16 @@ def _episode_mask_triton(terminal: torch.Tensor, removed: torch.Tensor, allowed_
     return allowed_out.view(torch.bool), position_out
 
 
-def episode_mask(terminal: torch.Tensor, removed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def episode_mask(terminal: torch.Tensor, removed: torch.Tensor, *, backend: str | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Attention mask and positions within the episode for whole rollout rows.
 
     Args:
         terminal: [B, T] bool, ``True`` at the last step of an episode.
         removed: [B, T] bool, ``True`` where the agent was out of play when the step's
             observation was taken (hidden as a key from every other query).
+        backend: :func:`gpusim.backend.op_backend` (default from ``terminal``): the Triton kernel
+            under ``"triton"`` / ``"cupy"``, else :func:`episode_mask_reference`.
 
     Returns:
         ``(allowed, position)``: ``allowed`` [B, T, T] bool (``allowed[b, q, k]``: query ``q``
@@ -157,6 +160,6 @@ def episode_mask(terminal: torch.Tensor, removed: torch.Tensor) -> tuple[torch.T
     Raises:
         ValueError: if the shapes differ, are not 2-D, or the dtypes are not bool.
     """
-    if backend_for(terminal) == "triton":
+    if op_backend(backend, terminal) == "triton":
         return _episode_mask_triton(terminal, removed)
     return episode_mask_reference(terminal, removed)

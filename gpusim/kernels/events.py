@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import op_backend
+from gpusim.backend import WITH_C, op_backend
 from gpusim.enums import ContactBehavior, GoalBehavior
 from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, declare_struct_entry
 from gpusim.kernels.checks import check_tensors
@@ -266,14 +266,14 @@ def events(
     """Goals, rewards, contact behaviours, early truncation and terminal flags of one step.
 
     Same signature, semantics and errors as :func:`events_reference`; ``backend``: ``"torch"`` |
-    ``"triton"`` | ``"c"`` (default :func:`gpusim.backend.backend_for`); ``check``: the C kernel's
-    argument checks (:func:`events_cpu`), ignored by the others.
+    ``"triton"`` | ``"c"`` | ``"cupy"`` (the Triton kernel; default :func:`gpusim.backend.op_backend`);
+    ``check``: the C kernel's argument checks (:func:`events_cpu`), ignored by the others.
     """
     args = (pos, goal, speed, controlled, in_play, present, collided, offroad, hit,
             stopped, contact_stopped, removed, world_done, episode_end, slot_active, slot_done,
             goal_radius, reward_goal, reward_collision, reward_offroad,
             goal_behavior, collision_behavior, offroad_behavior, stop_truncate_fraction)
-    name = op_backend(backend, pos)
+    name = op_backend(backend, pos, WITH_C)
     if name == "c":
         return events_cpu(*args, check=check)
     if name == "triton":  # the kernel indexes raw pointers: contiguous inputs (a no-op when they are)

@@ -30,7 +30,7 @@ from typing import Callable
 
 import torch
 
-from gpusim.backend import op_backend
+from gpusim.backend import WITH_C, op_backend
 from gpusim.kernels import dynamics
 from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, declare_struct_entry
 from gpusim.kernels.trimath import PI, TWO_PI
@@ -54,8 +54,10 @@ def move_slots(controlled, present, stopped, removed, world_done, pos, heading, 
         actions: discrete [W, C] int64 joint indices; continuous [W, C, 2] float32 in [-1, 1].
         action_space: ``gpusim.config.ActionSpace`` value. dt: step (s).
         forward: the dynamics model's one-step dispatcher (keywords ``pos, heading, speed, length,
-            accel, steer, moving, dt`` on [W, C] tensors); default the kinematic bicycle.
-        backend: ``"torch"`` | ``"triton"`` | ``"c"``, default :func:`gpusim.backend.backend_for`.
+            accel, steer, moving, dt`` on [W, C] tensors and ``backend``, this call's ``backend``
+            handed down); default the kinematic bicycle.
+        backend: ``"torch"`` | ``"triton"`` | ``"c"`` | ``"cupy"`` (the Triton kernel), default
+            :func:`gpusim.backend.op_backend`.
         check: False skips the C kernels' argument checks (``StepVars.checked``).
 
     Returns:
@@ -66,7 +68,7 @@ def move_slots(controlled, present, stopped, removed, world_done, pos, heading, 
         ValueError: a tensor of the wrong shape, dtype or device; an action tensor that does not
             match ``action_space``.
     """
-    name = op_backend(backend, pos)
+    name = op_backend(backend, pos, WITH_C)
     forward = dynamics.bicycle_step if forward is None else forward
     C = actions.shape[1]
     bicycle_c = name == "c" and forward is dynamics.bicycle_step
@@ -84,7 +86,7 @@ def move_slots(controlled, present, stopped, removed, world_done, pos, heading, 
         return play, mask, pos, heading, speed
     p, h, v = forward(pos=pos[:, :C].contiguous(), heading=heading[:, :C].contiguous(),
                       speed=speed[:, :C].contiguous(), length=length[:, :C].contiguous(), accel=accel.contiguous(),
-                      steer=steer.contiguous(), moving=mask, dt=dt)
+                      steer=steer.contiguous(), moving=mask, dt=dt, backend=backend)
     return (play, mask, torch.cat([p, pos[:, C:]], dim=1), torch.cat([h, heading[:, C:]], dim=1),
             torch.cat([v, speed[:, C:]], dim=1))
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
+from gpusim.backend import op_backend
 from gpusim.kernels.checks import check_tensors
 from gpusim.enums import RoadType
 from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
@@ -269,18 +269,20 @@ def _new_goal_triton(mask, rand, scenario, pos, heading, goal, grid_road, grid_o
 
 
 def new_goal(mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, grid_dims, cell_size,
-             road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE, grid_start=None):
+             road_seg, road_type, min_ahead, max_dist, fallback, lane_type=LANE_TYPE, grid_start=None, *,
+             backend: str | None = None):
     """New goals for the agents in ``mask`` (rule in the module docstring).
 
     Same signature, semantics and errors as :func:`new_goal_reference`. Runs the Triton kernel
-    when :func:`gpusim.backend.backend_for` says ``"triton"`` (CUDA tensors, or
+    when ``backend`` (:func:`gpusim.backend.op_backend`, default from ``pos``) is ``"triton"`` or
+    ``"cupy"`` (CUDA tensors, or
     ``TRITON_INTERPRET=1`` with the backend forced); on CPU tensors the torch path computes only
     the masked rows (equal to the dense reference bit for bit); forced ``torch`` on a CUDA device
     runs the dense reference (no host synchronisation).
     """
     args = (mask, rand, scenario, pos, heading, goal, grid_road, grid_origin, grid_dims, cell_size,
             road_seg, road_type, min_ahead, max_dist, fallback, lane_type, grid_start)
-    if backend_for(pos) == "triton":
+    if op_backend(backend, pos) == "triton":
         return _new_goal_triton(*args)
     if pos.device.type == "cpu":
         return new_goal_compact(*args)

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import op_backend
+from gpusim.backend import WITH_C, op_backend
 from gpusim.kernels.cbuild import (STEP_LABEL, CLibrary, CStruct, bool_out, c_tensor, check_index_range,
                                    declare_struct_entry, heading_trig_of)
 from gpusim.kernels.grid import cell_index, cell_index_jit, grid_table_rows
@@ -247,7 +247,8 @@ def offroad(
         grid_start: [S] int64 first row of each scenario in a compact ``grid_edge`` (None: padded).
         num_slots: test only the first ``num_slots`` agents of each world (the env's policy slots;
             the others are False); None: all A.
-        backend: ``"torch"`` | ``"triton"`` | ``"c"``, default :func:`gpusim.backend.backend_for`.
+        backend: ``"torch"`` | ``"triton"`` | ``"c"`` | ``"cupy"`` (the Triton kernel), default
+            :func:`gpusim.backend.op_backend`.
         check, cos_h, sin_h, out: C backend only (:func:`offroad_cpu`); ignored otherwise.
 
     Returns:
@@ -255,7 +256,7 @@ def offroad(
 
     Raises (Triton and C backends): ValueError on wrong shapes, dtypes or devices.
     """
-    name = op_backend(backend, heading)
+    name = op_backend(backend, heading, WITH_C)
     if name == "c":
         return offroad_cpu(pos, heading, length, width, present, scenario, road_seg, grid_edge, grid_origin,
                            grid_dims, cell_size, box_scale, grid_start, num_slots, cos_h=cos_h, sin_h=sin_h,

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import op_backend
+from gpusim.backend import WITH_C, op_backend
 from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, c_tensor, check_index_range, declare_struct_entry
 from gpusim.kernels.clocks import log_index
 
@@ -170,11 +170,12 @@ def replay(pos, heading, speed, present, replayed, scenario, log_index,
     """Poses of log-replayed agents at each world's log index.
 
     Same signature, semantics and errors as :func:`replay_reference`; ``backend``: ``"torch"`` |
-    ``"triton"`` | ``"c"`` (:func:`replay_cpu`), default :func:`gpusim.backend.backend_for`.
+    ``"triton"`` | ``"c"`` (:func:`replay_cpu`) | ``"cupy"`` (the Triton kernel), default
+    :func:`gpusim.backend.op_backend`.
     """
     args = (pos, heading, speed, present, replayed, scenario, log_index, traj_pos, traj_heading, traj_vel,
             traj_valid)
-    name = op_backend(backend, pos)
+    name = op_backend(backend, pos, WITH_C)
     if name == "c":
         return replay_cpu(*args)
     return (_replay_triton if name == "triton" else replay_reference)(*args)
@@ -196,7 +197,7 @@ def replay_state(pos, heading, speed, present, controlled, removed, scenario, st
     Raises:
         ValueError: a tensor of the wrong shape, dtype or device.
     """
-    name = op_backend(backend, pos)
+    name = op_backend(backend, pos, WITH_C)
     if name == "c":
         return replay_state_cpu(pos, heading, speed, present, controlled, removed, scenario, step, trial_start,
                                 init_steps, traj_pos, traj_heading, traj_vel, traj_valid, check=check)

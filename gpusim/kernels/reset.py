@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
+from gpusim.backend import op_backend
 from gpusim.kernels.checks import check_tensors
 
 
@@ -197,15 +197,16 @@ def _reset_agents_triton(mask, scenario, log_index, traj_pos, traj_heading, traj
 
 
 def reset_agents(mask, scenario, log_index, traj_pos, traj_heading, traj_vel, traj_valid, agent_exists,
-                 pos, heading, speed, present, set_present=True):
+                 pos, heading, speed, present, set_present=True, *, backend: str | None = None):
     """Selected agents take their logged pose (and presence) at log step ``log_index``.
 
     Same signature, semantics and errors as :func:`reset_agents_reference`; runs the Triton
-    kernel when :func:`gpusim.backend.backend_for` says ``"triton"`` (CUDA tensors, or
-    ``TRITON_INTERPRET=1`` with the backend forced), else the torch reference. The Triton speed
+    kernel when ``backend`` (:func:`gpusim.backend.op_backend`, default from ``traj_pos``) is
+    ``"triton"`` or ``"cupy"`` (CUDA tensors, or ``TRITON_INTERPRET=1`` with the backend forced),
+    else the torch reference. The Triton speed
     is ``sqrt(vx*vx + vy*vy)`` (may differ from torch's norm in the last bit).
     """
-    if backend_for(traj_pos) == "triton":
+    if op_backend(backend, traj_pos) == "triton":
         return _reset_agents_triton(mask, scenario, log_index, traj_pos, traj_heading, traj_vel, traj_valid,
                                     agent_exists, pos, heading, speed, present, set_present)
     return reset_agents_reference(mask, scenario, log_index, traj_pos, traj_heading, traj_vel, traj_valid,

@@ -41,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for, op_backend
+from gpusim.backend import WITH_C, op_backend
 from gpusim.kernels.cbuild import STEP_LABEL, CLibrary, CStruct, check_index_range, checker, declare_struct_entry
 from gpusim.kernels.clocks import log_index
 from gpusim.enums import RED_SIGNAL_STATES, SignalState
@@ -319,11 +319,12 @@ def _signal_obs_triton(pos, heading, active, scenario, log_index, signal_pos, si
 
 
 def signal_observations(pos, heading, active, scenario, log_index, signal_pos, signal_dir, signal_state,
-                        signal_valid, num_signals, num_obs, radius, out=None, offset=0):
+                        signal_valid, num_signals, num_obs, radius, out=None, offset=0, *, backend: str | None = None):
     """The signal block of the observations (same signature, result and errors as
-    :func:`signal_observations_reference`, whose docstring has the shapes and units); the Triton
-    kernel where :func:`gpusim.backend.backend_for` says ``"triton"``, else the torch reference."""
-    fn = _signal_obs_triton if backend_for(pos) == "triton" else signal_observations_reference
+    :func:`signal_observations_reference`, whose docstring has the shapes and units); ``backend``
+    (:func:`gpusim.backend.op_backend`): the Triton kernel under ``"triton"`` / ``"cupy"``, else the
+    torch reference."""
+    fn = _signal_obs_triton if op_backend(backend, pos) == "triton" else signal_observations_reference
     return fn(pos=pos, heading=heading, active=active, scenario=scenario, log_index=log_index,
               signal_pos=signal_pos, signal_dir=signal_dir, signal_state=signal_state, signal_valid=signal_valid,
               num_signals=num_signals, num_obs=num_obs, radius=radius, out=out, offset=offset)
@@ -482,11 +483,11 @@ def red_light_violation(pos_before, pos, heading, moving, scenario, log_index, s
     """Which slots crossed the stop line of a red signal during the step (same signature, result
     and errors as :func:`red_light_violation_reference`, whose docstring has the shapes and units).
     ``backend``: ``"torch"`` | ``"triton"`` | ``"c"`` (:func:`red_light_cpu`; ``check`` is its
-    argument checks), default :func:`gpusim.backend.backend_for`."""
+    argument checks) | ``"cupy"`` (the Triton kernel), default :func:`gpusim.backend.op_backend`."""
     kw = dict(pos_before=pos_before, pos=pos, heading=heading, moving=moving, scenario=scenario, log_index=log_index,
               signal_pos=signal_pos, signal_dir=signal_dir, signal_state=signal_state, signal_valid=signal_valid,
               num_signals=num_signals, half_width=half_width, min_cos=min_cos)
-    name = op_backend(backend, pos)
+    name = op_backend(backend, pos, WITH_C)
     if name == "c":
         return red_light_cpu(**kw, check=check)
     return (_red_light_triton if name == "triton" else red_light_violation_reference)(**kw)
@@ -504,7 +505,7 @@ def red_light_state(pos_before, pos, heading, moving, scenario, step, trial_star
     Returns:
         [W, C] bool. Raises: as :func:`red_light_violation`.
     """
-    name = op_backend(backend, pos)
+    name = op_backend(backend, pos, WITH_C)
     W, C = pos_before.shape[:2]
     if name == "c" and not check and _no_signals(num_signals):
         return torch.zeros(W, C, dtype=torch.bool)

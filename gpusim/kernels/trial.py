@@ -44,7 +44,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpusim.backend import backend_for
+from gpusim.backend import op_backend
 from gpusim.kernels.checks import check_tensors
 from gpusim.kernels.clocks import trial_time
 
@@ -292,16 +292,17 @@ def trial_step(
     goal_now, collided, offroad, removed, present, controlled, slot_active, slot_done,
     world_done, truncated, episode_end, step, trial_start, trial_count,
     trial_goal, trial_collided, trial_offroad, trial_score,
-    per_trial_timeout: int, k_trials: int,
+    per_trial_timeout: int, k_trials: int, *, backend: str | None = None,
 ) -> TrialOut:
     """One step of the trial state machine (rules in the module docstring).
 
-    Same signature, semantics and errors as :func:`trial_step_reference`; dispatches with
-    :func:`gpusim.backend.backend_for` (Triton kernel: one program per world).
+    Same signature, semantics and errors as :func:`trial_step_reference`; ``backend``
+    (:func:`gpusim.backend.op_backend`, default from ``goal_now``): the Triton kernel (one program
+    per world) under ``"triton"`` / ``"cupy"``, else the reference.
     """
     args = (goal_now, collided, offroad, removed, present, controlled, slot_active, slot_done,
             world_done, truncated, episode_end, step, trial_start, trial_count,
             trial_goal, trial_collided, trial_offroad, trial_score, per_trial_timeout, k_trials)
-    if backend_for(goal_now) == "triton":
+    if op_backend(backend, goal_now) == "triton":
         return _trial_step_triton(*args)
     return trial_step_reference(*args)

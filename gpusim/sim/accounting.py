@@ -49,6 +49,6 @@ def record_finished(ctx: SimContext, state: EnvState, step: StepVars, changes: d
     values = episode_rows(tallies, cfg.k_trials if cfg.trial_mode else None)
     # roles (gpusim/sim/roles.py): egos feed the main log, co-players their own (ego = slot_active
     # without co-players, and terminal is only set on active slots, so nothing changes then)
-    ctx.metrics.add(values, step.terminal & state.ego)
+    ctx.metrics.add(values, step.terminal & state.ego, step.backend)
     if ctx.coplayer_metrics is not None:
-        ctx.coplayer_metrics.add(values, step.terminal & ~state.ego)
+        ctx.coplayer_metrics.add(values, step.terminal & ~state.ego, step.backend)

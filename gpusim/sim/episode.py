@@ -27,11 +27,12 @@ def draw_scenarios(ctx: SimContext) -> torch.Tensor:
     return torch.randint(ctx.pack.num_scenarios, (ctx.num_worlds,), generator=ctx.generator, device=ctx.device)
 
 
-def initial_state(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
+def initial_state(ctx: SimContext, scenario: torch.Tensor, backend: str | None = None) -> EnvState:
     """The state of every world at the start of an episode of ``scenario`` [W] (int64).
 
-    Poses and presence at log index ``init_steps`` come from ``kernels.reset.reset_agents``; sizes,
-    goals and types from the pack; every other field is zero (its declaration in ``EnvState``).
+    Poses and presence at log index ``init_steps`` come from ``kernels.reset.reset_agents`` (on
+    ``backend``: the step's; None outside a step, resolved from the pack's tensors); sizes, goals
+    and types from the pack; every other field is zero (its declaration in ``EnvState``).
     """
     p, cfg = ctx.pack, ctx.config
     s = scenario.to(torch.int64).contiguous()
@@ -48,6 +49,7 @@ def initial_state(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
         heading=None,
         speed=None,
         present=None,
+        backend=backend,
     )
     agent_index = torch.arange(cfg.max_agents, device=ctx.device)[None, :]
     return EnvState.build(
@@ -66,7 +68,7 @@ def initial_state(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
     )
 
 
-def begin_episode(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
+def begin_episode(ctx: SimContext, scenario: torch.Tensor, backend: str | None = None) -> EnvState:
     """Start a new episode of ``scenario`` [W]: resets the host clock, draws the slots' roles
     (``gpusim.sim.roles.assign_roles``) and, with reward conditioning, the agents' styles
     (``gpusim.sim.styles.draw_styles``) and, in the memory task, the candidate goals
@@ -74,9 +76,10 @@ def begin_episode(ctx: SimContext, scenario: torch.Tensor) -> EnvState:
     restarts) and returns a copy of it to run. With the training randomisations on, each world
     first moves to its random start step (``gpusim.sim.random_start.start_state``) and the goals
     are redrawn (``gpusim.sim.goal_resample.resample_goals``); off, neither draws. The partner task
-    draws its partner types last (``gpusim.sim.partner_task.begin_partner``)."""
+    draws its partner types last (``gpusim.sim.partner_task.begin_partner``). ``backend``: the
+    step's (:func:`initial_state`)."""
     ctx.t = 0
-    state = assign_roles(ctx, start_state(ctx, initial_state(ctx, scenario)))
+    state = assign_roles(ctx, start_state(ctx, initial_state(ctx, scenario, backend)))
     ctx.start = begin_partner(ctx, resample_goals(ctx, draw_candidates(ctx, draw_styles(ctx, state))))
     return ctx.start.clone()
 
@@ -89,7 +92,7 @@ def restart(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
             new = ctx.pool.episode_done()
             if new is not None:
                 ctx.pack = training_pack(new, ctx.config)  # EnvConfig.mirror (gpusim/data/mirror.py)
-        return begin_episode(ctx, draw_scenarios(ctx)).tensors()
+        return begin_episode(ctx, draw_scenarios(ctx), step.backend).tensors()
     if step.restart is not None:
         return state.where(step.restart, ctx.start, keep=TRIAL_KEEP).tensors()
     return {}

@@ -36,13 +36,14 @@ def goals(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         return {}
     again = (step.goal_now & ~state.stopped & ~state.removed).contiguous()
     if behavior == GoalBehavior.RESPAWN:
-        return respawn(ctx, state, again)
-    return {"goal": sample_new_goals(ctx, state, again)}
+        return respawn(ctx, state, again, step.backend)
+    return {"goal": sample_new_goals(ctx, state, again, step.backend)}
 
 
-def respawn(ctx: SimContext, state: EnvState, mask: torch.Tensor) -> dict:
+def respawn(ctx: SimContext, state: EnvState, mask: torch.Tensor, backend: str | None = None) -> dict:
     """Agents in ``mask`` [W, A] take their pose at log index ``init_steps`` (with random start:
-    their pose at the episode's start, :func:`gpusim.sim.random_start.respawn_pose`)."""
+    their pose at the episode's start, :func:`gpusim.sim.random_start.respawn_pose`). ``backend``:
+    the step's (``StepVars.backend``)."""
     if ctx.config.random_start_steps > 0:
         return respawn_pose(ctx, state, mask)
     p = ctx.pack
@@ -60,12 +61,15 @@ def respawn(ctx: SimContext, state: EnvState, mask: torch.Tensor) -> dict:
         speed=state.speed.contiguous(),
         present=None,
         set_present=False,
+        backend=backend,
     )
     return {"pos": pos, "heading": heading, "speed": speed}
 
 
-def sample_new_goals(ctx: SimContext, state: EnvState, mask: torch.Tensor) -> torch.Tensor:
-    """New goals [W, A, 2] for agents in ``mask`` [W, A] (others keep theirs).
+def sample_new_goals(ctx: SimContext, state: EnvState, mask: torch.Tensor, backend: str | None = None
+                     ) -> torch.Tensor:
+    """New goals [W, A, 2] for agents in ``mask`` [W, A] (others keep theirs), computed on
+    ``backend`` (the step's, ``StepVars.backend``).
 
     The midpoint of a lane segment among the agent cell's ``grid_road`` candidates, at least
     ``NEW_GOAL_MIN_AHEAD`` m ahead along the heading and at most ``NEW_GOAL_MAX_DIST`` m away, the
@@ -94,4 +98,5 @@ def sample_new_goals(ctx: SimContext, state: EnvState, mask: torch.Tensor) -> to
         max_dist=NEW_GOAL_MAX_DIST,
         fallback=NEW_GOAL_FALLBACK,
         lane_type=int(RoadType.LANE),
+        backend=backend,
     )

@@ -34,7 +34,12 @@ from gpusim.state import EnvState
 
 
 class DynamicsModel(NamedTuple):
-    """A dynamics model: ``forward`` (one step) and ``inverse`` (controls toward a target pose)."""
+    """A dynamics model: ``forward`` (one step) and ``inverse`` (controls toward a target pose).
+
+    Both are dispatchers of a kernel module: they take the tensors as keywords
+    (``gpusim.kernels.dynamics.bicycle_step`` / ``inverse_bicycle`` have the shapes) and
+    ``backend`` (the step's backend, ``gpusim.backend.op_backend``; None: resolved from the
+    tensors)."""
 
     forward: Callable
     inverse: Callable

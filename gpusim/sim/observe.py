@@ -111,7 +111,8 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
             pos=slots(state.pos, C), heading=slots(state.heading, C), active=active, scenario=state.scenario,
             log_index=signal_log_index(ctx, state), signal_pos=p.signal_pos, signal_dir=p.signal_dir,
             signal_state=p.signal_state, signal_valid=p.signal_valid, num_signals=p.num_signals,
-            num_obs=cfg.num_signals, radius=cfg.road_radius, out=full, offset=lay.signals.start)
+            num_obs=cfg.num_signals, radius=cfg.road_radius, out=full, offset=lay.signals.start,
+            backend=step.backend)
     if n_style:
         full[..., lay.style].copy_(style_observation(ctx, state, active))
     if n_cand:

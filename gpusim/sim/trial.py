@@ -48,6 +48,7 @@ def trial(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         trial_score=state.trial_score,
         per_trial_timeout=cfg.scenario_length,
         k_trials=cfg.k_trials,
+        backend=step.backend,
     )
     # goal reached in the trial that ended (docs/design.md section 9's trial_k_score; the kernel's
     # trial_score is the stricter clean score): a few elementwise ops, no sync

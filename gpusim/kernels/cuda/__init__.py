@@ -11,7 +11,8 @@ library ``host_abi.cpp``), and ``common.cuh`` holds the portability macros.
   ``__cuda_array_interface__`` through ``cupy.asarray``); kernels run on the tensor's device and on
   torch's current CUDA stream, so they order correctly with surrounding torch work.
 
-Which kernels run here is decided by ``gpusim.backend.use_cupy`` in the calling kernel module.
+They run under the ``"cupy"`` backend: the calling kernel module's dispatcher runs them when
+``gpusim.backend.op_backend`` resolves to ``"cupy"`` (the default on CUDA tensors with CuPy usable).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.backend import backend_for
+from gpusim.backend import op_backend
 from gpusim.kernels.obs_layout import (  # noqa: F401  (re-exported: the layout is part of this API)
     EGO_EXTRA,
     EGO_FEATURES,
@@ -108,8 +108,13 @@ def observations(
     grid_road: torch.Tensor, grid_origin: torch.Tensor, grid_dims: torch.Tensor, cell_size: float,
     num_partners: int, partner_radius: float, road_radius: float, out: torch.Tensor | None = None,
     rows: torch.Tensor | None = None, grid_start: torch.Tensor | None = None, written: torch.Tensor | None = None,
+    *, backend: str | None = None,
 ) -> torch.Tensor:
     """Ego-centric observation of every policy slot (layout: :func:`obs_layout`, module docstring).
+
+    ``backend`` (:func:`gpusim.backend.op_backend`; default from ``pos``): the Triton kernel under
+    ``"triton"`` / ``"cupy"``, else the torch reference (the env's C kernel is
+    :func:`~gpusim.kernels.observations.state.observations_state`'s).
 
     Args:
         pos: [W, A, 2] float32 agent centres (m, scenario-centred frame).
@@ -163,7 +168,7 @@ def observations(
             is not a contiguous bool tensor of W*C elements on the same device, or is given
             without ``out`` or with ``rows``.
     """
-    impl = observations_triton if backend_for(pos) == "triton" else observations_reference
+    impl = observations_triton if op_backend(backend, pos) == "triton" else observations_reference
     return impl(pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
                 present=present, goal=goal, ego_extra=ego_extra, ego_active=ego_active, scenario=scenario,
                 road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from gpusim.backend import op_backend
+from gpusim.backend import WITH_C, op_backend
 from gpusim.kernels.cbuild import heading_trig
 from gpusim.kernels.observations.cpu import (cpu_kernel_available, load_library, observations_cpu_state,
                                               observations_cpu_static, state_call)
@@ -42,7 +42,8 @@ def observations_state(pos, heading, speed, length, width, agent_type, present, 
         buffer allowed). zero_tail: columns after the first D that the C kernel zeroes in the rows
         it writes, in the same pass (the env: the signal block of a pack without signals); the
         other backends leave them alone (see the result's second entry).
-        backend: ``"torch"`` | ``"triton"`` | ``"c"``, default :func:`gpusim.backend.backend_for`.
+        backend: ``"torch"`` | ``"triton"`` | ``"c"`` | ``"cupy"`` (the Triton kernel), default
+            :func:`gpusim.backend.op_backend`.
         check: the C kernel's argument checks. static: its per-pack arguments
             (``observations_cpu_static``), a function of no argument returning them (called on
             the C backend only), or None.
@@ -56,7 +57,7 @@ def observations_state(pos, heading, speed, length, width, agent_type, present, 
     Raises:
         ValueError: as the kernels, naming the argument.
     """
-    name = op_backend(backend, pos)
+    name = op_backend(backend, pos, WITH_C)
     if name == "c" and cpu_kernel_available():
         return observations_cpu_state(
             pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
