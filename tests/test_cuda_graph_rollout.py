@@ -325,7 +325,7 @@ def test_async_bad_action_is_raised_after_a_graphed_rollout():
         env, pol, buf, cache = _setup(cfg)
         calls = []
 
-        def sample(logits, deterministic=False):  # NaN actions from the 4th step on: a replayed step
+        def sample(logits, deterministic=False, temperature=1.0):  # NaN actions from the 4th step on: a replayed step
             calls.append(1)  # (a Python counter: fine for the fake capture, which re-runs Python)
             return torch.full_like(logits, float("nan") if len(calls) >= 4 else 0.0)
 

@@ -22,7 +22,7 @@ def small_policy(env):
 def scripted(policy, env, fn):
     """Make ``policy`` act by ``fn(env) -> [W, C]`` actions (logits, values and the cache stay the
     policy's own, so the rollout exercises the real memory path)."""
-    policy.sample = lambda logits, deterministic=False: fn(env).reshape(-1)
+    policy.sample = lambda logits, deterministic=False, temperature=1.0: fn(env).reshape(-1)
     return policy
 
 
