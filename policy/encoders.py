@@ -5,7 +5,8 @@ The observation vector (docs/contracts.md, ``obs_layout``) is
 last feature of every partner and road slot is its valid flag (1 valid, 0 padding). The encoder
 (docs/design.md section 11) is
 
-* ego MLP,
+* ego MLP over the ego block and every other per-agent block of the layout (the style and
+  candidate blocks when present: every block no set encoder reads, :func:`ego_mlp_blocks`),
 * partner encoder: a linear layer + ReLU applied to each slot, a max-pool over the *valid* slots,
   then a second linear layer on the pooled vector,
 * road encoder: the same over the road slots (the type one-hot is part of the slot features),
@@ -37,9 +38,19 @@ from torch import nn
 
 from gpusim.kernels.obs_layout import layout_from_sizes
 
-#: The blocks the ego MLP reads, concatenated in this order: the ego block, then the driving-style
-#: and memory-task candidate blocks (per-agent vectors, not slot sets).
-EGO_MLP_BLOCKS = ("ego", "style", "candidates")
+#: The blocks read by a set encoder (:class:`SlotEncoder`, one per block: ``partner_set``,
+#: ``road_set``, ``signal_set``). Every other block of the layout is a per-agent vector that the
+#: ego MLP reads (:func:`ego_mlp_blocks`).
+SET_BLOCKS = ("partners", "roads", "signals")
+
+
+def ego_mlp_blocks(layout) -> tuple[str, ...]:
+    """The blocks the ego MLP reads, concatenated in layout order: every block of ``layout`` (an
+    :class:`~gpusim.kernels.obs_layout.ObsLayout`, the one table
+    ``gpusim.kernels.obs_layout.BLOCKS``) not read by a set encoder (:data:`SET_BLOCKS`). For
+    today's table: ``("ego", "style", "candidates")``; a new block of the table is read here with
+    no edit of this module."""
+    return tuple(n for n, _ in layout.blocks if n not in SET_BLOCKS)
 
 
 @dataclass(frozen=True)
@@ -78,9 +89,10 @@ class ObsDims:
 
     @property
     def tail_dim(self) -> int:
-        """Columns of the blocks the ego MLP reads with the ego block (:data:`EGO_MLP_BLOCKS`
-        after ``ego``): ``style_dim + candidate_dim``."""
-        return self.style_dim + self.candidate_dim
+        """Columns of the blocks the ego MLP reads with the ego block (:func:`ego_mlp_blocks` after
+        ``ego``; today ``style_dim + candidate_dim``)."""
+        lay = self.layout()
+        return sum(lay.block(n).stop - lay.block(n).start for n in ego_mlp_blocks(lay)) - self.ego_dim
 
     @property
     def obs_dim(self) -> int:
@@ -298,6 +310,8 @@ class ObsEncoder(nn.Module):
         # the observation's blocks by their slices: the full layout and the compact one (road
         # slots beyond max_roads dropped, :meth:`compact`)
         self.layouts = {False: dims.layout(), True: dims.layout(num_roads=self.num_roads_used)}
+        # the ego MLP reads every block no set encoder reads, in layout order (ego, style, candidates)
+        self.ego_blocks = ego_mlp_blocks(self.layouts[False])
         self.ego = _mlp(dims.ego_dim + dims.tail_dim, hidden, hidden)
         self.partner_set = SlotEncoder(dims.partner_dim, hidden)
         self.road_set = SlotEncoder(dims.road_dim, hidden)
@@ -352,7 +366,7 @@ class ObsEncoder(nn.Module):
                              f"got {tuple(obs.shape)}")
         lead = obs.shape[:-1]
         lay = self.layouts[bool(compact) and self.compact_dim != self.layouts[False].obs_dim]
-        blocks = [obs[..., lay.block(n)] for n in EGO_MLP_BLOCKS if lay.block(n).stop > lay.block(n).start]
+        blocks = [obs[..., lay.block(n)] for n in self.ego_blocks if lay.block(n).stop > lay.block(n).start]
         ego = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
         partners = obs[..., lay.partners].reshape(*lead, d.num_partners, d.partner_dim)
         # slice the used road slots before the reshape (which copies the non-contiguous slice)

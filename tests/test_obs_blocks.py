@@ -5,6 +5,8 @@ hooks all follow it, so every real feature keeps its value and meaning, bit for 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -79,12 +81,36 @@ def test_dummy_block_every_consumer_follows(monkeypatch, packs, after):
             assert (obs0[..., lay0.signals] != 0).any()
     env0, obs0 = plain["tfrecord", True]
     env, obs = _rollout(packs["tfrecord"], True)
-    # the encoder: the same weights give the same tokens, whole and compact (fewer road slots)
+    # the encoder follows the block: its ego MLP reads it (no set encoder claims it) at its place
+    # among the per-agent blocks; with enc0's weights and zero weights on the dummy's columns it
+    # gives enc0's tokens, whole and compact (fewer road slots)
     enc = ObsEncoder(ObsDims.from_layout(env.obs_layout), d_model=16, hidden=8, max_roads=7)
-    enc.load_state_dict(enc0.state_dict())
     assert enc.dims.obs_dim == env.obs_layout.obs_dim
-    assert torch.equal(enc(obs), enc0(obs0))
-    assert torch.equal(enc(enc.compact(obs), compact=True), enc0(enc0.compact(obs0), compact=True))
+    ego_blocks = {"roads": ("ego", "dummy", "style", "candidates"), "signals": ("ego", "dummy", "style", "candidates"),
+                  "style": ("ego", "style", "dummy", "candidates"), "candidates": ("ego", "style", "candidates", "dummy")}
+    assert enc0.ego_blocks == ("ego", "style", "candidates") and enc.ego_blocks == ego_blocks[after]
+    lay0, lay = env0.obs_layout, env.obs_layout
+    before = ego_blocks[after][:ego_blocks[after].index("dummy")]
+    col = sum(lay0.block(n).stop - lay0.block(n).start for n in before)  # the dummy's first ego-MLP input
+    state = dict(enc0.state_dict())
+    w0 = state["ego.0.weight"]
+    w_dummy = torch.randn(w0.shape[0], DUMMY, generator=torch.Generator().manual_seed(3))
+    state["ego.0.weight"] = torch.cat([w0[:, :col], torch.zeros_like(w_dummy), w0[:, col:]], dim=1)
+    enc.load_state_dict(state)  # (a wider product: equal up to the summation order)
+    torch.testing.assert_close(enc(obs), enc0(obs0), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(enc(enc.compact(obs), compact=True), enc0(enc0.compact(obs0), compact=True),
+                               rtol=1e-6, atol=1e-6)
+    # ... and it reads the dummy's values: a constant x in the block adds w_dummy @ x to the first
+    # layer, the same as enc0 with that added to its bias
+    state["ego.0.weight"] = torch.cat([w0[:, :col], w_dummy, w0[:, col:]], dim=1)
+    enc.load_state_dict(state)
+    x = torch.linspace(-1.0, 1.0, DUMMY)
+    filled = obs.clone()
+    filled[..., lay.block("dummy")] = x
+    shifted = copy.deepcopy(enc0)  # (built on the table without the block)
+    shifted.load_state_dict({**enc0.state_dict(), "ego.0.bias": enc0.state_dict()["ego.0.bias"] + w_dummy @ x})
+    assert not torch.allclose(enc(filled), enc0(obs0), atol=1e-3)
+    torch.testing.assert_close(enc(filled), shifted(obs0), rtol=1e-5, atol=1e-5)
     # the renderer's decoder: the same ego, partners and roads
     got = decode_ego_observation(obs[-1, 0, row], env.obs_layout)
     assert got["ego"] == want["ego"]
