@@ -134,7 +134,7 @@ class ActorCritic(nn.Module):
         config = asdict(self.config)
         config["action_factors"] = list(config["action_factors"])
         return {
-            "dims": asdict(self.dims),
+            "dims": self.dims.describe(),
             "num_actions": self.num_actions,
             "continuous": self.continuous,
             "config": config,

@@ -65,7 +65,10 @@ class ObsDims:
         agent's own normalised reward weights, the last columns; 0 without reward conditioning),
         read by the ego MLP together with the ego block (docs/styles.md). candidate_dim: the
         memory task's candidate block (after the style block, the very last columns; 0 when off;
-        docs/trial.md), also read by the ego MLP.
+        docs/trial.md), also read by the ego MLP. extra: ``((key, value), ...)``, sorted, the
+        other sizes the block table read to build the layout (a block whose size is an
+        ``EnvConfig`` setting read by name, ``gpusim.kernels.obs_layout.BLOCKS``); ``()`` for
+        today's blocks.
     """
 
     ego_dim: int
@@ -77,12 +80,26 @@ class ObsDims:
     signal_dim: int = 0
     style_dim: int = 0
     candidate_dim: int = 0
+    extra: tuple = ()
+
+    def __post_init__(self):
+        # a description read back from a file may hold lists: the same pairs, as a sorted tuple
+        object.__setattr__(self, "extra", tuple(sorted((str(k), int(v)) for k, v in self.extra)))
+
+    def describe(self) -> dict:
+        """The sizes as plain data (a checkpoint's ``"dims"``); ``extra`` only when not empty, so a
+        policy of today's blocks is described as before."""
+        desc = dataclasses.asdict(self)
+        if not desc["extra"]:
+            del desc["extra"]
+        return desc
 
     def layout(self, num_roads: int | None = None):
         """The :class:`~gpusim.kernels.obs_layout.ObsLayout` of these sizes (the one block table,
         ``gpusim.kernels.obs_layout.BLOCKS``); ``num_roads``: with only that many road slots (the
         encoder's compact input)."""
-        sizes = dataclasses.asdict(self)
+        sizes = {**dataclasses.asdict(self), **dict(self.extra)}
+        del sizes["extra"]
         if num_roads is not None:
             sizes["num_roads"] = int(num_roads)
         return layout_from_sizes(**sizes)
@@ -102,12 +119,14 @@ class ObsDims:
     @classmethod
     def from_layout(cls, layout) -> "ObsDims":
         """Read the integers from any object that has them (e.g. ``env.obs_layout``; a layout
-        without ``num_signals`` has no signal block)."""
+        without ``num_signals`` has no signal block); ``extra``: the layout's other ``sizes``."""
         n_sig = int(getattr(layout, "num_signals", 0))
+        named = {f.name for f in dataclasses.fields(cls)}
         return cls(
             int(layout.ego_dim), int(layout.num_partners), int(layout.partner_dim),
             int(layout.num_roads), int(layout.road_dim), n_sig, int(layout.signal_dim) if n_sig else 0,
             int(getattr(layout, "style_dim", 0)), int(getattr(layout, "candidate_dim", 0)),
+            tuple((k, v) for k, v in getattr(layout, "sizes", ()) if k not in named),
         )
 
 

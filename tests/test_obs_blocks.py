@@ -128,3 +128,46 @@ def test_kernel_blocks_must_stay_adjacent(monkeypatch):
     _with_dummy(monkeypatch, "ego")
     with pytest.raises(ValueError, match="must be adjacent"):
         obs_layout_mod.obs_layout(3, 4)
+
+
+def test_block_sized_by_a_setting_needs_no_other_edit(monkeypatch, tmp_path):
+    """A block whose size is an ``EnvConfig`` field, read by name in its ``BLOCKS`` entry alone:
+    the env's layout, the policy's sizes (``ObsDims``), the encoder and a checkpoint of it all
+    follow; the same policy on an env with another value of the setting is a ``PolicyMismatch``."""
+    from policy.actor_critic import ActorCritic, PolicyConfig
+    from train.checkpoint import PolicyMismatch, load_checkpoint, policy_from_checkpoint, save_checkpoint
+
+    blocks = dict(obs_layout_mod.BLOCKS)
+    blocks["dummy"] = lambda s: (s["k_trials"], 3)  # k_trials slots of 3 features, after every block
+    monkeypatch.setattr(obs_layout_mod, "BLOCKS", blocks)
+    from gpusim.sim.observe import config_obs_layout
+    lay = config_obs_layout(EnvConfig(**CFG))  # k_trials = 2
+    plain = lay.block("candidates")
+    assert lay.block("dummy") == slice(plain.stop, plain.stop + 2 * 3) and lay.obs_dim == plain.stop + 6
+    dims = ObsDims.from_layout(lay)
+    assert dims.extra == (("k_trials", 2),) and dims.layout().blocks == lay.blocks and dims.obs_dim == lay.obs_dim
+    assert ObsDims.from_layout(config_obs_layout(EnvConfig(**{**CFG, "k_trials": 3}))).extra == (("k_trials", 3),)
+    policy = ActorCritic(lay, 91, False, PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=8))
+    assert policy.encoder.ego_blocks == ("ego", "style", "candidates", "dummy")
+    assert policy.encoder.ego[0].in_features == lay.ego_dim + lay.style_dim + lay.candidate_dim + 6
+    # a checkpoint records the size and rebuilds the same policy; another k_trials is refused
+    path = save_checkpoint(tmp_path / "p.pt", policy=policy, optimizer=torch.optim.Adam(policy.parameters()),
+                           global_step=0, update=0, config={}, env_config={})
+    payload = load_checkpoint(path)
+    assert payload["policy"]["dims"]["extra"] == (("k_trials", 2),)
+    back = policy_from_checkpoint(payload, path, obs_layout=lay, num_actions=91)
+    obs = torch.rand(2, 3, lay.obs_dim, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(back.encoder(obs), policy.eval().encoder(obs))
+    with pytest.raises(PolicyMismatch, match="k_trials"):
+        policy_from_checkpoint(payload, path, obs_layout=config_obs_layout(EnvConfig(**{**CFG, "k_trials": 3})))
+
+
+def test_policy_description_of_todays_blocks_is_unchanged():
+    """``extra`` is left out of the description of a policy of today's blocks, so its checkpoint
+    reads as before (and a description without it loads)."""
+    from policy.actor_critic import ActorCritic
+
+    lay = obs_layout_mod.obs_layout(5, 12, num_signals=4, styles=True, candidates=2)
+    dims = ObsDims.from_layout(lay)
+    assert dims.extra == () and "extra" not in ActorCritic(lay, 91).describe()["dims"]
+    assert ObsDims(**dims.describe()) == dims and dims.layout().blocks == lay.blocks

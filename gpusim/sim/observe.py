@@ -55,9 +55,10 @@ from gpusim.state import EnvState
 def config_obs_layout(cfg) -> ObsLayout:
     """The env's :class:`~gpusim.kernels.obs_layout.ObsLayout` for ``cfg`` (``EnvConfig``): its
     partner, road and signal slots, the style block with reward conditioning, the candidate block
-    in the memory task (``DriveEnv.obs_layout``; every block found by its slice)."""
+    in the memory task, and any block whose size is an ``EnvConfig`` field read by name in the block
+    table (``DriveEnv.obs_layout``; every block found by its slice)."""
     return obs_layout(num_partners=cfg.num_partners, num_roads=cfg.num_roads, num_signals=cfg.num_signals,
-                      styles=cfg.reward_conditioning, candidates=cfg.goal_candidates)
+                      styles=cfg.reward_conditioning, candidates=cfg.goal_candidates, settings=cfg)
 
 
 #: The ego block's trial-index column in the default layout (zeroed by the exact memoryless control;
