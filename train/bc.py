@@ -67,7 +67,7 @@ class BCConfig:
             gradient-norm clip. minibatch_worlds: worlds (each all its controlled agents' whole
             episodes) per minibatch.
         num_worlds: worlds simulated at a time while collecting.
-        setting: a named setting (``train/run.py --setting``, :data:`train.eval.settings.SETTINGS`:
+        setting: a named setting (``train/run.py --setting``, :data:`train.settings.SETTINGS`:
             ``goal``, ``sim_agent``) whose fields become the ``--env.*`` defaults.
         env, policy: the env setting and the policy sizes (``--env.*`` / ``--policy.*`` as
             ``train/run.py`` takes them; defaults: its CPU defaults).
@@ -356,7 +356,7 @@ def parse_args(argv=None) -> BCConfig:
 
     from train.config import cli_registry
 
-    from train.eval.settings import setting_config
+    from train.settings import setting_config
 
     parse = lambda default: tyro.cli(BCConfig, args=argv, registry=cli_registry(),  # noqa: E731
                                      description=__doc__.split("\n\n")[0], default=default)
