@@ -2,10 +2,11 @@
 
 Ego extras, in the order of ``observations.EGO_EXTRA``: collided now, offroad now, trial index
 ``trial_count / k_trials``, time in trial ``(step - trial_start) / scenario_length`` (both 0
-outside trial mode), last reward. The op builds them from the state's fields
-(:func:`~gpusim.kernels.observations.observations_state`; the trial clock from
-:func:`_trial_clock` here). A new ego feature = a column there (torch and C) plus the layout
-(docs/architecture.md).
+outside trial mode), last reward. The op builds them from the ego inputs
+(``observations.tables.EGO_INPUTS``: the state's fields by name,
+:func:`~gpusim.kernels.observations.tables.ego_inputs`; the trial clock from :func:`_trial_clock`
+here). A new ego feature = its name, its input entry and column (torch), and its C line; nothing
+here (docs/architecture.md).
 
 The partner/road block (the first D0 columns) comes from one call on the step's backend:
 :func:`~gpusim.kernels.observations.observations_state` (the C kernel's state entry, the Triton
@@ -43,6 +44,7 @@ from gpusim.backend import step_backend
 from gpusim.kernels.clocks import trial_features
 from gpusim.kernels.obs_layout import ObsLayout, obs_layout
 from gpusim.kernels.observations.state import bind_observations_state
+from gpusim.kernels.observations.tables import ego_inputs
 from gpusim.kernels.signals import signal_observations
 from gpusim.sim.candidates import candidate_block
 from gpusim.sim.context import SimContext, StepVars, bound_op, slots
@@ -99,8 +101,8 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         cfg.partner_radius, cfg.road_radius, p.grid_start))
     ctx.obs_written, signals_done = observe_op(
         state.pos, state.heading, state.speed, state.length, state.width, state.agent_type, state.present, state.goal,
-        state.collided_now, state.offroad_now, t_index, t_time, state.last_reward, state.controlled, ctx.obs_written,
-        state.scenario, out=full if kern == slice(0, full.shape[-1]) else full[..., kern],
+        ego_inputs(state, t_index=t_index, t_time=t_time), state.controlled, ctx.obs_written, state.scenario,
+        out=full if kern == slice(0, full.shape[-1]) else full[..., kern],
         zero_tail=lay.signals.stop - d0 if no_signals else 0, scratch=ctx.obs_scratch)
     if cfg.zero_trial_index:  # the exact memoryless control: trial k starts like trial 0
         full[..., lay.column("ego", "trial_index")].fill_(0.0)
