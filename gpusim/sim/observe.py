@@ -42,7 +42,7 @@ import torch
 
 from gpusim.backend import step_backend
 from gpusim.kernels.clocks import trial_features
-from gpusim.kernels.obs_layout import ObsLayout, obs_layout
+from gpusim.kernels.obs_layout import KERNEL_BLOCKS, ObsLayout, obs_layout
 from gpusim.kernels.observations.state import bind_observations_state
 from gpusim.kernels.observations.tables import ego_inputs
 from gpusim.kernels.signals import signal_observations
@@ -87,7 +87,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     full = ctx.obs_buf
     lay = ctx.cached("obs_layout", config_obs_layout)
-    n_sig, n_style, n_cand = (sl.stop - sl.start for sl in (lay.signals, lay.style, lay.candidates))
+    n_style, n_cand = (sl.stop - sl.start for sl in (lay.style, lay.candidates))
     kern = lay.kernel  # the partner/road kernels' columns; d0: where they end
     d0 = kern.stop
     if step is None:  # env.observe() outside a step: the step's backend, arguments checked
@@ -106,7 +106,10 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         zero_tail=lay.signals.stop - d0 if no_signals else 0, scratch=ctx.obs_scratch)
     if cfg.zero_trial_index:  # the exact memoryless control: trial k starts like trial 0
         full[..., lay.column("ego", "trial_index")].fill_(0.0)
-    if not (n_style or n_cand or (n_sig and not signals_done)):
+    # done unless a block after the kernels' is left to write (any block of the table with columns;
+    # the signal block not when the C kernel zeroed it)
+    if not any(sl.stop > sl.start and name not in KERNEL_BLOCKS and not (name == "signals" and signals_done)
+               for name, sl in lay.blocks):
         return full
     active = ctx.obs_written.view(-1, C)  # the slots observed; the other rows are zero
     if cfg.num_signals > 0 and not signals_done:
