@@ -36,8 +36,8 @@ lengths and flags only where the agent was in play (``loss_mask``).
 
 Extensible: the metric columns are ``names`` (default :data:`METRIC_NAMES`); trial mode appends
 :func:`trial_metric_names` columns (``trial_k_score`` = goal reached in trial k, from the state's
-``trial_reached``; ``trial_k_clean_score`` = the same without collision/offroad, from the trial
-kernel's ``trial_score``); a report then also derives ``ada_delta_trial_k_minus_0 =
+``trial_reached``; ``trial_k_clean_score`` = the same without collision/offroad, from the state's
+``trial_clean``, written by the trial kernel); a report then also derives ``ada_delta_trial_k_minus_0 =
 trial_k_score - trial_0_score`` (exact
 for the EMA population mean too, since the EMA and the mean are linear and every column of a slot
 is updated together).

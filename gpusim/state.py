@@ -50,7 +50,7 @@ class EnvState:
     """Device tensors of a :class:`~gpusim.env.DriveEnv` (one declaration per field, below).
 
     World tensors are ``[W]``, agent tensors ``[W, A]`` (``pos`` and ``goal`` ``[W, A, 2]``),
-    policy-slot tensors ``[W, C]``, ``trial_score`` ``[W, C, K]``. All tensors live on one device.
+    policy-slot tensors ``[W, C]``, ``trial_clean`` ``[W, C, K]``. All tensors live on one device.
     Trial fields stay 0 / False outside trial mode. Stages of the step never modify a tensor in
     place: they return new tensors and the pipeline builds a new state with :meth:`replace`.
     """
@@ -105,7 +105,7 @@ class EnvState:
     trial_goal: torch.Tensor = _field("WC", torch.bool, "reached its goal in the current trial")
     trial_collided: torch.Tensor = _field("WC", torch.bool, "collided at a valid step of the current trial")
     trial_offroad: torch.Tensor = _field("WC", torch.bool, "offroad at a valid step of the current trial")
-    trial_score: torch.Tensor = _field(
+    trial_clean: torch.Tensor = _field(
         "WCK", torch.bool, "[w, c, k]: trial k finished with goal, no collision/offroad (clean score)", "keep")
     trial_reached: torch.Tensor = _field("WCK", torch.bool, "[w, c, k]: goal reached in trial k", "keep")
     # ---- memory task (gpusim/sim/candidates.py; all 0 when goal_candidates < 2)
@@ -248,13 +248,13 @@ class EnvState:
         W = _dim(self.scenario, 1, 0)
         A = _dim(self.present, 2, 1)
         C = _dim(self.slot_done, 2, 1)
-        K = _dim(self.trial_score, 3, 2)
+        K = _dim(self.trial_clean, 3, 2)
         if min(W, A, C) < 0:
             raise ValueError("EnvState: scenario must be [W], present [W, A] and slot_done [W, C] tensors")
         if C > A:
             raise ValueError(f"EnvState: {C} policy slots exceed {A} agent slots")
         if K < 1:
-            raise ValueError("EnvState.trial_score must be a [W, C, K] tensor with K >= 1")
+            raise ValueError("EnvState.trial_clean must be a [W, C, K] tensor with K >= 1")
         shapes = _shapes(W, A, C, K, max(_dim(self.goal_cand, 4, 2), 1))
         device = self.pos.device if isinstance(self.pos, torch.Tensor) else None
         for name, (kind, dtype) in STATE_FIELDS.items():

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from gpusim.config import check_finite
+from gpusim.config import ActionSpace, check_finite
 from gpusim.kernels.dynamics import NUM_ACCEL, NUM_STEER
 from gpusim.sim.actions import NO_ACTION
 from gpusim.kernels.episode_mask import episode_mask
@@ -129,12 +129,28 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.critic.weight, gain=1.0)
         nn.init.zeros_(self.critic.bias)
 
+    @classmethod
+    def for_env(cls, env, config: PolicyConfig = PolicyConfig(), env_config=None) -> "ActorCritic":
+        """A new policy (weights from torch's current RNG, on the CPU) for ``env``: its observation
+        layout (``env.obs_layout``), action count (``env.num_actions``: 91 joint discrete actions,
+        or the action dimension 2) and action space (``env.config.action_space``, else
+        ``env_config``'s for an env without a config: ``ActionSpace.CONTINUOUS`` gives the Gaussian
+        head). The one construction of the trainer (``train/setup.py``), behaviour cloning and the
+        profiling scripts.
+
+        Raises:
+            ValueError: as the constructor.
+        """
+        space = getattr(env, "config", env_config).action_space
+        continuous = int(space) == int(ActionSpace.CONTINUOUS)
+        return cls(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, config)
+
     def describe(self) -> dict:
         """Constructor arguments as plain data (saved in checkpoints)."""
         config = asdict(self.config)
         config["action_factors"] = list(config["action_factors"])
         return {
-            "dims": asdict(self.dims),
+            "dims": self.dims.describe(),
             "num_actions": self.num_actions,
             "continuous": self.continuous,
             "config": config,

@@ -5,7 +5,8 @@ The observation vector (docs/contracts.md, ``obs_layout``) is
 last feature of every partner and road slot is its valid flag (1 valid, 0 padding). The encoder
 (docs/design.md section 11) is
 
-* ego MLP,
+* ego MLP over the ego block and every other per-agent block of the layout (the style and
+  candidate blocks when present: every block no set encoder reads, :func:`ego_mlp_blocks`),
 * partner encoder: a linear layer + ReLU applied to each slot, a max-pool over the *valid* slots,
   then a second linear layer on the pooled vector,
 * road encoder: the same over the road slots (the type one-hot is part of the slot features),
@@ -37,9 +38,19 @@ from torch import nn
 
 from gpusim.kernels.obs_layout import layout_from_sizes
 
-#: The blocks the ego MLP reads, concatenated in this order: the ego block, then the driving-style
-#: and memory-task candidate blocks (per-agent vectors, not slot sets).
-EGO_MLP_BLOCKS = ("ego", "style", "candidates")
+#: The blocks read by a set encoder (:class:`SlotEncoder`, one per block: ``partner_set``,
+#: ``road_set``, ``signal_set``). Every other block of the layout is a per-agent vector that the
+#: ego MLP reads (:func:`ego_mlp_blocks`).
+SET_BLOCKS = ("partners", "roads", "signals")
+
+
+def ego_mlp_blocks(layout) -> tuple[str, ...]:
+    """The blocks the ego MLP reads, concatenated in layout order: every block of ``layout`` (an
+    :class:`~gpusim.kernels.obs_layout.ObsLayout`, the one table
+    ``gpusim.kernels.obs_layout.BLOCKS``) not read by a set encoder (:data:`SET_BLOCKS`). For
+    today's table: ``("ego", "style", "candidates")``; a new block of the table is read here with
+    no edit of this module."""
+    return tuple(n for n, _ in layout.blocks if n not in SET_BLOCKS)
 
 
 @dataclass(frozen=True)
@@ -54,7 +65,10 @@ class ObsDims:
         agent's own normalised reward weights, the last columns; 0 without reward conditioning),
         read by the ego MLP together with the ego block (docs/styles.md). candidate_dim: the
         memory task's candidate block (after the style block, the very last columns; 0 when off;
-        docs/trial.md), also read by the ego MLP.
+        docs/trial.md), also read by the ego MLP. extra: ``((key, value), ...)``, sorted, the
+        other sizes the block table read to build the layout (a block whose size is an
+        ``EnvConfig`` setting read by name, ``gpusim.kernels.obs_layout.BLOCKS``); ``()`` for
+        today's blocks.
     """
 
     ego_dim: int
@@ -66,21 +80,36 @@ class ObsDims:
     signal_dim: int = 0
     style_dim: int = 0
     candidate_dim: int = 0
+    extra: tuple = ()
+
+    def __post_init__(self):
+        # a description read back from a file may hold lists: the same pairs, as a sorted tuple
+        object.__setattr__(self, "extra", tuple(sorted((str(k), int(v)) for k, v in self.extra)))
+
+    def describe(self) -> dict:
+        """The sizes as plain data (a checkpoint's ``"dims"``); ``extra`` only when not empty, so a
+        policy of today's blocks is described as before."""
+        desc = dataclasses.asdict(self)
+        if not desc["extra"]:
+            del desc["extra"]
+        return desc
 
     def layout(self, num_roads: int | None = None):
         """The :class:`~gpusim.kernels.obs_layout.ObsLayout` of these sizes (the one block table,
         ``gpusim.kernels.obs_layout.BLOCKS``); ``num_roads``: with only that many road slots (the
         encoder's compact input)."""
-        sizes = dataclasses.asdict(self)
+        sizes = {**dataclasses.asdict(self), **dict(self.extra)}
+        del sizes["extra"]
         if num_roads is not None:
             sizes["num_roads"] = int(num_roads)
         return layout_from_sizes(**sizes)
 
     @property
     def tail_dim(self) -> int:
-        """Columns of the blocks the ego MLP reads with the ego block (:data:`EGO_MLP_BLOCKS`
-        after ``ego``): ``style_dim + candidate_dim``."""
-        return self.style_dim + self.candidate_dim
+        """Columns of the blocks the ego MLP reads with the ego block (:func:`ego_mlp_blocks` after
+        ``ego``; today ``style_dim + candidate_dim``)."""
+        lay = self.layout()
+        return sum(lay.block(n).stop - lay.block(n).start for n in ego_mlp_blocks(lay)) - self.ego_dim
 
     @property
     def obs_dim(self) -> int:
@@ -90,12 +119,14 @@ class ObsDims:
     @classmethod
     def from_layout(cls, layout) -> "ObsDims":
         """Read the integers from any object that has them (e.g. ``env.obs_layout``; a layout
-        without ``num_signals`` has no signal block)."""
+        without ``num_signals`` has no signal block); ``extra``: the layout's other ``sizes``."""
         n_sig = int(getattr(layout, "num_signals", 0))
+        named = {f.name for f in dataclasses.fields(cls)}
         return cls(
             int(layout.ego_dim), int(layout.num_partners), int(layout.partner_dim),
             int(layout.num_roads), int(layout.road_dim), n_sig, int(layout.signal_dim) if n_sig else 0,
             int(getattr(layout, "style_dim", 0)), int(getattr(layout, "candidate_dim", 0)),
+            tuple((k, v) for k, v in getattr(layout, "sizes", ()) if k not in named),
         )
 
 
@@ -298,6 +329,8 @@ class ObsEncoder(nn.Module):
         # the observation's blocks by their slices: the full layout and the compact one (road
         # slots beyond max_roads dropped, :meth:`compact`)
         self.layouts = {False: dims.layout(), True: dims.layout(num_roads=self.num_roads_used)}
+        # the ego MLP reads every block no set encoder reads, in layout order (ego, style, candidates)
+        self.ego_blocks = ego_mlp_blocks(self.layouts[False])
         self.ego = _mlp(dims.ego_dim + dims.tail_dim, hidden, hidden)
         self.partner_set = SlotEncoder(dims.partner_dim, hidden)
         self.road_set = SlotEncoder(dims.road_dim, hidden)
@@ -352,7 +385,7 @@ class ObsEncoder(nn.Module):
                              f"got {tuple(obs.shape)}")
         lead = obs.shape[:-1]
         lay = self.layouts[bool(compact) and self.compact_dim != self.layouts[False].obs_dim]
-        blocks = [obs[..., lay.block(n)] for n in EGO_MLP_BLOCKS if lay.block(n).stop > lay.block(n).start]
+        blocks = [obs[..., lay.block(n)] for n in self.ego_blocks if lay.block(n).stop > lay.block(n).start]
         ego = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=-1)
         partners = obs[..., lay.partners].reshape(*lead, d.num_partners, d.partner_dim)
         # slice the used road slots before the reshape (which copies the non-contiguous slice)

@@ -59,9 +59,7 @@ def _sync(device):
 
 def measure(cfg, partners: int, iters: int, warmup: int, tmp: pathlib.Path) -> dict:
     """Median timings of ``iters`` iterations with ``partners`` partner checkpoints."""
-    from gpusim.config import ActionSpace
     from policy.actor_critic import ActorCritic
-    from policy.encoders import ObsDims
     from train.checkpoint import save_checkpoint
     from train.coplayer import make_pool
     from train.rollout import RolloutBatch, collect_rollout
@@ -71,14 +69,14 @@ def measure(cfg, partners: int, iters: int, warmup: int, tmp: pathlib.Path) -> d
     env_config = cfg.env.replace(ego_slots=1) if partners else cfg.env.replace(ego_slots=0, ego_fraction=0.0)
     env = make_env(cfg, env_config, say=lambda line: None)
     device = torch.device(cfg.device)
-    continuous = int(env.config.action_space) == int(ActionSpace.CONTINUOUS)
     torch.manual_seed(cfg.seed)
-    policy = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, cfg.policy).to(device)
+    policy = ActorCritic.for_env(env, cfg.policy).to(device)
+    continuous = policy.continuous
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
     paths = []
     for i in range(partners):
         torch.manual_seed(1000 + i)
-        p = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, cfg.policy)
+        p = ActorCritic.for_env(env, cfg.policy)
         paths.append(str(save_checkpoint(tmp / f"partner{i}.pt", policy=p, optimizer=torch.optim.Adam(p.parameters()),
                                          global_step=0, update=0, config={}, env_config={})))
     pool = make_pool(paths, env, device, seed=cfg.seed) if paths else None

@@ -143,7 +143,6 @@ def _build(cfg) -> dict:
     ``optimizer``, ``hook``, ``buffer``, ``cache``, ``gen``, ``R`` = ``W x C`` policy rows, ``H``).
     """
     from policy.actor_critic import ActorCritic
-    from policy.encoders import ObsDims
     import train.ppo as ppo_mod
     from train.experience import hook_context, make_hook
     from train.rollout import RolloutBatch
@@ -154,9 +153,8 @@ def _build(cfg) -> dict:
     torch.manual_seed(cfg.seed)
     device = torch.device(cfg.device)
     env = make_env(cfg, cfg.env)
-    dims = ObsDims.from_layout(env.obs_layout)
-    continuous = int(env.config.action_space) == 1
-    policy = ActorCritic(dims, env.num_actions, continuous, cfg.policy).to(device)
+    policy = ActorCritic.for_env(env, cfg.policy).to(device)
+    continuous = policy.continuous
     optimizer = ppo_mod.make_optimizer(policy.parameters(), cfg.learning_rate, cfg.adam_eps, fused=cfg.ppo.fused_adam)
     hook = make_hook(cfg.experience, cfg.experience_arg, hook_context(env, cfg.ppo.gamma))
     R, H = env.num_worlds * env.num_slots, env.horizon

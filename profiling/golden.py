@@ -293,9 +293,14 @@ def compare(now: dict, ref: dict) -> tuple[list[str], bool]:
     return lines, ok
 
 
+#: Record fields renamed in the tree, old name -> new name: a reference file written before the
+#: rename is compared under the new name (the state field that holds the clean per-trial score).
+RENAMED_FIELDS = {"state.trial_score": "state.trial_clean"}
+
+
 def compare_record(a: dict, b: dict | None) -> str:
     """``"equal"`` (plus extra fields of ``a``) or ``"DIFFERENT: <first difference>"``; ``a`` is the
-    new record, ``b`` the reference."""
+    new record, ``b`` the reference (its fields of :data:`RENAMED_FIELDS` read under their new names)."""
     if b is None:
         return "DIFFERENT: not in the reference file"
     if "error" in a or "error" in b:
@@ -311,7 +316,7 @@ def compare_record(a: dict, b: dict | None) -> str:
                 f"DIFFERENT: the {a['meta']['backend']} backend called the C kernels {', '.join(calls)}")
     if calls is not None and b.get("c_calls") is not None and calls != b["c_calls"]:
         return f"DIFFERENT: C kernels called now {calls}, reference {b['c_calls']}"
-    fa, fb = a["fields"], b["fields"]
+    fa, fb = a["fields"], {RENAMED_FIELDS.get(k, k): v for k, v in b["fields"].items()}
     missing = [k for k in fb if k not in fa]
     if missing:
         return f"DIFFERENT: field {missing[0]} missing now ({len(missing)} missing)"

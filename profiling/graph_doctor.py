@@ -32,7 +32,6 @@ def main(argv=None) -> int:
         print("graph_doctor: no CUDA device here (CUDA graphs need one)", file=sys.stderr)
         raise SystemExit(2)
     from policy.actor_critic import ActorCritic
-    from policy.encoders import ObsDims
     from train.config import parse_args as train_parse
     from train.graphed_rollout import GraphedRollout
     from train.rollout import RolloutBatch
@@ -42,8 +41,8 @@ def main(argv=None) -> int:
     torch.manual_seed(cfg.seed)
     device = torch.device("cuda")
     env = make_env(cfg, cfg.env)
-    continuous = int(env.config.action_space) == 1
-    policy = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, cfg.policy).to(device)
+    policy = ActorCritic.for_env(env, cfg.policy).to(device)
+    continuous = policy.continuous
     policy.eval()
     buffer = RolloutBatch.for_env(env, continuous, device)
     cache = policy.init_cache(env.num_worlds * env.num_slots, env.horizon, device)

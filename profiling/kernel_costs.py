@@ -242,11 +242,10 @@ def _default_policy(env, config):
     from policy.actor_critic import ActorCritic
     from train.config import TrainConfig
 
-    continuous = int(config.action_space) != 0
     pc = TrainConfig().policy
     if pc.max_roads is not None and pc.max_roads > config.num_roads:  # a smaller test config
         pc = dataclasses.replace(pc, max_roads=None)
-    return ActorCritic(env.obs_layout, env.num_actions, continuous, pc).eval()
+    return ActorCritic.for_env(env, pc).eval()
 
 
 def _count_rollouts(env, roll, capture, buf, seed: int) -> tuple[int, list[int]]:
@@ -301,10 +300,9 @@ def graphed_launch_counts(pack, config, worlds: int, seed: int = 0) -> dict:
 
     torch.manual_seed(seed)
     env = DriveEnv(pack, worlds, config, seed=seed)
-    continuous = int(config.action_space) != 0
     policy = _default_policy(env, config)
     R, H = worlds * env.num_slots, env.horizon
-    buf = RolloutBatch.for_env(env, continuous)
+    buf = RolloutBatch.for_env(env, policy.continuous)
     cache = policy.init_cache(R, H, env.device)
     capture = _counting_capture()
     roll = GraphedRollout(env, policy, buf, cache, capture=capture)

@@ -88,11 +88,12 @@ def record(pack, cfg, worlds: int, seed: int) -> dict:
     return stacked
 
 
-def probe(train: dict, test: dict, reset: str, steps: int, lr: float, seed: int, layout, num_actions: int,
+def probe(train: dict, test: dict, reset: str, steps: int, lr: float, seed: int, env,
           policy_config) -> tuple[float, float, int]:
-    """Train model + head on ``train`` rows, return (train accuracy, test accuracy, test steps)."""
+    """Train model + head on ``train`` rows (a policy for ``env``), return (train accuracy, test
+    accuracy, test steps)."""
     torch.manual_seed(seed)
-    model = ActorCritic(layout, num_actions, False, policy_config)
+    model = ActorCritic.for_env(env, policy_config)
     head = torch.nn.Linear(policy_config.d_model, 2)
     opt = torch.optim.Adam(list(model.parameters()) + list(head.parameters()), lr=lr)
 
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
     print("| variant | memory reset | train accuracy | held-out accuracy | held-out steps |")
     print("|---|---|---:|---:|---:|")
     for reset in ("memory", "control"):
-        tr, te, n = probe(train, test, reset, args.steps, args.lr, 0, env.obs_layout, env.num_actions, tc.policy)
+        tr, te, n = probe(train, test, reset, args.steps, args.lr, 0, env, tc.policy)
         what = "terminal" if reset == "memory" else "terminal or truncation"
         print(f"| {reset} | {what} | {tr:.3f} | {te:.3f} | {n} |")
     return 0

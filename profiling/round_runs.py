@@ -141,7 +141,7 @@ def pack_results(work: pathlib.Path, out: pathlib.Path, limit: int = 15_000_000)
                 tar.add(f, arcname=str(f.relative_to(work)))
 
 
-#: The sim-agent setting (train/eval/settings.py SETTINGS["sim_agent"]): every object valid at step
+#: The sim-agent setting (train/settings.py SETTINGS["sim_agent"]): every object valid at step
 #: 10 controlled (at most 64), start at step 10, 80 steps, goals do not stop agents.
 SIM_AGENT_FLAGS = ["--setting", "sim_agent"]
 #: The generalising driver's recipe on top of the GPU recipe: goal resampling, periodic evaluation

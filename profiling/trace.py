@@ -101,7 +101,6 @@ def main(argv=None) -> dict:
 def _train_iteration(train_argv):
     """One rollout + PPO update of the train/run.py configuration (``train_argv`` = trainer flags)."""
     from policy.actor_critic import ActorCritic
-    from policy.encoders import ObsDims
     from train.config import parse_args as train_parse
     from train.experience import hook_context, make_hook
     from train.rollout import RolloutBatch, collect_rollout
@@ -111,8 +110,8 @@ def _train_iteration(train_argv):
     cfg = train_parse(list(train_argv) + ["--quiet"])
     device = torch.device(cfg.device)
     env = make_env(cfg, cfg.env)
-    continuous = int(env.config.action_space) == 1
-    policy = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, cfg.policy).to(device)
+    policy = ActorCritic.for_env(env, cfg.policy).to(device)
+    continuous = policy.continuous
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=cfg.adam_eps)
     R, H = env.num_worlds * env.num_slots, env.horizon
     buf = RolloutBatch.for_env(env, continuous, device)

@@ -180,6 +180,28 @@ def test_trial_scores_and_ada_delta(pack):
     assert s["trials_ended_early"].mean == pytest.approx(3 / 8)
 
 
+def test_trial_log_counts_per_world():
+    """The one trial count (``train.rollout.TrialLog``) behind the trainer's trial log and the
+    evaluator's world columns, on a hand-computed case: timeout 4, three worlds, two steps."""
+    from types import SimpleNamespace
+
+    from train.rollout import TrialLog
+
+    def state(step, start):
+        return SimpleNamespace(step=torch.tensor(step, dtype=torch.int32), trial_start=torch.tensor(start, dtype=torch.int32))
+
+    log = TrialLog(3, 4, "cpu")
+    # trial lengths (step + 1 - trial_start) 4, 2, 1: world 0 times out, world 1 ends early, world 2 runs on
+    log.step(state([3, 1, 0], [0, 0, 0]), torch.tensor([True, True, False]))
+    # lengths 2, 3, 3: worlds 1 and 2 end early
+    log.step(state([5, 4, 2], [4, 2, 0]), torch.tensor([False, True, True]))
+    assert log.trials.tolist() == [1, 2, 1] and log.ended_early.tolist() == [0, 2, 1]
+    assert log.steps.tolist() == [4, 5, 3]
+    assert log.report() == {"trial_log/completed": 4.0, "trial_log/ended_early": 3.0,
+                            "trial_log/ended_by_timeout": 1.0, "trial_log/mean_length": 3.0}
+    assert log.trials.tolist() == [0, 0, 0] and log.report() == {}
+
+
 # ------------------------------------------------------------------------------------- intervals
 def test_intervals():
     iv = mean_interval([1.0, 0.0, 0.0, 0.0])

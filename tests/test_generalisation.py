@@ -1,7 +1,7 @@
 """The generalisation options (training randomisations) on the bundled sample scenarios: random
 start (``EnvConfig.random_start_steps``) and goal resampling (``EnvConfig.goal_resample``), both off
 by default with nothing drawn, and the evaluation rule that drops them
-(``train.eval.settings.evaluation_config``) for every checkpoint."""
+(``train.settings.evaluation_config``) for every checkpoint."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from gpusim import DriveEnv
 from gpusim.config import WOMD_STEPS, EnvConfig
 from gpusim.sim.goal_resample import goal_pool
-from train.eval.settings import evaluation_config
+from train.settings import evaluation_config
 from train.packs import load_pack
 
 CFG = dict(max_agents=64, max_controlled=8)

@@ -83,6 +83,19 @@ def test_compare_reports_missing_fields_records_and_metrics(reference):
     assert not ok and "x/c: DIFFERENT: not in the reference file" in lines
 
 
+def test_reference_of_a_renamed_field_compares_under_its_new_name(reference):
+    """A reference written before a state field was renamed (``RENAMED_FIELDS``: ``trial_score``,
+    the clean per-trial score, now ``trial_clean``) still compares equal, and still finds a change."""
+    ref = json.loads(reference.read_text())["records"]
+    fields = ref["respawn_remove/c"]["fields"]
+    fields["state.trial_score"] = fields.pop("state.trial_clean")
+    now = json.loads(reference.read_text())["records"]
+    assert golden.compare(now, ref) == (["respawn_remove/c: equal"], True)
+    fields["state.trial_score"] = ["0"] * len(fields["state.trial_score"])
+    lines, ok = golden.compare(now, ref)
+    assert not ok and "after the reset: state.trial_clean" in lines[0]
+
+
 def test_tensor_hash_is_bit_exact():
     zero = torch.zeros(3)
     assert golden.tensor_hash(zero) == golden.tensor_hash(torch.zeros(3))

@@ -255,3 +255,14 @@ def test_no_import_cycle_in_gpusim_policy_train():
     cycles = import_cycles(graph)
     assert not cycles, "import cycles (move the shared piece to a module both import): " + "; ".join(
         " -> ".join(c) for c in cycles)
+
+
+def test_no_package_cycle_in_gpusim_policy_train():
+    """No cycle between packages either (:func:`package_graph`: a subpackage such as ``train.eval``
+    is one unit): a module used by both a subpackage and the modules it imports belongs outside
+    the subpackage (e.g. ``train/settings.py``, read by ``train.config`` and ``train.eval``)."""
+    pg = package_graph(import_graph())
+    assert {"train.eval", "train.config", "gpusim.kernels", "policy.encoders"} <= set(pg)
+    cycles = import_cycles(pg)
+    assert not cycles, "package import cycles (move the shared module out of the subpackage): " + "; ".join(
+        " -> ".join(c) for c in cycles)

@@ -18,7 +18,7 @@ from gpusim.env import DriveEnv
 from gpusim.kernels.dynamics import NUM_STEER, STEER_VALUES
 from gpusim.kernels.trimath import wrap_angle_torch
 from tests.synthetic import driver, lane, small_config, synthetic_pack
-from train.eval.settings import evaluation_config
+from train.settings import evaluation_config
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,8 @@ hooks all follow it, so every real feature keeps its value and meaning, bit for 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -79,12 +81,36 @@ def test_dummy_block_every_consumer_follows(monkeypatch, packs, after):
             assert (obs0[..., lay0.signals] != 0).any()
     env0, obs0 = plain["tfrecord", True]
     env, obs = _rollout(packs["tfrecord"], True)
-    # the encoder: the same weights give the same tokens, whole and compact (fewer road slots)
+    # the encoder follows the block: its ego MLP reads it (no set encoder claims it) at its place
+    # among the per-agent blocks; with enc0's weights and zero weights on the dummy's columns it
+    # gives enc0's tokens, whole and compact (fewer road slots)
     enc = ObsEncoder(ObsDims.from_layout(env.obs_layout), d_model=16, hidden=8, max_roads=7)
-    enc.load_state_dict(enc0.state_dict())
     assert enc.dims.obs_dim == env.obs_layout.obs_dim
-    assert torch.equal(enc(obs), enc0(obs0))
-    assert torch.equal(enc(enc.compact(obs), compact=True), enc0(enc0.compact(obs0), compact=True))
+    ego_blocks = {"roads": ("ego", "dummy", "style", "candidates"), "signals": ("ego", "dummy", "style", "candidates"),
+                  "style": ("ego", "style", "dummy", "candidates"), "candidates": ("ego", "style", "candidates", "dummy")}
+    assert enc0.ego_blocks == ("ego", "style", "candidates") and enc.ego_blocks == ego_blocks[after]
+    lay0, lay = env0.obs_layout, env.obs_layout
+    before = ego_blocks[after][:ego_blocks[after].index("dummy")]
+    col = sum(lay0.block(n).stop - lay0.block(n).start for n in before)  # the dummy's first ego-MLP input
+    state = dict(enc0.state_dict())
+    w0 = state["ego.0.weight"]
+    w_dummy = torch.randn(w0.shape[0], DUMMY, generator=torch.Generator().manual_seed(3))
+    state["ego.0.weight"] = torch.cat([w0[:, :col], torch.zeros_like(w_dummy), w0[:, col:]], dim=1)
+    enc.load_state_dict(state)  # (a wider product: equal up to the summation order)
+    torch.testing.assert_close(enc(obs), enc0(obs0), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(enc(enc.compact(obs), compact=True), enc0(enc0.compact(obs0), compact=True),
+                               rtol=1e-6, atol=1e-6)
+    # ... and it reads the dummy's values: a constant x in the block adds w_dummy @ x to the first
+    # layer, the same as enc0 with that added to its bias
+    state["ego.0.weight"] = torch.cat([w0[:, :col], w_dummy, w0[:, col:]], dim=1)
+    enc.load_state_dict(state)
+    x = torch.linspace(-1.0, 1.0, DUMMY)
+    filled = obs.clone()
+    filled[..., lay.block("dummy")] = x
+    shifted = copy.deepcopy(enc0)  # (built on the table without the block)
+    shifted.load_state_dict({**enc0.state_dict(), "ego.0.bias": enc0.state_dict()["ego.0.bias"] + w_dummy @ x})
+    assert not torch.allclose(enc(filled), enc0(obs0), atol=1e-3)
+    torch.testing.assert_close(enc(filled), shifted(obs0), rtol=1e-5, atol=1e-5)
     # the renderer's decoder: the same ego, partners and roads
     got = decode_ego_observation(obs[-1, 0, row], env.obs_layout)
     assert got["ego"] == want["ego"]
@@ -102,3 +128,46 @@ def test_kernel_blocks_must_stay_adjacent(monkeypatch):
     _with_dummy(monkeypatch, "ego")
     with pytest.raises(ValueError, match="must be adjacent"):
         obs_layout_mod.obs_layout(3, 4)
+
+
+def test_block_sized_by_a_setting_needs_no_other_edit(monkeypatch, tmp_path):
+    """A block whose size is an ``EnvConfig`` field, read by name in its ``BLOCKS`` entry alone:
+    the env's layout, the policy's sizes (``ObsDims``), the encoder and a checkpoint of it all
+    follow; the same policy on an env with another value of the setting is a ``PolicyMismatch``."""
+    from policy.actor_critic import ActorCritic, PolicyConfig
+    from train.checkpoint import PolicyMismatch, load_checkpoint, policy_from_checkpoint, save_checkpoint
+
+    blocks = dict(obs_layout_mod.BLOCKS)
+    blocks["dummy"] = lambda s: (s["k_trials"], 3)  # k_trials slots of 3 features, after every block
+    monkeypatch.setattr(obs_layout_mod, "BLOCKS", blocks)
+    from gpusim.sim.observe import config_obs_layout
+    lay = config_obs_layout(EnvConfig(**CFG))  # k_trials = 2
+    plain = lay.block("candidates")
+    assert lay.block("dummy") == slice(plain.stop, plain.stop + 2 * 3) and lay.obs_dim == plain.stop + 6
+    dims = ObsDims.from_layout(lay)
+    assert dims.extra == (("k_trials", 2),) and dims.layout().blocks == lay.blocks and dims.obs_dim == lay.obs_dim
+    assert ObsDims.from_layout(config_obs_layout(EnvConfig(**{**CFG, "k_trials": 3}))).extra == (("k_trials", 3),)
+    policy = ActorCritic(lay, 91, False, PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=8))
+    assert policy.encoder.ego_blocks == ("ego", "style", "candidates", "dummy")
+    assert policy.encoder.ego[0].in_features == lay.ego_dim + lay.style_dim + lay.candidate_dim + 6
+    # a checkpoint records the size and rebuilds the same policy; another k_trials is refused
+    path = save_checkpoint(tmp_path / "p.pt", policy=policy, optimizer=torch.optim.Adam(policy.parameters()),
+                           global_step=0, update=0, config={}, env_config={})
+    payload = load_checkpoint(path)
+    assert payload["policy"]["dims"]["extra"] == (("k_trials", 2),)
+    back = policy_from_checkpoint(payload, path, obs_layout=lay, num_actions=91)
+    obs = torch.rand(2, 3, lay.obs_dim, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(back.encoder(obs), policy.eval().encoder(obs))
+    with pytest.raises(PolicyMismatch, match="k_trials"):
+        policy_from_checkpoint(payload, path, obs_layout=config_obs_layout(EnvConfig(**{**CFG, "k_trials": 3})))
+
+
+def test_policy_description_of_todays_blocks_is_unchanged():
+    """``extra`` is left out of the description of a policy of today's blocks, so its checkpoint
+    reads as before (and a description without it loads)."""
+    from policy.actor_critic import ActorCritic
+
+    lay = obs_layout_mod.obs_layout(5, 12, num_signals=4, styles=True, candidates=2)
+    dims = ObsDims.from_layout(lay)
+    assert dims.extra == () and "extra" not in ActorCritic(lay, 91).describe()["dims"]
+    assert ObsDims(**dims.describe()) == dims and dims.layout().blocks == lay.blocks

@@ -282,10 +282,10 @@ def test_state_entry_matches_classic_call(pack, check, trial):
     observations_cpu(**kw, out=want[..., :D], rows=(flat | written).nonzero().squeeze(1), zero_tail=3)
     got = torch.full((W, C, D + 5), float("nan"))
     skip = ("goal", "ego_extra", "ego_active")
+    inputs = dict(collided=collided, offroad=offroad, t_index=t_index, t_time=t_time, last_reward=last_reward)
     new_written = observations_cpu_state(
-        **{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, collided=collided, offroad=offroad,
-        t_index=t_index, t_time=t_time, last_reward=last_reward, controlled=controlled, written=written,
-        out=got[..., :D], zero_tail=3, check=check)
+        **{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, ego_inputs=inputs, controlled=controlled,
+        written=written, out=got[..., :D], zero_tail=3, check=check)
     assert torch.equal(new_written, flat)
     assert_same_obs(got, want)
     assert torch.isnan(got.view(W * C, -1)[~(flat | written)]).all()  # rows not listed are untouched
@@ -297,11 +297,33 @@ def test_state_entry_matches_classic_call(pack, check, trial):
                                      road_radius=kw["road_radius"], A=A, C=C)
     again = torch.full((W, C, D + 5), float("nan"))
     observations_cpu_state(
-        **{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, collided=collided, offroad=offroad,
-        t_index=t_index, t_time=t_time, last_reward=last_reward, controlled=controlled, written=written,
-        out=again[..., :D], zero_tail=3, check=check, static=static)
+        **{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, ego_inputs=inputs, controlled=controlled,
+        written=written, out=again[..., :D], zero_tail=3, check=check, static=static)
     assert torch.equal(again.nan_to_num(7.0), got.nan_to_num(7.0))
     with pytest.raises(ValueError, match="controlled"):
-        observations_cpu_state(**{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, collided=collided,
-                               offroad=offroad, t_index=t_index, t_time=t_time, last_reward=last_reward,
+        observations_cpu_state(**{k: v for k, v in kw.items() if k not in skip}, goal=st.goal, ego_inputs=inputs,
                                controlled=controlled[:, :C], written=written, out=got[..., :D])
+    # the ego inputs by name (tables.EGO_INPUTS): a missing one, or one of the wrong shape, is named
+    with pytest.raises(ValueError, match="ego_inputs must name"):
+        observations_cpu_state(**{k: v for k, v in kw.items() if k not in skip}, goal=st.goal,
+                               ego_inputs={k: v for k, v in inputs.items() if k != "offroad"},
+                               controlled=controlled, written=written, out=got[..., :D])
+    with pytest.raises(ValueError, match="last_reward must be a torch.float32 tensor of shape"):
+        observations_cpu_state(**{k: v for k, v in kw.items() if k not in skip}, goal=st.goal,
+                               ego_inputs={**inputs, "last_reward": last_reward[:, :-1]},
+                               controlled=controlled, written=written, out=got[..., :D])
+
+
+def test_ego_inputs_are_the_state_fields_named_in_the_table(pack):
+    """``tables.ego_inputs``: each ego input is the state field its ``EGO_INPUTS`` entry names (the
+    observe stage passes no field by position), the trial clock as given; a missing clock is an error."""
+    from gpusim.kernels.observations.tables import EGO_INPUTS, ego_inputs
+
+    env = DriveEnv(pack, 2, EnvConfig(max_controlled=8, num_signals=0), seed=1)
+    clock = torch.zeros(2)
+    got = ego_inputs(env.state, t_index=clock, t_time=None)
+    assert list(got) == list(EGO_INPUTS) == ["collided", "offroad", "t_index", "t_time", "last_reward"]
+    assert got["collided"] is env.state.collided_now and got["offroad"] is env.state.offroad_now
+    assert got["last_reward"] is env.state.last_reward and got["t_index"] is clock and got["t_time"] is None
+    with pytest.raises(ValueError, match="the stage computes"):
+        ego_inputs(env.state, t_index=clock)

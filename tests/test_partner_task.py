@@ -92,7 +92,7 @@ def _outcome(pack, prob: float, name: str):
     for _ in range(env.horizon - 1):  # trial 0 is over; step H would start the next episode
         env.step(ego(env))
         collided |= env.state.collided_now[:, 0] & env.state.controlled[:, 0]
-    return collided, env.state.trial_score[:, 0, 0]
+    return collided, env.state.trial_clean[:, 0, 0]
 
 
 def test_ceiling_beats_floor_against_non_yielders_only(pack):

@@ -42,12 +42,12 @@ def test_state_is_declared_once_and_everything_derives_from_it():
     names = [f.name for f in dataclasses.fields(EnvState)]
     assert list(STATE_FIELDS) == names
     assert set(TRIAL_KEEP) == {"scenario", "step", "trial_count", "trial_start", "slot_done", "ep_return",
-                               "ep_length", "goal_reached", "ever_collided", "ever_offroad", "trial_score",
+                               "ep_length", "goal_reached", "ever_collided", "ever_offroad", "trial_clean",
                                "ego", "trial_reached", "ever_red_light", "style", "goal_cand", "cand_true",
                                "partner_type"}
     st = EnvState.build({"W": 2, "A": 5, "C": 3, "K": 4}, "cpu", pos=torch.ones(2, 5, 2))
     st.validate()
-    assert torch.equal(st.pos, torch.ones(2, 5, 2)) and st.trial_score.shape == (2, 3, 4)
+    assert torch.equal(st.pos, torch.ones(2, 5, 2)) and st.trial_clean.shape == (2, 3, 4)
     assert st.slot_active.shape == (2, 3) and not st.slot_active.any()
     with pytest.raises(TypeError, match="unknown fields"):
         EnvState.build({"W": 2, "A": 5, "C": 3, "K": 4}, "cpu", nope=torch.zeros(1))

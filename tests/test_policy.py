@@ -233,6 +233,41 @@ def test_describe_roundtrip():
         assert torch.equal(model(obs, f, f)[1], clone(obs, f, f)[1])
 
 
+def test_policy_for_env_reads_layout_actions_and_action_space():
+    """``ActorCritic.for_env``: the observation sizes, the action count and the head of the env's
+    action space (an env without a config: the given ``EnvConfig``'s)."""
+    from types import SimpleNamespace
+
+    from gpusim.config import EnvConfig
+    from gpusim.kernels.obs_layout import obs_layout
+
+    lay = obs_layout(3, 4, num_signals=2, candidates=2)
+    pc = PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=8)
+    disc = ActorCritic.for_env(SimpleNamespace(obs_layout=lay, num_actions=91, config=EnvConfig()), pc)
+    assert not disc.continuous and disc.actor.out_features == 91 and not hasattr(disc, "log_std")
+    assert disc.dims == ObsDims.from_layout(lay) and disc.encoder.compact_dim == lay.obs_dim
+    cont = ActorCritic.for_env(SimpleNamespace(obs_layout=lay, num_actions=2,
+                                               config=EnvConfig(action_space="continuous")), pc)
+    assert cont.continuous and cont.log_std.shape == (2,) and cont.actor.out_features == 2
+    bare = ActorCritic.for_env(SimpleNamespace(obs_layout=lay, num_actions=2), pc, EnvConfig(action_space="continuous"))
+    assert bare.continuous
+
+
+def test_trainer_and_scripts_build_the_policy_in_one_place():
+    """Every policy the trainer, behaviour cloning and the profiling scripts build for an env goes
+    through ``ActorCritic.for_env``: no direct ``ActorCritic(...)`` call in ``train/`` or ``profiling/``."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    calls = []
+    for path in sorted([*root.glob("train/**/*.py"), *root.glob("profiling/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ActorCritic":
+                calls.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert not calls, "build the policy with ActorCritic.for_env(env, config): " + ", ".join(calls)
+
+
 def test_slot_encoder_fused_equals_reference_values_and_grads():
     from policy.encoders import SlotEncoder
 

@@ -97,7 +97,7 @@ def test_default_control_leaves_out_pedestrians_that_all_valid_controls():
 def test_setting_flags_are_defaults_and_flags_win():
     from train.bc import parse_args as bc_args
     from train.config import parse_args
-    from train.eval.settings import SETTINGS
+    from train.settings import SETTINGS
 
     cfg = parse_args(["--setting", "sim_agent", "--device", "cpu", "--env.max-controlled", "16"])
     for k, v in SETTINGS["sim_agent"].items():
@@ -111,7 +111,7 @@ def test_setting_flags_are_defaults_and_flags_win():
 
 
 def test_evaluate_setting_overrides_the_checkpoint_env():
-    from train.eval.settings import SETTINGS, setting_config
+    from train.settings import SETTINGS, setting_config
     from train.config import TrainConfig
 
     own = TrainConfig().env
@@ -141,7 +141,7 @@ def test_a_saved_config_with_a_setting_replays_its_own_env(tmp_path):
 def test_a_bc_checkpoint_of_the_sim_agent_setting_is_scored_in_wosac_mode_and_in_the_goal_setting(tmp_path):
     from policy.actor_critic import PolicyConfig
     from train.bc import BCConfig, train_bc
-    from train.eval.settings import setting_config
+    from train.settings import setting_config
     from train.evaluate import EvalConfig, evaluate
 
     data = tmp_path / "d"

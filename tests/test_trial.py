@@ -273,7 +273,7 @@ def test_flags_exactly_once_and_clock_reset_over_episodes():
             assert torch.equal(trunc, 2 * active.long())  # k - 1 boundaries per episode
             assert (env.state.trial_count == 0).all() and (env.state.trial_start == 0).all()
             assert (env.state.step == 0).all() and not env.state.world_done.any()
-            assert not env.state.trial_score.any()
+            assert not env.state.trial_clean.any()
 
 
 def test_stop_contact_within_a_trial_then_restored():

@@ -43,9 +43,8 @@ if __package__ in (None, ""):  # `python train/bc.py` from a checkout without `p
 
 import torch
 
-from gpusim.config import ActionSpace, EnvConfig
+from gpusim.config import EnvConfig
 from policy.actor_critic import ActorCritic, PolicyConfig
-from policy.encoders import ObsDims
 from train.config import USER_ERRORS, TrainConfig, UserError, check_device, default_device, one_line
 
 #: A target is "out of range" when the agent, after the expert action, is farther than this from
@@ -67,7 +66,7 @@ class BCConfig:
             gradient-norm clip. minibatch_worlds: worlds (each all its controlled agents' whole
             episodes) per minibatch.
         num_worlds: worlds simulated at a time while collecting.
-        setting: a named setting (``train/run.py --setting``, :data:`train.eval.settings.SETTINGS`:
+        setting: a named setting (``train/run.py --setting``, :data:`train.settings.SETTINGS`:
             ``goal``, ``sim_agent``) whose fields become the ``--env.*`` defaults.
         env, policy: the env setting and the policy sizes (``--env.*`` / ``--policy.*`` as
             ``train/run.py`` takes them; defaults: its CPU defaults).
@@ -282,8 +281,8 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         torch.set_num_threads(cfg.num_threads)
     torch.manual_seed(cfg.seed)
     env, setting = make_bc_env(cfg, cfg.data, say)
-    continuous = int(setting.action_space) == int(ActionSpace.CONTINUOUS)
-    policy = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, cfg.policy).to(device)
+    policy = ActorCritic.for_env(env, cfg.policy).to(device)
+    continuous = policy.continuous
     t0 = time.perf_counter()
     data = collect(env, policy)
     collect_s = time.perf_counter() - t0
@@ -356,7 +355,7 @@ def parse_args(argv=None) -> BCConfig:
 
     from train.config import cli_registry
 
-    from train.eval.settings import setting_config
+    from train.settings import setting_config
 
     parse = lambda default: tyro.cli(BCConfig, args=argv, registry=cli_registry(),  # noqa: E731
                                      description=__doc__.split("\n\n")[0], default=default)

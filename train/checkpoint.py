@@ -251,15 +251,13 @@ def policy_from_checkpoint(payload: dict, path, obs_layout=None, num_actions: in
             the description itself is invalid (a missing or unknown field, an impossible size);
             both are checked before the policy takes any memory.
     """
-    import dataclasses
-
     from policy.actor_critic import ActorCritic
     from policy.encoders import ObsDims
 
     check_description(payload, path)
     policy = ActorCritic.from_description(payload["policy"])
-    have = dataclasses.asdict(policy.dims)
-    want = have if obs_layout is None else dataclasses.asdict(ObsDims.from_layout(obs_layout))
+    have = policy.dims.describe()
+    want = have if obs_layout is None else ObsDims.from_layout(obs_layout).describe()
     n = policy.num_actions if num_actions is None else int(num_actions)
     cont = policy.continuous if continuous is None else bool(continuous)
     if have != want or policy.num_actions != n or policy.continuous != cont:

@@ -185,7 +185,7 @@ class TrainConfig:
         init_policy: a checkpoint (e.g. ``train/bc.py``'s) whose weights start a new run's policy
             (BC initialisation, ``train/human.py``); its observation layout, action space,
             dynamics and policy sizes must be the run's. Not used when resuming.
-        setting: a named env setting (:data:`train.eval.settings.SETTINGS`: ``goal``,
+        setting: a named env setting (:data:`train.settings.SETTINGS`: ``goal``,
             ``sim_agent``) whose fields become the ``--env.*`` defaults; ``--env.*`` flags given
             win over it. None: :class:`TrainConfig`'s env.
         recipe: the defaults the command line starts from (:mod:`train.recipes`): ``auto`` = the
@@ -526,7 +526,7 @@ def refuse_file_hook(cfg: TrainConfig, source: str, name: str | None = None, arg
 
 def with_setting(cfg: TrainConfig, reparse, file_default: TrainConfig | None = None) -> TrainConfig:
     """``cfg`` with its ``--setting`` applied: the command line parsed again (``reparse(base)``) on
-    the recipe's defaults with the setting's env fields (:func:`train.eval.settings.setting_config`),
+    the recipe's defaults with the setting's env fields (:func:`train.settings.setting_config`),
     so ``--env.*`` flags given still win. Without ``--setting``, or with a ``--config`` file
     (``file_default``: its env fields, which a saved ``config.json`` records resolved, are the
     defaults): ``cfg``.
@@ -534,7 +534,7 @@ def with_setting(cfg: TrainConfig, reparse, file_default: TrainConfig | None = N
     Raises:
         ValueError: an unknown setting name.
     """
-    from train.eval.settings import setting_config
+    from train.settings import setting_config
 
     if cfg.setting is None or file_default is not None:
         if cfg.setting is not None:

@@ -57,7 +57,7 @@ from train.eval.report import scenario_table, summary_table
 from train.eval.sweep import (CallableDriver, PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep,
                               sweep_plan)
 from train.eval.streaming import first_pack, local_records, streaming_sweep
-from train.eval.settings import evaluation_config, setting_config
+from train.settings import evaluation_config, setting_config
 from train.eval.styles import eval_styles, partner_styles, style_env_config
 from train.coplayer import partner_file
 
@@ -123,7 +123,7 @@ class EvalConfig:
         resamples: bootstrap resamples (``--interval bootstrap``).
         wosac_rollouts: ``--mode wosac``: rollouts (worlds) per scenario (32 in the challenge).
         setting: evaluate in a named setting instead of the first checkpoint's own
-            (:data:`train.eval.settings.SETTINGS`: ``goal`` or ``sim_agent``; its env fields
+            (:data:`train.settings.SETTINGS`: ``goal`` or ``sim_agent``; its env fields
             replace the checkpoint's, with a note); None: as trained.
         export_rollouts: ``--mode wosac``: write the first ``--policy``'s rollouts to this file as a
             ``SimAgentsChallengeSubmission`` binproto (incomplete when scenarios were skipped: said).
@@ -227,7 +227,7 @@ def _load_policies(specs: list[str], device, extra: tuple = ()) -> list[dict]:
 
 def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
     """``(env_config, notes)``: the env settings of the first checkpoint under the evaluation rule
-    (:func:`train.eval.settings.evaluation_config`: training randomisations dropped, with a note),
+    (:func:`train.settings.evaluation_config`: training randomisations dropped, with a note),
     else the training defaults, with ``--k-trials`` applied; a note for every later checkpoint
     trained with other settings (it is evaluated under the first one's)."""
     from train.config import TrainConfig

@@ -56,7 +56,7 @@ class RunExtras:
         from train.eval.live import LiveEvaluator
 
         if self._live is None:
-            from train.eval.settings import evaluation_config
+            from train.settings import evaluation_config
 
             for note in evaluation_config(self.env.config)[1]:  # the evaluation rule, said once
                 self.say(f"periodic evaluation: {note}")

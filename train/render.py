@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"train.render: error: {e}", file=sys.stderr)
         return 2
-    from train.eval.settings import evaluation_config
+    from train.settings import evaluation_config
 
     cfg, notes = evaluation_config(cfg)  # the evaluation rule: log start, logged goals
     for note in notes:

@@ -178,7 +178,9 @@ def trial_clock(state) -> torch.Tensor:
 
 
 class TrialLog:
-    """Device counters of the trials that ended during rollouts (trial mode), read at report time.
+    """Per-world device counters of the trials that ended (trial mode): the trainer's trial log
+    (read at report time, :meth:`report`) and the evaluator's per world-episode trial columns
+    (``train/eval/sweep.py``: :attr:`trials`, :attr:`ended_early`, :attr:`steps`), one count.
 
     At each world trial end (``StepResult.info["trial_end"]``) the trial counts as *ended early*
     when it ended before the per-trial timeout (every active controlled agent removed, by goal or
@@ -190,19 +192,35 @@ class TrialLog:
 
     def __init__(self, num_worlds: int, timeout: int, device):
         self.timeout = int(timeout)
-        self.counts = torch.zeros(3, dtype=torch.int64, device=device)  # trials, ended early, steps
+        # [3, W] int64: trials ended, ended early, steps of the ended trials, per world
+        self.counts = torch.zeros(3, int(num_worlds), dtype=torch.int64, device=device)
+
+    @property
+    def trials(self) -> torch.Tensor:
+        """[W] int64 trials ended per world since the last :meth:`report` (a view)."""
+        return self.counts[0]
+
+    @property
+    def ended_early(self) -> torch.Tensor:
+        """[W] int64 of those, the trials that ended before the timeout (a view)."""
+        return self.counts[1]
+
+    @property
+    def steps(self) -> torch.Tensor:
+        """[W] int64 steps of the ended trials, summed (a view)."""
+        return self.counts[2]
 
     def step(self, state_before, trial_end: torch.Tensor) -> None:
         """After one env step: ``state_before``, the :class:`~gpusim.state.EnvState` the step started
         from (the env's clock is read from it); ``trial_end`` [W] bool."""
         length = trial_clock(state_before)
         early = trial_end & (length < self.timeout)
-        self.counts += torch.stack([trial_end.sum(), early.sum(), torch.where(trial_end, length, 0).sum()])
+        self.counts += torch.stack([trial_end.to(torch.int64), early.to(torch.int64), torch.where(trial_end, length, 0)])
 
     def report(self) -> dict[str, float]:
         """``trial_log/completed``, ``/ended_early``, ``/ended_by_timeout`` (trials since the last
         report) and ``/mean_length`` (steps); resets the counters; ``{}`` when no trial ended."""
-        n, early, steps = self.counts.tolist()
+        n, early, steps = self.counts.sum(dim=1).tolist()
         self.counts.zero_()
         if n == 0:
             return {}

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpusim.config import ActionSpace, EnvConfig
+from gpusim.config import EnvConfig
 from policy.actor_critic import ActorCritic, PolicyConfig
-from policy.encoders import ObsDims
 from train.checkpoint import clean_stale_temp_files
 from train.config import TrainConfig, UserError, env_config_from_dict, memory_task_experience, resolve_path
 from train.config import user_set as set_by_user
@@ -187,8 +186,8 @@ def build_run(cfg: TrainConfig, ranks, ckpt: dict | None, ckpt_file, run_dir: pa
     stale = clean_stale_temp_files(ckpt_path) if ranks.is_main else []
     metric_log = find_metric_log(env)
 
-    continuous = int(getattr(env, "config", env_config).action_space) == int(ActionSpace.CONTINUOUS)
-    policy = ActorCritic(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, policy_config).to(device)
+    policy = ActorCritic.for_env(env, policy_config, env_config).to(device)
+    continuous = policy.continuous
     optimizer = make_optimizer(policy.parameters(), cfg.learning_rate, cfg.adam_eps, fused=cfg.ppo.fused_adam)
     global_step, update, elapsed, dropped = 0, 0, 0.0, 0
     if ckpt is not None:

@@ -22,7 +22,7 @@ direction through the reflected stop point). Road edges are tested without orien
 :func:`with_mirrored_copies` appends the mirrored copy of every scenario (ids suffixed with
 :data:`MIRROR_SUFFIX`), so a uniform scenario draw runs a mirrored scene with probability 1/2
 per world per episode; :func:`training_pack` is the env's hook (``EnvConfig.mirror``). It is a
-training randomisation only: evaluation drops it (``train/eval/settings.py``), and behaviour
+training randomisation only: evaluation drops it (``train/settings.py``), and behaviour
 cloning and WOSAC data never use it (WOSAC scores traffic against the real, right-hand log).
 """
 

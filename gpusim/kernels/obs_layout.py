@@ -88,8 +88,10 @@ STYLE_FEATURES = tuple(f"{t}_norm" for t in STYLE_TERMS)
 #: The blocks of the flat observation vector, in order: name -> ``(slots, features per slot)`` as a
 #: function of the sizes dict of :func:`layout_from_sizes` (``ego_dim``, ``num_partners``,
 #: ``partner_dim``, ``num_roads``, ``road_dim``, ``num_signals``, ``signal_dim``, ``style_dim``,
-#: ``candidate_dim``). Every writer (the observation kernels, the observe stage) and every reader
-#: (the policy's encoder, the renderer, the experience hooks) finds a block by its slice in the
+#: ``candidate_dim``; any other key is read from the env's settings by name, e.g. an ``EnvConfig``
+#: field, so a block whose size is a setting reads it here and nothing else needs its size).
+#: Every writer (the observation kernels, the observe stage) and every reader (the policy's
+#: encoder, the renderer, the experience hooks) finds a block by its slice in the
 #: :class:`ObsLayout` built from this table, so a new block is one entry here plus its writer. The
 #: kernels write ``ego``, ``partners`` and ``roads`` in one pass: those three stay adjacent and in
 #: this order (:func:`layout_from_sizes` checks it).
@@ -136,6 +138,9 @@ class ObsLayout:
             divisor after a ``/`` (see the module docstring).
         blocks: ``((name, slice), ...)`` of every block of :data:`BLOCKS`, in order (a block of
             width 0 has an empty slice).
+        sizes: ``((key, value), ...)``, sorted: every size the entries of :data:`BLOCKS` read to
+            build this layout (:func:`layout_from_sizes`), so that a reader can rebuild it
+            (``policy.encoders.ObsDims``), settings read by name included.
     """
 
     ego_dim: int
@@ -162,6 +167,7 @@ class ObsLayout:
     candidates: slice = field(default_factory=lambda: slice(0, 0))
     candidate_features: tuple = ()
     blocks: tuple = ()
+    sizes: tuple = ()
 
     def block(self, name: str) -> slice:
         """The slice of block ``name`` (a key of :data:`BLOCKS`).
@@ -192,18 +198,38 @@ class ObsLayout:
         return self.block(block).start + names.index(feature)
 
 
-def layout_from_sizes(**sizes) -> ObsLayout:
-    """The :class:`ObsLayout` of the block sizes ``sizes`` (the keys :data:`BLOCKS` reads; missing
-    ``num_signals``, ``signal_dim``, ``style_dim``, ``candidate_dim`` are 0), blocks in the order of
-    :data:`BLOCKS`, with the default feature names (:func:`obs_layout` sets the real ones).
+class _Sizes(dict):
+    """The sizes dict the entries of :data:`BLOCKS` read: a key not given is the attribute of that
+    name of ``settings`` (an ``EnvConfig``), else 0, as an int; every key read is recorded."""
+
+    def __init__(self, given: dict, settings=None):
+        super().__init__(given)
+        self.settings, self.read = settings, {}
+
+    def __missing__(self, key):
+        return int(getattr(self.settings, key, 0) or 0)
+
+    def __getitem__(self, key):
+        value = int(super().__getitem__(key))
+        if value < 0:
+            raise ValueError(f"obs_layout: sizes must be >= 0, got {key} = {value}")
+        self.read[key] = value
+        return value
+
+
+def layout_from_sizes(settings=None, **sizes) -> ObsLayout:
+    """The :class:`ObsLayout` of the block sizes ``sizes`` (the keys :data:`BLOCKS` reads; a key not
+    given is read from ``settings`` by name, an ``EnvConfig`` or any object, else 0), blocks in the
+    order of :data:`BLOCKS`, with the default feature names (:func:`obs_layout` sets the real ones).
+    The sizes read are kept in ``ObsLayout.sizes``.
 
     Raises:
         ValueError: a negative size, or the kernel blocks (:data:`KERNEL_BLOCKS`) not adjacent and
             in order.
     """
-    s = {"num_signals": 0, "signal_dim": 0, "style_dim": 0, "candidate_dim": 0, **{k: int(v) for k, v in sizes.items()}}
-    if any(v < 0 for v in s.values()):
-        raise ValueError(f"obs_layout: sizes must be >= 0, got {s}")
+    s = _Sizes({k: int(v) for k, v in sizes.items()}, settings)
+    if any(v < 0 for v in dict.values(s)):
+        raise ValueError(f"obs_layout: sizes must be >= 0, got {dict(s)}")
     blocks, at = [], 0
     for name, width in BLOCKS.items():
         slots, feats = width(s)
@@ -220,17 +246,19 @@ def layout_from_sizes(**sizes) -> ObsLayout:
         ego=by["ego"], partners=by["partners"], roads=by["roads"],
         num_signals=s["num_signals"], signal_dim=s["signal_dim"], signals=by["signals"],
         style_dim=s["style_dim"], style=by["style"], candidate_dim=s["candidate_dim"],
-        candidates=by["candidates"], blocks=tuple(blocks),
+        candidates=by["candidates"], blocks=tuple(blocks), sizes=tuple(sorted(s.read.items())),
     )
 
 
 def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: bool = False,
-               candidates: int = 0) -> ObsLayout:
+               candidates: int = 0, settings=None) -> ObsLayout:
     """The :class:`ObsLayout` for ``num_partners`` partner slots, ``num_roads`` road slots and
     ``num_signals`` traffic-signal slots (0, the default: no signal block; the env passes
     ``EnvConfig.num_signals``). The blocks before the signal block do not depend on it. ``styles``
     (``EnvConfig.reward_conditioning``) appends the style block of :data:`STYLE_FEATURES`;
     ``candidates`` = G >= 2 (``EnvConfig.goal_candidates``) appends the candidate block after it.
+    ``settings``: the env's ``EnvConfig`` (or None), where an entry of :data:`BLOCKS` finds any
+    other size it reads, by field name (:func:`layout_from_sizes`).
 
     Raises:
         ValueError: if ``num_partners`` or ``num_roads`` is < 1 or ``num_signals`` < 0.
@@ -244,7 +272,7 @@ def obs_layout(num_partners: int, num_roads: int, num_signals: int = 0, styles: 
     cand_names += ("at_decoy",) if G else ()
     style_names = STYLE_FEATURES if styles else ()
     lay = layout_from_sizes(
-        ego_dim=len(EGO_FEATURES), num_partners=num_partners, partner_dim=len(PARTNER_FEATURES),
+        settings, ego_dim=len(EGO_FEATURES), num_partners=num_partners, partner_dim=len(PARTNER_FEATURES),
         num_roads=num_roads, road_dim=len(ROAD_FEATURES), num_signals=num_signals,
         signal_dim=len(SIGNAL_FEATURES), style_dim=len(style_names), candidate_dim=len(cand_names))
     return dataclasses.replace(lay, style_features=style_names, num_candidates=G, candidate_features=cand_names)

@@ -44,8 +44,7 @@ def record_finished(ctx: SimContext, state: EnvState, step: StepVars, changes: d
     tallies = {"return": changes["ep_return"], "length": changes["ep_length"],
                "goal": changes["goal_reached"][:, :C], "collided": changes["ever_collided"][:, :C],
                "offroad": changes["ever_offroad"][:, :C], "red_light": changes["ever_red_light"],
-               # the trial kernel's trial_score is the clean score of trial k (gpusim/kernels/trial.py)
-               "trial_reached": state.trial_reached, "trial_clean": state.trial_score}
+               "trial_reached": state.trial_reached, "trial_clean": state.trial_clean}
     values = episode_rows(tallies, cfg.k_trials if cfg.trial_mode else None)
     # roles (gpusim/sim/roles.py): egos feed the main log, co-players their own (ego = slot_active
     # without co-players, and terminal is only set on active slots, so nothing changes then)

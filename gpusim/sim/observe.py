@@ -2,10 +2,11 @@
 
 Ego extras, in the order of ``observations.EGO_EXTRA``: collided now, offroad now, trial index
 ``trial_count / k_trials``, time in trial ``(step - trial_start) / scenario_length`` (both 0
-outside trial mode), last reward. The op builds them from the state's fields
-(:func:`~gpusim.kernels.observations.observations_state`; the trial clock from
-:func:`_trial_clock` here). A new ego feature = a column there (torch and C) plus the layout
-(docs/architecture.md).
+outside trial mode), last reward. The op builds them from the ego inputs
+(``observations.tables.EGO_INPUTS``: the state's fields by name,
+:func:`~gpusim.kernels.observations.tables.ego_inputs`; the trial clock from :func:`_trial_clock`
+here). A new ego feature = its name, its input entry and column (torch), and its C line; nothing
+here (docs/architecture.md).
 
 The partner/road block (the first D0 columns) comes from one call on the step's backend:
 :func:`~gpusim.kernels.observations.observations_state` (the C kernel's state entry, the Triton
@@ -41,8 +42,9 @@ import torch
 
 from gpusim.backend import step_backend
 from gpusim.kernels.clocks import trial_features
-from gpusim.kernels.obs_layout import ObsLayout, obs_layout
+from gpusim.kernels.obs_layout import KERNEL_BLOCKS, ObsLayout, obs_layout
 from gpusim.kernels.observations.state import bind_observations_state
+from gpusim.kernels.observations.tables import ego_inputs
 from gpusim.kernels.signals import signal_observations
 from gpusim.sim.candidates import candidate_block
 from gpusim.sim.context import SimContext, StepVars, bound_op, slots
@@ -55,9 +57,10 @@ from gpusim.state import EnvState
 def config_obs_layout(cfg) -> ObsLayout:
     """The env's :class:`~gpusim.kernels.obs_layout.ObsLayout` for ``cfg`` (``EnvConfig``): its
     partner, road and signal slots, the style block with reward conditioning, the candidate block
-    in the memory task (``DriveEnv.obs_layout``; every block found by its slice)."""
+    in the memory task, and any block whose size is an ``EnvConfig`` field read by name in the block
+    table (``DriveEnv.obs_layout``; every block found by its slice)."""
     return obs_layout(num_partners=cfg.num_partners, num_roads=cfg.num_roads, num_signals=cfg.num_signals,
-                      styles=cfg.reward_conditioning, candidates=cfg.goal_candidates)
+                      styles=cfg.reward_conditioning, candidates=cfg.goal_candidates, settings=cfg)
 
 
 #: The ego block's trial-index column in the default layout (zeroed by the exact memoryless control;
@@ -84,7 +87,7 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
     cfg, p, C = ctx.config, ctx.pack, ctx.num_slots
     full = ctx.obs_buf
     lay = ctx.cached("obs_layout", config_obs_layout)
-    n_sig, n_style, n_cand = (sl.stop - sl.start for sl in (lay.signals, lay.style, lay.candidates))
+    n_style, n_cand = (sl.stop - sl.start for sl in (lay.style, lay.candidates))
     kern = lay.kernel  # the partner/road kernels' columns; d0: where they end
     d0 = kern.stop
     if step is None:  # env.observe() outside a step: the step's backend, arguments checked
@@ -98,12 +101,15 @@ def observe_state(ctx: SimContext, state: EnvState, step: StepVars | None = None
         cfg.partner_radius, cfg.road_radius, p.grid_start))
     ctx.obs_written, signals_done = observe_op(
         state.pos, state.heading, state.speed, state.length, state.width, state.agent_type, state.present, state.goal,
-        state.collided_now, state.offroad_now, t_index, t_time, state.last_reward, state.controlled, ctx.obs_written,
-        state.scenario, out=full if kern == slice(0, full.shape[-1]) else full[..., kern],
+        ego_inputs(state, t_index=t_index, t_time=t_time), state.controlled, ctx.obs_written, state.scenario,
+        out=full if kern == slice(0, full.shape[-1]) else full[..., kern],
         zero_tail=lay.signals.stop - d0 if no_signals else 0, scratch=ctx.obs_scratch)
     if cfg.zero_trial_index:  # the exact memoryless control: trial k starts like trial 0
         full[..., lay.column("ego", "trial_index")].fill_(0.0)
-    if not (n_style or n_cand or (n_sig and not signals_done)):
+    # done unless a block after the kernels' is left to write (any block of the table with columns;
+    # the signal block not when the C kernel zeroed it)
+    if not any(sl.stop > sl.start and name not in KERNEL_BLOCKS and not (name == "signals" and signals_done)
+               for name, sl in lay.blocks):
         return full
     active = ctx.obs_written.view(-1, C)  # the slots observed; the other rows are zero
     if cfg.num_signals > 0 and not signals_done:

@@ -20,7 +20,7 @@ def trial(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     """Sets ``step.truncation``, ``step.trial_ended`` [W, C] (and in trial mode ``step.terminal``,
     ``step.restart`` [W], ``step.info["trial_end"]`` [W]); in trial mode changes ``removed``,
     ``present``, ``trial_count``, ``trial_start``, ``world_done``, ``slot_done``, the
-    ``trial_*`` flags, ``trial_score`` (clean: goal without collision/offroad, kernel) and
+    ``trial_*`` flags, ``trial_clean`` (clean: goal without collision/offroad, the kernel's ``trial_score``) and
     ``trial_reached`` (goal reached in the trial, computed here)."""
     cfg, C = ctx.config, ctx.num_slots
     if not cfg.trial_mode:
@@ -45,7 +45,7 @@ def trial(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
         trial_goal=state.trial_goal,
         trial_collided=state.trial_collided,
         trial_offroad=state.trial_offroad,
-        trial_score=state.trial_score,
+        trial_score=state.trial_clean,
         per_trial_timeout=cfg.scenario_length,
         k_trials=cfg.k_trials,
         backend=step.backend,
@@ -64,4 +64,4 @@ def trial(ctx: SimContext, state: EnvState, step: StepVars) -> dict:
     return {"removed": tr.removed, "present": tr.present, "trial_count": tr.trial_count,
             "trial_start": tr.trial_start, "world_done": tr.world_done, "slot_done": tr.slot_done,
             "trial_goal": tr.trial_goal, "trial_collided": tr.trial_collided,
-            "trial_offroad": tr.trial_offroad, "trial_score": tr.trial_score, "trial_reached": trial_reached}
+            "trial_offroad": tr.trial_offroad, "trial_clean": tr.trial_score, "trial_reached": trial_reached}

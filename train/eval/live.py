@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from train.eval.modes import ModeOptions, get_mode, mode_env
-from train.eval.settings import evaluation_config
+from train.settings import evaluation_config
 from train.eval.styles import eval_styles, style_env_config
 from train.eval.sweep import PolicyDriver, default_num_worlds, ego_rows, make_sweep_env, run_sweep, sweep_plan
 
@@ -22,7 +22,7 @@ class LiveEvaluator:
 
     Args:
         env_config: the training env's :class:`~gpusim.config.EnvConfig` (each mode applies its changes;
-            training randomisations are dropped, :func:`train.eval.settings.evaluation_config`;
+            training randomisations are dropped, :func:`train.settings.evaluation_config`;
             with reward conditioning the egos drive the ``default`` style, not the training draw).
         data: scenarios (JSON directory or saved pack). modes: mode names.
         coplayer: partner checkpoints (needed by ``coplayer``). device. seed: env and partner draws.

@@ -221,7 +221,7 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
         with reward conditioning also ``mean_speed``, ``min_gap`` [W, C] float32
         (:class:`train.eval.styles.StyleProbe`).
     """
-    from train.rollout import trial_clock
+    from train.rollout import TrialLog, trial_clock
 
     cfg = env.config
     logs = (env.episode_metrics, env.sim.coplayer_metrics)
@@ -238,9 +238,7 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     K = int(cfg.k_trials) if trial else 1
     td = torch.zeros(W, C, K, dtype=torch.bool, device=dev)
     decoys = trial and int(cfg.goal_candidates) >= 2  # the memory task: per-trial decoy flags
-    tcount = torch.zeros(W, dtype=torch.int64, device=dev)
-    t_steps = torch.zeros(W, dtype=torch.int64, device=dev)
-    early = torch.zeros(W, dtype=torch.int64, device=dev)
+    log = TrialLog(W, cfg.scenario_length, dev)  # the trial ends per world, counted as the trainer counts them
     gstep = torch.full((W, C, K), -1, dtype=torch.int64, device=dev)
     probe = StyleProbe(env) if cfg.reward_conditioning else None  # mean_speed, min_gap (driving styles)
     for _ in range(env.horizon):
@@ -248,15 +246,12 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
         res = env.step(driver.act(env, obs))
         if trial:
             g = res.info["goal_reached"]
-            cur = torch.nn.functional.one_hot(tcount.clamp_max(K - 1), K).to(torch.bool)[:, None, :]
+            cur = torch.nn.functional.one_hot(log.trials.clamp_max(K - 1), K).to(torch.bool)[:, None, :]
             if decoys:
                 td |= res.info["decoy_reached"][..., None] & cur
-            ended = res.trial_ended.any(dim=1)
             clock = trial_clock(before)  # steps of the current trial, this one included
             gstep = torch.where(g[..., None] & cur & (gstep < 0), clock[:, None, None], gstep)
-            t_steps += torch.where(ended, clock, 0)
-            early += (ended & (clock < cfg.scenario_length)).to(torch.int64)
-            tcount += ended.to(torch.int64)
+            log.step(before, res.info["trial_end"])
         if probe is not None:
             probe.step(env, res)
         driver.observe(env, res)
@@ -269,7 +264,7 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
         out.update(probe.columns())
     if trial:
         out.update(trial_goal=torch.stack([metrics[f"trial_{k}_score"] > 0 for k in range(K)], dim=-1),
-                   trials=tcount, trials_ended_early=early, trial_steps=t_steps, trial_goal_step=gstep)
+                   trials=log.trials, trials_ended_early=log.ended_early, trial_steps=log.steps, trial_goal_step=gstep)
         if decoys:
             out["trial_decoy"] = td
     return out

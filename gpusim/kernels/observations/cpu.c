@@ -62,11 +62,11 @@ typedef struct {
     float cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div;
     int abits, rbits;
     /* gpusim_observations_state only (extra == NULL): goal is the state's [W, A, 2] (goal_cols = A;
-     * C for gpusim_observations), the ego extras are read from the state's fields */
+     * C for gpusim_observations), the ego extras are read from the ego inputs of its arguments `in`
+     * by name (tables.EGO_INPUTS: collided, offroad [W, A]; t_index, t_time [W] or NULL: 0;
+     * last_reward [W, C]); NULL for gpusim_observations */
     int64_t goal_cols;
-    const uint8_t *collided, *offroad; /* [W, A] */
-    const float *last_reward;          /* [W, C] */
-    const float *t_index, *t_time;     /* [W], or NULL: 0 (no trial mode) */
+    const ObservationsStateArgs *in;
 } ObsArgs;
 
 static inline uint32_t f32_bits(float x) {
@@ -236,12 +236,13 @@ static void obs_row(const ObsArgs *a, int64_t i, int active, float *dst, int64_t
     dst[EGO_goal_dist] = sqrtf(gx * gx + gy * gy) / a->goal_div;
     if (a->extra) {
         memcpy(dst + EGO_collided, a->extra + NEXTRA * i, NEXTRA * sizeof(float));
-    } else { /* tables.ego_extra: collided, offroad, trial index, time in trial, last reward */
-        dst[EGO_collided] = a->collided[e] ? 1.0f : 0.0f;
-        dst[EGO_offroad] = a->offroad[e] ? 1.0f : 0.0f;
-        dst[EGO_trial_index] = a->t_index ? a->t_index[w] + 0.0f : 0.0f;
-        dst[EGO_time_in_trial] = a->t_time ? a->t_time[w] + 0.0f : 0.0f;
-        dst[EGO_last_reward] = a->last_reward[i];
+    } else { /* tables.ego_extra of tables.EGO_INPUTS (index e: [W, A], w: [W], i: [W, C]) */
+        const ObservationsStateArgs *in = a->in;
+        dst[EGO_collided] = in->collided[e] ? 1.0f : 0.0f;
+        dst[EGO_offroad] = in->offroad[e] ? 1.0f : 0.0f;
+        dst[EGO_trial_index] = in->t_index ? in->t_index[w] + 0.0f : 0.0f;
+        dst[EGO_time_in_trial] = in->t_time ? in->t_time[w] + 0.0f : 0.0f;
+        dst[EGO_last_reward] = in->last_reward[i];
     }
     partners_row(a, w, c, ex, ey, ec, es, dst + EGO_DIM, keys);
     roads_row(a, w, ex, ey, ec, es, dst + EGO_DIM + a->P * PDIM, keys);
@@ -311,7 +312,7 @@ int gpusim_observations(const ObservationsArgs *args) {
     ObsArgs a = {pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, extra, active, scenario,
                  geo, feat, grid, grid_is16, grid_start, grid_origin, grid_dims, A, C, K, R, P,
                  cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div, abits, rbits,
-                 C, NULL, NULL, NULL, NULL, NULL};
+                 C, NULL};
     RowSel sel = {rows, n, NULL, NULL, NULL};
     return run_rows(&a, &sel, out, out_stride, zero_tail, num_threads);
 }
@@ -319,15 +320,15 @@ int gpusim_observations(const ObservationsArgs *args) {
 /* The env's observation stage in one call (sim.observe): the W*C slots' rows from the state's own
  * fields. Slot c of world w is in play when controlled and present [W, A] are set at column c; its
  * row is written when it is in play or written [W*C] says it may be non-zero (then zeroed);
- * written_out [W*C] receives the in-play flags. goal is [W, A, 2]; the ego extras come from
- * collided / offroad [W, A], t_index / t_time [W] (NULL: 0) and last_reward [W, C].
+ * written_out [W*C] receives the in-play flags. goal is [W, A, 2]; the ego extras come from the
+ * ego inputs of args by name (obs_row).
  * Returns as gpusim_observations. */
 int gpusim_observations_state(const ObservationsStateArgs *args) {
     GPUSIM_UNPACK_ObservationsStateArgs(args)
     ObsArgs a = {pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, NULL, NULL, scenario,
                  geo, feat, grid, grid_is16, grid_start, grid_origin, grid_dims, A, C, K, R, P,
                  cell_size, pr2, inv_pr, rr2, inv_rr, two_inv_rr, speed_mul, size_mul, goal_div, abits, rbits,
-                 A, collided, offroad, last_reward, t_index, t_time};
+                 A, args};
     RowSel sel = {NULL, W * C, controlled, written, written_out};
     return run_rows(&a, &sel, out, out_stride, zero_tail, num_threads);
 }

@@ -33,7 +33,8 @@ from gpusim.kernels.cbuild import CStruct, declare_struct_entry, define_lines, h
 from gpusim.kernels.grid import grid_table_rows
 from gpusim.kernels.obs_layout import EGO_EXTRA, GOAL_SCALE, SIZE_SCALE, SPEED_SCALE, kernel_layout
 from gpusim.kernels.observations.naive import observations_reference
-from gpusim.kernels.observations.tables import GEO_COLS, ROAD_COLS, check_inputs, ego_extra, index_bits, road_table
+from gpusim.kernels.observations.tables import (EGO_INPUTS, GEO_COLS, ROAD_COLS, check_inputs, ego_extra, index_bits,
+                                                 road_table)
 
 #: Version of the C functions' argument structs (``gpusim_obs_abi()`` in cpu.c must return it).
 ABI = 4
@@ -44,6 +45,11 @@ SOURCE = Path(__file__).with_name("cpu.c")
 _CONSTANTS = """int64_t A, int64_t C, int64_t K, int64_t R, int64_t P, int abits, int rbits, float cell_size, float pr2,
     float inv_pr, float rr2, float inv_rr, float two_inv_rr, float speed_mul, float size_mul, float goal_div,
     int num_threads"""
+#: C pointer types of the ego inputs' dtypes (:data:`~.tables.EGO_INPUTS`).
+_C_TYPES = {torch.bool: "const uint8_t", torch.float32: "const float", torch.int32: "const int32_t",
+            torch.int64: "const int64_t"}
+#: The state entry's ego-input fields, one pointer per :data:`~.tables.EGO_INPUTS` entry, by name.
+_EGO_INPUT_FIELDS = "".join(f"{_C_TYPES[dtype]} *{name}, " for name, (_, dtype, _) in EGO_INPUTS.items())
 #: The argument structs of ``gpusim_observations`` and ``gpusim_observations_state`` (cpu.c; their C
 #: twins are generated from these tables).
 OBSERVATIONS_ARGS = CStruct("ObservationsArgs", """
@@ -55,8 +61,7 @@ OBSERVATIONS_ARGS = CStruct("ObservationsArgs", """
 OBSERVATIONS_STATE_ARGS = CStruct("ObservationsStateArgs", """
     const float *pos, const float *cos_h, const float *sin_h, const float *speed, const float *length,
     const float *width, const int8_t *agent_type, const uint8_t *present, const float *goal,
-    const uint8_t *collided, const uint8_t *offroad, const float *t_index, const float *t_time,
-    const float *last_reward, const uint8_t *controlled, const uint8_t *written, uint8_t *written_out,
+    """ + _EGO_INPUT_FIELDS + """const uint8_t *controlled, const uint8_t *written, uint8_t *written_out,
     const int64_t *scenario, const float *geo, const float *feat, const void *grid, int grid_is16,
     const int64_t *grid_start, const float *grid_origin, const int32_t *grid_dims, int64_t W, float *out,
     int64_t out_stride, int64_t zero_tail, """ + _CONSTANTS)
@@ -230,13 +235,15 @@ def observations_cpu(
 
 
 def _check_state_inputs(W: int, A: int, C: int, device, **named) -> dict:
-    """Shapes/dtypes of :func:`observations_cpu_state`'s state inputs; returns them contiguous."""
-    expect = {"goal": ((W, A, 2), torch.float32), "collided": ((W, A), torch.bool),
-              "offroad": ((W, A), torch.bool), "last_reward": ((W, C), torch.float32),
-              "controlled": ((W, A), torch.bool), "written": ((W * C,), torch.bool),
-              "t_index": ((W,), torch.float32), "t_time": ((W,), torch.float32)}
+    """Shapes/dtypes of :func:`observations_cpu_state`'s state inputs (the ego inputs by their
+    :data:`~.tables.EGO_INPUTS` entries; a stage-computed one may be None); returns them contiguous."""
+    kinds = {"W": (W,), "WA": (W, A), "WC": (W, C)}
+    expect = {"goal": ((W, A, 2), torch.float32), "controlled": ((W, A), torch.bool),
+              "written": ((W * C,), torch.bool),
+              **{n: (kinds[kind], dtype) for n, (kind, dtype, _) in EGO_INPUTS.items()}}
+    optional = {n for n, (_, _, field) in EGO_INPUTS.items() if field is None}
     for name, t in named.items():
-        if t is None and name in ("t_index", "t_time"):
+        if t is None and name in optional:
             continue
         shape, dtype = expect[name]
         if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
@@ -247,27 +254,29 @@ def _check_state_inputs(W: int, A: int, C: int, device, **named) -> dict:
     return named
 
 
-def _check_state_call(pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index,
-                      t_time, last_reward, controlled, written, scenario, road_seg, road_type, grid_road, grid_origin,
-                      grid_dims, cell_size, num_partners, partner_radius, road_radius, out, grid_start, zero_tail,
-                      cos_h, sin_h) -> tuple:
+def _check_state_call(pos, heading, speed, length, width, agent_type, present, goal, ego_inputs, controlled,
+                      written, scenario, road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size,
+                      num_partners, partner_radius, road_radius, out, grid_start, zero_tail, cos_h, sin_h) -> tuple:
     """The argument checks of :func:`observations_cpu_state` (``check=True``): returns its state
-    inputs ``(goal, collided, offroad, last_reward, controlled, written, t_index, t_time, cos_h,
-    sin_h)`` contiguous. Raises ValueError as documented there."""
+    inputs ``(goal, ego_inputs, controlled, written, cos_h, sin_h)`` contiguous. Raises ValueError as
+    documented there."""
     W, A = heading.shape
-    C = last_reward.shape[1]
-    if not isinstance(out, torch.Tensor):
+    if not isinstance(out, torch.Tensor) or out.dim() != 3:
         raise ValueError("observations_cpu_state: out is required (the env's [W, C, D] buffer or a column view)")
-    fixed = _check_state_inputs(W, A, C, pos.device, goal=goal, collided=collided, offroad=offroad,
-                                last_reward=last_reward, controlled=controlled, written=written,
-                                t_index=t_index, t_time=t_time)
-    goal, collided, offroad, last_reward = fixed["goal"], fixed["collided"], fixed["offroad"], fixed["last_reward"]
-    controlled, written, t_index, t_time = fixed["controlled"], fixed["written"], fixed["t_index"], fixed["t_time"]
+    C = out.shape[1]
+    if not isinstance(ego_inputs, dict) or set(ego_inputs) != set(EGO_INPUTS):
+        got = sorted(ego_inputs) if isinstance(ego_inputs, dict) else type(ego_inputs).__name__
+        raise ValueError(f"observations_cpu_state: ego_inputs must name {sorted(EGO_INPUTS)} (tables.EGO_INPUTS), "
+                         f"got {got}")
+    fixed = _check_state_inputs(W, A, C, pos.device, goal=goal, controlled=controlled, written=written, **ego_inputs)
+    goal, controlled, written = fixed.pop("goal"), fixed.pop("controlled"), fixed.pop("written")
+    ego_inputs = fixed
     if pos.device.type != "cpu":
         raise ValueError(f"observations_cpu_state: tensors must be on the CPU, got {pos.device}")
     lay = check_inputs(pos=pos, heading=heading, speed=speed, length=length, width=width,
                        agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(),
-                       ego_extra=torch.empty(W, C, len(EGO_EXTRA)), ego_active=controlled[:, :C].contiguous(), scenario=scenario,
+                       ego_extra=torch.empty(W, C, len(EGO_EXTRA)), ego_active=controlled[:, :C].contiguous(),
+                       scenario=scenario,
                        road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_origin=grid_origin,
                        grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
                        partner_radius=partner_radius, road_radius=road_radius, out=None,
@@ -278,26 +287,26 @@ def _check_state_call(pos, heading, speed, length, width, agent_type, present, g
     check_index_range(scenario, road_seg.shape[0], f"observations: scenario indices must lie in [0, S = {road_seg.shape[0]})")
     if cos_h is not None and sin_h is not None:
         cos_h, sin_h = _trig_input(cos_h, "cos_h", W, A), _trig_input(sin_h, "sin_h", W, A)
-    return goal, collided, offroad, last_reward, controlled, written, t_index, t_time, cos_h, sin_h
+    return goal, ego_inputs, controlled, written, cos_h, sin_h
 
 
 def observations_cpu_state(
-    pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index, t_time,
-    last_reward, controlled, written, scenario, road_seg, road_type, grid_road, grid_origin, grid_dims,
-    cell_size, num_partners, partner_radius, road_radius, out, grid_start=None, zero_tail=0, cos_h=None,
-    sin_h=None, check=True, static=None,
+    pos, heading, speed, length, width, agent_type, present, goal, ego_inputs, controlled, written, scenario,
+    road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners, partner_radius, road_radius,
+    out, grid_start=None, zero_tail=0, cos_h=None, sin_h=None, check=True, static=None,
 ) -> torch.Tensor:
     """The env's observation stage (``gpusim.sim.observe``) in one C call, reading the state's own
     fields: what :func:`observations_cpu` computes with ``goal = goal[:, :C]``, ``ego_active =
-    (controlled & present)[:, :C]``, ``ego_extra`` = stack(collided[:, :C], offroad[:, :C],
-    t_index[:, None], t_time[:, None], last_reward) as float32 (``gpusim.sim.observe.ego_extra``)
+    (controlled & present)[:, :C]``, ``ego_extra`` = :func:`~.tables.ego_extra` of ``ego_inputs``
     and ``rows`` = the slots in play or set in ``written``, with no torch op in between.
 
     Args (W worlds, A agents, C policy slots): as :func:`observations_cpu`, except
         goal: [W, A, 2] float32 (the state's field; the first C columns are read).
-        collided, offroad: [W, A] bool, the state's ``collided_now`` / ``offroad_now``.
-        t_index, t_time: [W] float32 trial index / time in trial, or None for 0 (no trial mode).
-        last_reward: [W, C] float32. controlled: [W, A] bool (the state's field; a slot is
+        ego_inputs: the :data:`~.tables.EGO_INPUTS` by name (:func:`~.tables.ego_inputs`):
+            ``collided``, ``offroad`` [W, A] bool (the state's ``collided_now`` / ``offroad_now``),
+            ``t_index``, ``t_time`` [W] float32 trial index / time in trial or None for 0 (no trial
+            mode), ``last_reward`` [W, C] float32; each passed to the C kernel as its struct field.
+        controlled: [W, A] bool (the state's field; a slot is
             controlled when its column is set, ``EnvState.slot_active``).
         written: [W*C] bool, slots whose rows may be non-zero (those not in play are zeroed).
         out: required, as in :func:`observations_cpu` (a column view of a wider buffer allowed).
@@ -308,17 +317,17 @@ def observations_cpu_state(
         ValueError: as :func:`observations_cpu`, naming the argument, when ``check`` is True.
     """
     W, A = heading.shape
-    C = last_reward.shape[1]
     zero_tail = int(zero_tail)
     if check:
-        goal, collided, offroad, last_reward, controlled, written, t_index, t_time, cos_h, sin_h = _check_state_call(
-            pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index, t_time,
-            last_reward, controlled, written, scenario, road_seg, road_type, grid_road, grid_origin, grid_dims,
-            cell_size, num_partners, partner_radius, road_radius, out, grid_start, zero_tail, cos_h, sin_h)
+        goal, ego_inputs, controlled, written, cos_h, sin_h = _check_state_call(
+            pos, heading, speed, length, width, agent_type, present, goal, ego_inputs, controlled, written,
+            scenario, road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners,
+            partner_radius, road_radius, out, grid_start, zero_tail, cos_h, sin_h)
+    C = out.shape[1]
     lib = load_library()
     if lib is None:  # the torch reference through observations_cpu, with the classic inputs
         active = (controlled & present)[:, :C].contiguous()
-        extra = ego_extra(collided, offroad, t_index, t_time, last_reward)
+        extra = ego_extra(ego_inputs, C)
         flat = active.view(-1)
         observations_cpu(pos=pos, heading=heading, speed=speed, length=length, width=width,
                          agent_type=agent_type, present=present, goal=goal[:, :C].contiguous(), ego_extra=extra,
@@ -336,26 +345,27 @@ def observations_cpu_state(
     if cos_h is None or sin_h is None:  # shared with the contacts' C kernels while the headings are the same
         cos_h, sin_h = heading_trig(heading)
     # layout established by a checked call (or checked above)
-    return state_call(lib, static, pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, collided,
-                      offroad, t_index, t_time, last_reward, controlled, written, scenario, out, zero_tail)
+    return state_call(lib, static, pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, ego_inputs,
+                      controlled, written, scenario, out, zero_tail)
 
 
-def state_call(lib, static, pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, collided, offroad,
-               t_index, t_time, last_reward, controlled, written, scenario, out, zero_tail: int) -> torch.Tensor:
+def state_call(lib, static, pos, cos_h, sin_h, speed, length, width, agent_type, present, goal, ego_inputs, controlled,
+               written, scenario, out, zero_tail: int) -> torch.Tensor:
     """The C state entry on arguments whose layout is established (:func:`observations_cpu_state`
     without its checks; ``lib``: the loaded library, ``static``: :func:`observations_cpu_static`);
-    ``t_index`` / ``t_time`` None pass NULL. Returns the [W*C] bool in-play flags.
+    ``ego_inputs`` by name (each its struct field; a None one, the trial clock outside trial mode,
+    passes NULL). Returns the [W*C] bool in-play flags.
 
     Raises:
         RuntimeError: the C kernel reports an error.
     """
     W, A = present.shape
-    written_out = torch.empty(W * last_reward.shape[1], dtype=torch.bool)
+    written_out = torch.empty(W * out.shape[1], dtype=torch.bool)
     rc = lib.gpusim_observations_state(static.args(
         pos=pos, cos_h=cos_h, sin_h=sin_h, speed=speed, length=length, width=width, agent_type=agent_type,
-        present=present, goal=goal, collided=collided, offroad=offroad, t_index=t_index, t_time=t_time,
-        last_reward=last_reward, controlled=controlled, written=written, written_out=written_out, scenario=scenario,
-        W=W, out=out, out_stride=out.stride(1), zero_tail=int(zero_tail), num_threads=torch.get_num_threads()))
+        present=present, goal=goal, **ego_inputs, controlled=controlled, written=written, written_out=written_out,
+        scenario=scenario, W=W, out=out, out_stride=out.stride(1), zero_tail=int(zero_tail),
+        num_threads=torch.get_num_threads()))
     if rc != 0:
         raise RuntimeError(f"observations_cpu_state: the C kernel returned {rc} (A={A}, K={static.K})")
     return written_out

@@ -3,8 +3,8 @@
 
 It computes what :func:`gpusim.kernels.observations.observations` computes with the classic
 inputs built from the state (the in-play slots ``(controlled & present)[:, :C]``, the goal slots
-``goal[:, :C]``, the ego extras ``stack(collided[:, :C], offroad[:, :C], trial index, time in
-trial, last_reward)``), written only where it can change:
+``goal[:, :C]``, the ego extras built from the ego inputs, :func:`~.tables.ego_extra` of
+:data:`~.tables.EGO_INPUTS`), written only where it can change:
 
 * ``"c"``: :func:`gpusim.kernels.observations.cpu.observations_cpu_state`, one C call;
 * ``"triton"``: the Triton kernel with ``written`` (a slot neither in play nor written before
@@ -27,17 +27,18 @@ from gpusim.kernels.observations.naive import observations_reference
 from gpusim.kernels.observations.tables import ego_extra
 
 
-def observations_state(pos, heading, speed, length, width, agent_type, present, goal, collided, offroad, t_index,
-                       t_time, last_reward, controlled, written, scenario, road_seg, road_type, grid_road,
-                       grid_origin, grid_dims, cell_size, num_partners, partner_radius, road_radius, out,
-                       grid_start=None, zero_tail: int = 0, *, backend: str | None = None, check: bool = True,
-                       static=None, scratch: dict | None = None) -> torch.Tensor:
+def observations_state(pos, heading, speed, length, width, agent_type, present, goal, ego_inputs, controlled, written,
+                       scenario, road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size, num_partners,
+                       partner_radius, road_radius, out, grid_start=None, zero_tail: int = 0, *,
+                       backend: str | None = None, check: bool = True, static=None,
+                       scratch: dict | None = None) -> torch.Tensor:
     """The partner/road block of the state's observation written into ``out`` (module docstring).
 
     Args (W worlds, A agents, C policy slots): as
         :func:`~gpusim.kernels.observations.cpu.observations_cpu_state`: ``goal`` [W, A, 2],
-        ``collided`` / ``offroad`` [W, A] bool (the state's ``*_now``), ``t_index`` / ``t_time`` [W]
-        float32 or None (0), ``last_reward`` [W, C], ``controlled`` [W, A], ``written`` [W*C] bool
+        ``ego_inputs`` the :data:`~.tables.EGO_INPUTS` by name (:func:`~.tables.ego_inputs`:
+        ``collided`` / ``offroad`` [W, A] bool, the state's ``*_now``; ``t_index`` / ``t_time`` [W]
+        float32 or None (0); ``last_reward`` [W, C]), ``controlled`` [W, A], ``written`` [W*C] bool
         (the rows that may be non-zero), ``out`` [W, C, D] float32 (a column view of a wider
         buffer allowed). zero_tail: columns after the first D that the C kernel zeroes in the rows
         it writes, in the same pass (the env: the signal block of a pack without signals); the
@@ -61,17 +62,17 @@ def observations_state(pos, heading, speed, length, width, agent_type, present, 
     if name == "c" and cpu_kernel_available():
         return observations_cpu_state(
             pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
-            present=present, goal=goal, collided=collided, offroad=offroad, t_index=t_index, t_time=t_time,
-            last_reward=last_reward, controlled=controlled, written=written, scenario=scenario, road_seg=road_seg,
+            present=present, goal=goal, ego_inputs=ego_inputs, controlled=controlled, written=written,
+            scenario=scenario, road_seg=road_seg,
             road_type=road_type, grid_road=grid_road, grid_start=grid_start, grid_origin=grid_origin,
             grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners, partner_radius=partner_radius,
             road_radius=road_radius, out=out, zero_tail=zero_tail, check=check,
             static=static() if callable(static) else static), zero_tail > 0
-    C = last_reward.shape[1]
+    C = out.shape[1]
     active = (controlled[:, :C] & present[:, :C]).contiguous()
     kw = dict(pos=pos, heading=heading, speed=speed, length=length, width=width, agent_type=agent_type,
               present=present, goal=goal[:, :C].contiguous(), ego_active=active, scenario=scenario,
-              ego_extra=ego_extra(collided, offroad, t_index, t_time, last_reward),
+              ego_extra=ego_extra(ego_inputs, C),
               road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_start=grid_start,
               grid_origin=grid_origin, grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
               partner_radius=partner_radius, road_radius=road_radius)
@@ -88,8 +89,8 @@ def bind_observations_state(backend: str | None, check: bool, road_seg, road_typ
                             grid_start=None, static=None):
     """:func:`observations_state` with the pack's road tables and the config (and ``backend``,
     ``check``, ``static``) bound: returns ``fn(pos, heading, speed, length, width, agent_type,
-    present, goal, collided, offroad, t_index, t_time, last_reward, controlled, written, scenario,
-    out, zero_tail, scratch) -> (observed, tail_zeroed)``. On the C backend without checks it
+    present, goal, ego_inputs, controlled, written, scenario, out, zero_tail, scratch) ->
+    (observed, tail_zeroed)``. On the C backend without checks it
     calls the kernel's state entry directly (cos/sin of the headings: ``cbuild.heading_trig``).
     ``static``: the C kernel's per-pack arguments (``observations_cpu_static``, or a function of
     no argument returning them); None: derived here at the first call (the agent and slot counts
@@ -100,20 +101,20 @@ def bind_observations_state(backend: str | None, check: bool, road_seg, road_typ
         def static():
             return kept["static"]
 
-        def derive(present, last_reward):
+        def derive(present, out):
             if "static" not in kept:
                 kept["static"] = observations_cpu_static(
                     road_seg=road_seg, road_type=road_type, grid_road=grid_road, grid_start=grid_start,
                     grid_origin=grid_origin, grid_dims=grid_dims, cell_size=cell_size, num_partners=num_partners,
                     partner_radius=partner_radius, road_radius=road_radius, A=present.shape[1],
-                    C=last_reward.shape[1])
+                    C=out.shape[1])
     else:
-        def derive(present, last_reward):
+        def derive(present, out):
             pass
     lib = load_library() if backend == "c" and not check else None
     if lib is None:
         def call(*state, out, zero_tail, scratch):
-            derive(state[6], state[12])  # present, last_reward
+            derive(state[6], out)  # present
             return observations_state(*state, road_seg, road_type, grid_road, grid_origin, grid_dims, cell_size,
                                       num_partners, partner_radius, road_radius, out, grid_start, zero_tail,
                                       backend=backend, check=check, static=static, scratch=scratch)
@@ -122,7 +123,7 @@ def bind_observations_state(backend: str | None, check: bool, road_seg, road_typ
 
     def run(pos, heading, *state, out, zero_tail, scratch):
         if fixed[0] is None:
-            derive(state[4], state[10])  # present, last_reward
+            derive(state[4], out)  # present
             fixed[0] = static()
         cos_h, sin_h = heading_trig(heading)
         return state_call(lib, fixed[0], pos, cos_h, sin_h, *state, out, zero_tail), zero_tail > 0

@@ -22,20 +22,59 @@ from gpusim.kernels.obs_layout import (
     kernel_layout,
 )
 
-def ego_extra(collided, offroad, t_index, t_time, last_reward) -> torch.Tensor:
-    """The ego extras [W, C, len(EGO_EXTRA)] float32 from the state's fields, in the order of
-    :data:`~gpusim.kernels.obs_layout.EGO_EXTRA` (the torch paths' one builder; ``cpu.c`` reads
-    the same fields in its state entry).
+#: The inputs the ego extras are built from, by name: ``name -> (shape kind, dtype, state field)``.
+#: Shape kinds (W worlds, A agent slots, C policy slots): ``"WA"`` per agent slot (the first C
+#: columns are read), ``"WC"`` per policy slot, ``"W"`` per world. ``state field``: the
+#: :class:`~gpusim.state.EnvState` field the observe stage passes (:func:`ego_inputs`); None: an
+#: input the stage computes (the trial clock), which may be None (read as 0). The torch builder
+#: (:func:`ego_extra`) and the C kernel's state entry (``cpu.c``: its struct field of the same name,
+#: ``cpu.OBSERVATIONS_STATE_ARGS``; argument checks ``cpu._check_state_inputs``) both take them by
+#: name, so an ego feature of another state field is its ``EGO_EXTRA`` name, its entry here with its
+#: column in :func:`ego_extra`, and its line in ``cpu.c``.
+EGO_INPUTS = {
+    "collided": ("WA", torch.bool, "collided_now"),
+    "offroad": ("WA", torch.bool, "offroad_now"),
+    "t_index": ("W", torch.float32, None),
+    "t_time": ("W", torch.float32, None),
+    "last_reward": ("WC", torch.float32, "last_reward"),
+}
 
-    Args (W worlds, A agents, C slots): collided, offroad: [W, A] bool (``*_now``; the first C
-    columns are read); t_index, t_time: [W] float32 trial index and time in trial, or None (0);
-    last_reward: [W, C] float32.
+
+def ego_inputs(state, **computed) -> dict:
+    """The :data:`EGO_INPUTS` of ``state`` (an :class:`~gpusim.state.EnvState`): each state field by
+    its input name, the stage-computed ones from ``computed`` (``t_index``, ``t_time``: [W] float32
+    or None).
+
+    Raises:
+        ValueError: ``computed`` names an input that is not stage-computed, or lacks one.
     """
-    C = last_reward.shape[1]
-    zeros = torch.zeros_like(last_reward)
-    cols = {"collided": collided[:, :C].float(), "offroad": offroad[:, :C].float(),
-            "trial_index": zeros if t_index is None else t_index[:, None] + zeros,
-            "time_in_trial": zeros if t_time is None else t_time[:, None] + zeros, "last_reward": last_reward}
+    own = {n for n, (_, _, field) in EGO_INPUTS.items() if field is None}
+    if set(computed) != own:
+        raise ValueError(f"ego_inputs: the stage computes {sorted(own)}, got {sorted(computed)}")
+    return {n: computed[n] if field is None else getattr(state, field) for n, (_, _, field) in EGO_INPUTS.items()}
+
+
+def ego_extra(inputs: dict, num_slots: int) -> torch.Tensor:
+    """The ego extras [W, C, len(EGO_EXTRA)] float32 from the :data:`EGO_INPUTS` ``inputs`` (by
+    name), in the order of :data:`~gpusim.kernels.obs_layout.EGO_EXTRA` (the torch paths' one
+    builder; ``cpu.c`` reads the same inputs in its state entry). ``num_slots``: C.
+
+    Inputs (W worlds, A agents, C slots): ``collided``, ``offroad``: [W, A] bool (the state's
+    ``*_now``; the first C columns are read); ``t_index``, ``t_time``: [W] float32 trial index and
+    time in trial, or None (0); ``last_reward``: [W, C] float32.
+    """
+    C = int(num_slots)
+    ref = next(t for n, t in inputs.items() if t is not None and EGO_INPUTS[n][0] != "W")
+    zeros = torch.zeros(ref.shape[0], C, dtype=torch.float32, device=ref.device)
+
+    def slot(name: str) -> torch.Tensor:  # input `name` per policy slot, [W, C] float32
+        t, kind = inputs[name], EGO_INPUTS[name][0]
+        if t is None:
+            return zeros
+        return t[:, None] + zeros if kind == "W" else t[:, :C].float()
+
+    cols = {"collided": slot("collided"), "offroad": slot("offroad"), "trial_index": slot("t_index"),
+            "time_in_trial": slot("t_time"), "last_reward": slot("last_reward")}
     return torch.stack([cols[name] for name in EGO_EXTRA], dim=-1)
 
 
