@@ -28,7 +28,8 @@ bearing within ``half`` degrees of the start heading; places kept greedily in be
 they differ by at least ``min_angle`` degrees of bearing and :data:`MIN_SEPARATION` m from every
 place kept; at most :data:`POOL_MAX` places). On the shared WOMD splits at ``max_controlled = 8``,
 223 of the 270 train agents and 90 of the 109 held-out agents have >= 2 lane-graph places (3.05
-and 2.87 on average); every agent has >= 2 places. ``steer_to_goal`` told the true candidate
+and 2.87 on average); every agent has >= 2 places. An agent with fewer than K places is left out of
+the task (:func:`task_pool`: every candidate is its logged goal, the evaluator does not count it). ``steer_to_goal`` told the true candidate
 reaches it in 0.526 [0.472, 0.580] of the held-out trials (0.318 with the geometric places alone,
 many of which lie across a median or on a lane of the other direction). The log's endpoint is no
 hint: the true candidate is drawn uniformly, so the route the logged driver took (which may be a
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -217,6 +219,69 @@ def candidate_pool(pack, config, strict: bool = True) -> tuple[torch.Tensor, tor
     return torch.from_numpy(places).to(dev), torch.from_numpy(count).to(dev)
 
 
+#: At most this many scenarios are named in the warning of :func:`task_pool`.
+WARN_SCENARIOS = 5
+
+
+def task_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
+    """The memory task's pool: :func:`candidate_pool` without ``strict``, so that a controlled
+    agent with fewer than ``goal_candidates`` places (e.g. one that starts in a parking lot, tens of
+    metres from every lane) gets count 0 and is left out of the task instead of its scenario being
+    refused. Such an agent still drives (the policy controls it), but every one of its candidates is
+    its logged goal (:func:`draw_candidates`), so it cannot reach a decoy, and the evaluator does not
+    count it (:func:`task_slots`). A ``UserWarning`` says how many agents and names their scenarios
+    (at most :data:`WARN_SCENARIOS`; the rest as a count), once per message.
+
+    Args:
+        pack: :class:`~gpusim.data.ScenarioPack`. config: :class:`~gpusim.config.EnvConfig` with
+            ``goal_candidates`` >= 2.
+
+    Returns:
+        ``(places [S, C, M, 2] float32 (m, scenario frame), count [S, C] int64)`` as
+        :func:`candidate_pool`; ``count`` is 0 for the agents left out.
+
+    Raises:
+        ValueError: no controlled agent of the pack has ``goal_candidates`` places (the task
+            cannot be played at all: names the setting and what to do).
+    """
+    places, count = candidate_pool(pack, config, strict=False)
+    need, S = int(config.goal_candidates), count.shape[0]
+    out = _left_out(pack, count)
+    agents = int(pack.num_controlled.clamp(max=count.shape[1]).sum())
+    if agents and int(out.sum()) == agents:
+        raise ValueError(f"goal_candidates={need}: none of the {agents} controlled agents of the {S} "
+                         f"scenario(s) has {need} candidate places (lane points at a similar distance from its "
+                         "start); lower --env.goal-candidates or use other scenarios")
+    per = out.sum(1).tolist()
+    named = [f"{pack.scenario_ids[s]} ({n})" for s, n in enumerate(per) if n]
+    if named:
+        more = f" and {len(named) - WARN_SCENARIOS} more scenario(s)" if len(named) > WARN_SCENARIOS else ""
+        warnings.warn(f"goal_candidates={need}: {sum(per)} of {agents} controlled agents have fewer than "
+                      f"{need} candidate places and are left out of the memory task (every candidate shows their "
+                      f"logged goal; the evaluator does not count them); scenario (agents): "
+                      f"{', '.join(named[:WARN_SCENARIOS])}{more}", stacklevel=2)
+    return places, count
+
+
+def _left_out(pack, count: torch.Tensor) -> torch.Tensor:
+    """[S, C] bool: controlled slots of ``pack`` whose ``count`` (of :func:`candidate_pool`) is 0."""
+    C = count.shape[1]
+    controlled = torch.arange(C, device=count.device)[None, :] < pack.num_controlled.to(count.device)[:, None]
+    return controlled & (count == 0)
+
+
+def task_slots(ctx: SimContext, state: EnvState) -> torch.Tensor:
+    """[W, C] bool: the active slots (``state.slot_active``) whose agent plays the memory task (at
+    least ``goal_candidates`` places, :func:`task_pool`; the pool of the env's current pack,
+    computed once per pack); every active slot when the task is off. The evaluator records only
+    these (``train/eval/sweep.py``)."""
+    G = int(ctx.config.goal_candidates)
+    if G < 2:
+        return state.slot_active.clone()
+    _, count = ctx.pack_fact(("candidate_pool", G), lambda pk: task_pool(pk, ctx.config))
+    return state.slot_active & (count[state.scenario] >= G)
+
+
 def draw_candidates(ctx: SimContext, state: EnvState) -> EnvState:
     """``state`` (a new episode's start) with ``goal_cand``, ``cand_true`` and the true goal in
     ``goal`` for the controlled slots; unchanged (and nothing drawn) when the task is off.
@@ -227,7 +292,7 @@ def draw_candidates(ctx: SimContext, state: EnvState) -> EnvState:
     G = int(cfg.goal_candidates)
     if G < 2:
         return state
-    places, count = ctx.pack_fact(("candidate_pool", G), lambda pk: candidate_pool(pk, cfg))
+    places, count = ctx.pack_fact(("candidate_pool", G), lambda pk: task_pool(pk, cfg))
     W, C = state.num_worlds, state.num_slots
     M = places.shape[2]
     s = state.scenario
@@ -242,6 +307,12 @@ def draw_candidates(ctx: SimContext, state: EnvState) -> EnvState:
     true = (u * G).to(torch.int64).clamp(max=G - 1)
     true = torch.where(active, true, torch.zeros_like(true))
     true_goal = cand.gather(2, true[..., None, None].expand(W, C, 1, 2))[:, :, 0]
+    if ctx.pack_fact(("left_out", G), lambda pk: bool(_left_out(pk, count).any())):
+        # agents left out of the task (task_pool): every candidate is the logged goal
+        out = active & (n < G)
+        logged = state.goal[:, :C]
+        true_goal = torch.where(out[..., None], logged, true_goal)
+        cand = torch.where(out[..., None, None], logged[:, :, None, :].expand(W, C, G, 2), cand)
     if cfg.candidate_practice > 0:  # practice agents: every candidate shows the true goal
         practice = torch.rand((W, C), generator=ctx.generator, device=ctx.device) < cfg.candidate_practice
         cand = torch.where(practice[..., None, None], true_goal[:, :, None, :].expand(W, C, G, 2), cand)

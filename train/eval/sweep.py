@@ -206,7 +206,9 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
         env: an env from :func:`make_sweep_env`. driver: :class:`Driver`.
         scenarios: [W] int64 pack indices.
         egos: ``egos(env) -> [W, C] bool`` slots whose agent-episodes are recorded (called right
-            after the reset; default: every active slot).
+            after the reset; default: every active slot). On the memory task the agents it leaves
+            out (too few candidate places, :func:`gpusim.sim.candidates.task_slots`) are never
+            recorded, as egos or co-players.
 
     Returns:
         Device tensors: ``ego`` [W, C] bool; ``coplayer`` [W, C] bool (active slots that are not
@@ -221,6 +223,7 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
         with reward conditioning also ``mean_speed``, ``min_gap`` [W, C] float32
         (:class:`train.eval.styles.StyleProbe`).
     """
+    from gpusim.sim.candidates import task_slots
     from train.rollout import TrialLog, trial_clock
 
     cfg = env.config
@@ -231,6 +234,9 @@ def run_episode(env, driver: Driver, scenarios: torch.Tensor, egos: Callable = _
     obs = env.reset(scenarios=scenarios.to(env.device))
     ego = egos(env).to(torch.bool)
     coplayer = env.state.slot_active & ~ego
+    if int(cfg.goal_candidates) >= 2:  # the memory task leaves out agents with too few candidate places
+        task = task_slots(env.sim, env.state)
+        ego, coplayer = ego & task, coplayer & task
     env_ego = env.state.ego.clone()  # the log each slot's episode goes to (the env's roles)
     driver.begin(env, obs)
     W, C, dev = env.num_worlds, env.num_slots, env.device
