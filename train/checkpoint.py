@@ -31,6 +31,31 @@ from gpusim.data.integrity import checksum_mismatch, file_kind, pack_checksums, 
 from gpusim.fileio import temp_name_glob, torch_save
 
 CHECKPOINT_VERSION = 1
+#: ``extra`` key of the scenario ids a run trained on (:func:`training_scenes`); absent or None in
+#: checkpoints written before it existed or of runs on more than :data:`TRAINING_SCENES_MAX` scenes.
+TRAINING_SCENES_KEY = "training_scenes"
+#: At most this many scenario ids are saved (about 20 bytes each).
+TRAINING_SCENES_MAX = 5000
+
+
+def training_scenes(env) -> list[str] | None:
+    """The sorted distinct scenario ids ``env`` trains on, for a checkpoint's
+    ``extra[TRAINING_SCENES_KEY]`` (``train/evaluate.py`` warns when a checkpoint is evaluated on
+    them): the whole dataset of a streaming pool (``env.pool``), else the env's pack; a mirrored
+    copy counts as its scene (the id without :data:`gpusim.data.mirror.MIRROR_SUFFIX`). None when
+    there are more than :data:`TRAINING_SCENES_MAX` or the env has no pack (a library env)."""
+    from gpusim.data.mirror import MIRROR_SUFFIX
+
+    pool = getattr(env, "pool", None)
+    if pool is not None:
+        data = pool.data
+        ids = data.scenario_ids if hasattr(data, "scenario_ids") else data.pack.scenario_ids
+    else:
+        ids = getattr(getattr(env, "pack", None), "scenario_ids", None)
+    if ids is None:
+        return None
+    out = sorted({i[: -len(MIRROR_SUFFIX)] if i.endswith(MIRROR_SUFFIX) else i for i in ids})
+    return out if len(out) <= TRAINING_SCENES_MAX else None
 
 
 class CheckpointError(ValueError):

@@ -51,6 +51,7 @@ from train.config import (USER_ERRORS, UserError, check_device, default_device, 
                           resolve_path)
 from gpusim.data.errors import PackFileError
 from gpusim.fileio import OutputError, atomic_write, check_output_path, write_text
+from gpusim.data.parse import is_scenario_file, scenario_stem
 from gpusim.data.shards import ShardedPack
 from train.eval.modes import MODES, ModeOptions, get_mode, mode_env
 from train.eval.report import scenario_table, summary_table
@@ -379,7 +380,6 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
     device = check_device(cfg.device)
     policies = _load_policies(specs, device, tuple(n for m in modes for n in m.policies))
     base, base_notes = base_env_config(policies, cfg)
-    base_notes = training_scene_notes(policies, cfg.data) + base_notes
     if cfg.partner_task is not None or cfg.partner_type_prob is not None:
         task = dict(partner_task=cfg.partner_task or base.partner_task, max_controlled=1)
         if cfg.partner_type_prob is not None:
@@ -403,6 +403,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         base_notes.append("note: --memory trial: the trial_index observation column is zeroed "
                           "(--env.zero-trial-index), so every trial starts with the same observation")
     if own is not None:  # a mode with its own protocol (e.g. wosac: sampled actions, one scenario per batch)
+        base_notes = training_scene_notes(policies, cfg.data) + base_notes  # its scenes are loaded there
         return _run_protocol(own, policies, base, base_notes, cfg, device, threads, progress)
     styles = eval_styles(base, cfg.style, policies[0]["label"])
     if partner_table is not None:
@@ -417,6 +418,8 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
            "env": _plain(dataclasses.asdict(base)), "skipped": [], "notes": base_notes, "runs": []}
     for (style, values), mode in [(st, m) for st in styles for m in modes]:
         env_config, pack, notes = mode_env(mode, style_env_config(base, values), cfg.data, device, stream=True)
+        scene_notes = training_scene_notes(policies, cfg.data, pack)  # first lines: what the scenes are
+        out["notes"][:0] = [n for n in scene_notes if n not in out["notes"]]
         out["notes"] += [n for n in notes if n not in out["notes"]]
         stats = getattr(pack, "stats", {}) or {}
         out["files"] = stats.get("files", pack.num_scenarios)
@@ -550,32 +553,61 @@ MEMORY_TITLES = {
 }
 
 
-def training_scene_notes(policies: list[dict], data: str) -> list[str]:
-    """A warning for every checkpoint evaluated on the data it was trained on.
+def training_scene_notes(policies: list[dict], data: str, pack=None) -> list[str]:
+    """A warning for every checkpoint evaluated on scenes it was trained on.
 
-    A checkpoint records its training ``--data`` (``ckpt["config"]["data"]``: a path, or a list of
-    paths); when it names the same directory or file as ``data`` (compared after
-    :func:`train.config.resolve_path` and ``Path.resolve``), the figures are training figures, not
-    held-out ones. A recorded path that no longer exists is compared as written.
+    What the scenes are is compared, not where they lie: a checkpoint that records the scenario ids
+    it trained on (``extra[train.checkpoint.TRAINING_SCENES_KEY]``, :func:`train.run._save`) is
+    compared by id with ``pack``'s scenes (a copy of the training scenes in another directory is
+    still warned about). An older checkpoint records only its training ``--data``
+    (``ckpt["config"]["data"]``: a path, or a list of paths): when those directories still exist
+    and hold scenario files, their file stems are compared with the ids and file stems of
+    ``pack``'s scenes; otherwise (or without ``pack``) the recorded path is compared with ``data``
+    (after :func:`train.config.resolve_path` and ``Path.resolve``; a recorded path that no longer
+    exists as written).
 
     Args:
         policies: :func:`_load_policies` entries. data: the evaluation's ``--data``.
+        pack: the evaluated :class:`~gpusim.data.ScenarioPack` or
+            :class:`~gpusim.data.shards.ShardedPack` (None: compare paths only).
 
     Returns:
-        One ``warning: LABEL was trained on DATA: these are its training scenes ...`` line per
-        such checkpoint (empty when none).
+        One line per such checkpoint (empty when none): ``warning: LABEL was trained on DATA: these
+        are its training scenes ...`` when every evaluated scene is one, ``warning: LABEL: n of m
+        scenes evaluated here are among its training scenes ...`` when some are.
     """
+    from train.checkpoint import TRAINING_SCENES_KEY
+
     here = resolve_path(data).resolve()
+    scenes = None  # per evaluated scene, the names it may have been recorded under: its id and file stem
+    if pack is not None:
+        files = list(getattr(pack, "source_files", None) or [None] * len(pack.scenario_ids))
+        scenes = [{i} | ({scenario_stem(f)} if f else set()) for i, f in zip(pack.scenario_ids, files)]
     out = []
     for p in policies:
         if p["kind"] != "checkpoint":
             continue
         trained = (p["ckpt"].get("config") or {}).get("data")
-        for src in ([trained] if isinstance(trained, str) else list(trained or [])):
-            if resolve_path(str(src)).resolve() == here:
-                out.append(f"warning: {p['label']} was trained on {src}: these are its training scenes, so its "
-                           "figures here are not held-out figures (docs/data.md: the split)")
-                break
+        paths = [trained] if isinstance(trained, str) else [str(x) for x in trained or []]
+        src = ", ".join(paths) or "(not recorded)"
+        all_of = (f"warning: {p['label']} was trained on {src}: these are its training scenes, so its figures here "
+                  "are not held-out figures (docs/data.md: the split)")
+        known = (p["ckpt"].get("extra") or {}).get(TRAINING_SCENES_KEY)
+        if known is None and scenes is not None:
+            dirs = [resolve_path(x) for x in paths]
+            if dirs and all(d.is_dir() for d in dirs):  # an older checkpoint: the scene files still there
+                known = [scenario_stem(f) for d in dirs for f in d.iterdir() if is_scenario_file(f)] or None
+        if known is not None and scenes is not None:
+            known = set(known)
+            n = sum(bool(names & known) for names in scenes)
+            if n and n == len(scenes):
+                out.append(all_of)
+            elif n:
+                out.append(f"warning: {p['label']}: {n} of {len(scenes)} scenes evaluated here are among its training "
+                           f"scenes ({src}), so its figures here are not held-out figures (docs/data.md: the split)")
+            continue
+        if any(resolve_path(x).resolve() == here for x in paths):
+            out.append(all_of)
     return out
 
 

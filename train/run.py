@@ -36,7 +36,7 @@ if __package__ in (None, ""):  # `python train/run.py` from a checkout without `
 import torch
 
 from gpusim.fileio import check_output_path, lock_directory, write_errors
-from train.checkpoint import save_checkpoint
+from train.checkpoint import TRAINING_SCENES_KEY, save_checkpoint, training_scenes
 from train.config import USER_ERRORS, TrainConfig, UserError, keep_best_entry, one_line, parse_args, resolve_path
 from train.extras import RunExtras
 from train.distributed import setup as setup_distributed
@@ -239,7 +239,8 @@ def _wait(device) -> None:
 
 def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int, best: dict | None = None):
     """Write the checkpoint of ``update`` (weights, optimizer, counters, RNG, the run directory, the
-    elapsed time, every rank's metric state and ``best``, the ``--keep-best`` record) on rank 0;
+    elapsed time, every rank's metric state, ``best``, the ``--keep-best`` record, and the scenario
+    ids trained on, :func:`train.checkpoint.training_scenes`) on rank 0;
     returns its path there, None elsewhere.
 
     Raises:
@@ -249,7 +250,7 @@ def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int, best
     metric_log = run.metric_log
     extra = {"run_dir": str(run_dir.resolve()), "elapsed": run.logger.elapsed, SHA_KEY: run.human_sha,
              "env_metrics": metric_log.state_dict() if metric_log is not None else None,
-             BestCheckpoint.KEY: best}
+             BestCheckpoint.KEY: best, TRAINING_SCENES_KEY: training_scenes(run.env)}
     extra = ranks.checkpoint_extra(extra, metric_log)  # every rank: gathers metric and RNG states
     if not ranks.is_main:
         return None
@@ -298,7 +299,8 @@ class BestCheckpoint:
         self.record = {"entry": self.entry, "value": float(value), "update": int(update),
                        "global_step": int(global_step)}
         extra = {"run_dir": str(self.path.parent.resolve()), "elapsed": run.logger.elapsed,
-                 SHA_KEY: run.human_sha, self.KEY: self.record}
+                 SHA_KEY: run.human_sha, self.KEY: self.record,
+                 TRAINING_SCENES_KEY: training_scenes(getattr(run, "env", None))}
         with write_errors(self.path):
             save_checkpoint(self.path, policy=run.policy, optimizer=run.optimizer, global_step=global_step,
                             update=update, config=run.config_dict, env_config=run.config_dict["env"], extra=extra)
