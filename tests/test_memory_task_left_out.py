@@ -77,6 +77,11 @@ def test_evaluator_does_not_count_the_agent(packs, tmp_path):
             res = evaluate(EvalConfig(policy=(str(ROOT / "policies" / "memory_probe.pt"),), data=str(path),
                                       episodes_per_scenario=2, num_threads=1, device="cpu"))
         runs[name] = res["runs"][0]
+        notes = [n for n in res["notes"] if "candidate places" in n]
+        assert notes == ([] if name == "one" else [f"note: goal_candidates=2: 1 of 8 controlled agents have fewer "
+                                                   f"than 2 candidate places and are left out of the memory task (every "
+                                                   f"candidate shows their logged goal; the evaluator does not count "
+                                                   f"them); scenario (agents): {SCENE} (1)"])
     assert len(runs["one"]["records"]["slot"]) == 2 * 8
     slots = runs["moved"]["records"]["slot"]
     assert len(slots) == 2 * 7 and SLOT not in slots.tolist()

@@ -37,6 +37,7 @@ import math
 import os
 import pathlib
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -52,6 +53,7 @@ from train.config import (USER_ERRORS, UserError, check_device, default_device, 
 from gpusim.data.errors import PackFileError
 from gpusim.fileio import OutputError, atomic_write, check_output_path, write_text
 from gpusim.data.parse import is_scenario_file, scenario_stem
+from gpusim.sim.candidates import LEFT_OUT, env_task_pool, left_out_message
 from gpusim.data.shards import ShardedPack
 from train.eval.modes import MODES, ModeOptions, get_mode, mode_env
 from train.eval.report import scenario_table, summary_table
@@ -430,7 +432,13 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         S, N = pack.num_scenarios, mode.episodes(opts)
         W = cfg.num_worlds or default_num_worlds(min(S, cfg.chunk_size if sharded else S) * N)
         out["num_worlds"], out["num_scenarios"] = W, S
-        env = make_sweep_env(first_pack(sharded) if sharded else pack, W, env_config, device, cfg.seed)
+        with warnings.catch_warnings():
+            if sharded is None:  # the note below says it (a streamed chunk's own warning stays)
+                warnings.filterwarnings("ignore", message=f".*{LEFT_OUT}")
+            env = make_sweep_env(first_pack(sharded) if sharded else pack, W, env_config, device, cfg.seed)
+        if int(env_config.goal_candidates) >= 2 and sharded is None:  # memory-task agents not counted, said once
+            said = left_out_message(env.pack, env_task_pool(env.sim)[1], int(env_config.goal_candidates))
+            out["notes"] += [f"note: {said}"] if said is not None and f"note: {said}" not in out["notes"] else []
         _check_policies(policies, env, cfg)  # before any sweep
         context = mode.prepare(env, opts)  # what the mode builds once per env (the partner pool, ...)
         for entry in policies:

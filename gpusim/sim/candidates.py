@@ -221,6 +221,8 @@ def candidate_pool(pack, config, strict: bool = True) -> tuple[torch.Tensor, tor
 
 #: At most this many scenarios are named in the warning of :func:`task_pool`.
 WARN_SCENARIOS = 5
+#: Words of that warning (:func:`left_out_message`; the evaluator says it as a note instead).
+LEFT_OUT = "are left out of the memory task"
 
 
 def task_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,15 +254,32 @@ def task_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"goal_candidates={need}: none of the {agents} controlled agents of the {S} "
                          f"scenario(s) has {need} candidate places (lane points at a similar distance from its "
                          "start); lower --env.goal-candidates or use other scenarios")
-    per = out.sum(1).tolist()
-    named = [f"{pack.scenario_ids[s]} ({n})" for s, n in enumerate(per) if n]
-    if named:
-        more = f" and {len(named) - WARN_SCENARIOS} more scenario(s)" if len(named) > WARN_SCENARIOS else ""
-        warnings.warn(f"goal_candidates={need}: {sum(per)} of {agents} controlled agents have fewer than "
-                      f"{need} candidate places and are left out of the memory task (every candidate shows their "
-                      f"logged goal; the evaluator does not count them); scenario (agents): "
-                      f"{', '.join(named[:WARN_SCENARIOS])}{more}", stacklevel=2)
+    said = left_out_message(pack, count, need)
+    if said is not None:
+        warnings.warn(said, stacklevel=2)
     return places, count
+
+
+def left_out_message(pack, count: torch.Tensor, need: int) -> str | None:
+    """The line that says which agents :func:`task_pool` leaves out (how many, and their scenarios
+    with the count of each, at most :data:`WARN_SCENARIOS` named); None when none is.
+    ``count`` [S, C] int64 of :func:`candidate_pool` for ``pack``; ``need`` = ``goal_candidates``."""
+    per = _left_out(pack, count).sum(1).tolist()
+    named = [f"{pack.scenario_ids[s]} ({n})" for s, n in enumerate(per) if n]
+    if not named:
+        return None
+    agents = int(pack.num_controlled.clamp(max=count.shape[1]).sum())
+    more = f" and {len(named) - WARN_SCENARIOS} more scenario(s)" if len(named) > WARN_SCENARIOS else ""
+    return (f"goal_candidates={need}: {sum(per)} of {agents} controlled agents have fewer than {need} candidate "
+            f"places and {LEFT_OUT} (every candidate shows their logged goal; the evaluator "
+            f"does not count them); scenario (agents): {', '.join(named[:WARN_SCENARIOS])}{more}")
+
+
+def env_task_pool(ctx: SimContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`task_pool` of the env's current pack (``ctx.pack``), computed once per pack:
+    ``(places [S, C, M, 2] float32, count [S, C] int64; 0 = left out of the task)``. Needs
+    ``goal_candidates`` >= 2."""
+    return ctx.pack_fact(("candidate_pool", int(ctx.config.goal_candidates)), lambda pk: task_pool(pk, ctx.config))
 
 
 def _left_out(pack, count: torch.Tensor) -> torch.Tensor:
@@ -278,8 +297,7 @@ def task_slots(ctx: SimContext, state: EnvState) -> torch.Tensor:
     G = int(ctx.config.goal_candidates)
     if G < 2:
         return state.slot_active.clone()
-    _, count = ctx.pack_fact(("candidate_pool", G), lambda pk: task_pool(pk, ctx.config))
-    return state.slot_active & (count[state.scenario] >= G)
+    return state.slot_active & (env_task_pool(ctx)[1][state.scenario] >= G)
 
 
 def draw_candidates(ctx: SimContext, state: EnvState) -> EnvState:
@@ -292,7 +310,7 @@ def draw_candidates(ctx: SimContext, state: EnvState) -> EnvState:
     G = int(cfg.goal_candidates)
     if G < 2:
         return state
-    places, count = ctx.pack_fact(("candidate_pool", G), lambda pk: task_pool(pk, cfg))
+    places, count = env_task_pool(ctx)
     W, C = state.num_worlds, state.num_slots
     M = places.shape[2]
     s = state.scenario
