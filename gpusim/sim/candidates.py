@@ -249,7 +249,7 @@ def task_pool(pack, config) -> tuple[torch.Tensor, torch.Tensor]:
     places, count = candidate_pool(pack, config, strict=False)
     need, S = int(config.goal_candidates), count.shape[0]
     out = _left_out(pack, count)
-    agents = int(pack.num_controlled.clamp(max=count.shape[1]).sum())
+    agents = int(_controlled(pack, count).sum())
     if agents and int(out.sum()) == agents:
         raise ValueError(f"goal_candidates={need}: none of the {agents} controlled agents of the {S} "
                          f"scenario(s) has {need} candidate places (lane points at a similar distance from its "
@@ -268,7 +268,7 @@ def left_out_message(pack, count: torch.Tensor, need: int) -> str | None:
     named = [f"{pack.scenario_ids[s]} ({n})" for s, n in enumerate(per) if n]
     if not named:
         return None
-    agents = int(pack.num_controlled.clamp(max=count.shape[1]).sum())
+    agents = int(_controlled(pack, count).sum())
     more = f" and {len(named) - WARN_SCENARIOS} more scenario(s)" if len(named) > WARN_SCENARIOS else ""
     return (f"goal_candidates={need}: {sum(per)} of {agents} controlled agents have fewer than {need} candidate "
             f"places and {LEFT_OUT} (every candidate shows their logged goal; the evaluator "
@@ -282,11 +282,15 @@ def env_task_pool(ctx: SimContext) -> tuple[torch.Tensor, torch.Tensor]:
     return ctx.pack_fact(("candidate_pool", int(ctx.config.goal_candidates)), lambda pk: task_pool(pk, ctx.config))
 
 
+def _controlled(pack, count: torch.Tensor) -> torch.Tensor:
+    """[S, C] bool: the controlled slots of ``pack`` (``count`` [S, C] of :func:`candidate_pool`)."""
+    C = count.shape[1]
+    return torch.arange(C, device=count.device)[None, :] < pack.num_controlled.to(count.device)[:, None]
+
+
 def _left_out(pack, count: torch.Tensor) -> torch.Tensor:
     """[S, C] bool: controlled slots of ``pack`` whose ``count`` (of :func:`candidate_pool`) is 0."""
-    C = count.shape[1]
-    controlled = torch.arange(C, device=count.device)[None, :] < pack.num_controlled.to(count.device)[:, None]
-    return controlled & (count == 0)
+    return _controlled(pack, count) & (count == 0)
 
 
 def task_slots(ctx: SimContext, state: EnvState) -> torch.Tensor:
