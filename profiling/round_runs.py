@@ -156,7 +156,8 @@ def driver_runs(work: pathlib.Path, sizes, budget: int, dry: bool) -> list[dict]
     then what helps at the largest size, one lever at a time (seed 1): mirror-image scenes, 4096
     worlds, BC initialisation with the human-KL term, an entropy schedule."""
     big = sizes[-1]
-    ev = ["--eval-interval", "20", "--eval-data", str(work / "goal_val")]
+    # the periodic validation evaluation, and best.pt at its best goal rate (the run's pick, never held out)
+    ev = ["--eval-interval", "20", "--eval-data", str(work / "goal_val"), "--keep-best", "eval/self_play/goal_reached"]
 
     def run(name, n, extra, seed=1, after=None):
         return {"name": name, "after": after,
