@@ -49,8 +49,11 @@ listed but do not count as a difference; a field, metric or record missing from 
 Runtime: about 2.5 minutes of CPU time on one core, most of it the Triton interpreter (``--backends
 c torch`` takes about 10 s).
 
-The C kernels and the torch references give bit-identical hashes, so the hashes alone cannot show
-whether the C kernels ran. Each record therefore also lists ``c_calls``, the C entry points the run
+The C kernels and the torch references agree bit for bit except in the last bit of the
+observation's goal distance (``gpusim/kernels/observations``: ``sqrtf`` in C against torch's
+``sqrt``), so a ``c`` and a ``torch`` record differ only in their observation hashes (``result.obs``
+and ``observe``; measured on every config here), and each record is compared with its own
+backend's reference. Those hashes alone cannot show whether the C kernels ran. Each record therefore also lists ``c_calls``, the C entry points the run
 called (``gpusim.kernels.cbuild.CALL_COUNTS``): ``--compare`` reports a ``c`` record that called
 none (a fallback to torch) or a ``torch`` / ``triton`` record that called some as ``DIFFERENT``,
 and so is a change in the set of entry points called when the reference lists them too.
