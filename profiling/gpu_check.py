@@ -8,7 +8,9 @@ Steps (each one's result goes into the report, a failing step does not stop the 
    kernel tests build their inputs on ``tests/synthetic.py``'s ``KERNEL_DEVICE`` (CUDA here), and the
    trainer and CPU-path tests keep their CPU tensors, which a forced Triton backend would refuse
    (``gpusim.backend.backend_for`` raises without the interpreter). Failures and errors are listed
-   from pytest's ``-rfE`` lines; the whole output goes to ``pytest.log`` beside the report.
+   from pytest's ``-rfEs`` lines, and so are the skipped tests with their reasons (on a GPU without
+   CuPy the ``cupy`` backend's cases skip: the report says so instead of passing them silently);
+   the whole output goes to ``pytest.log`` beside the report.
 3. ``env``: the env-only benchmark (``profiling/bench_env.py``'s ``bench``) over worlds
    256 ... 16384 with the Triton backend: controlled-agent-steps/s, ms/step, per-kernel ms/step,
    memory per world (``EnvState`` + observation buffer bytes, and peak CUDA memory / worlds).
@@ -116,7 +118,7 @@ def run_tests(pytest_args: list[str], dry_run: bool, timeout: float, log: pathli
         env["TRITON_INTERPRET"] = "1"
     else:
         env.pop("TRITON_INTERPRET", None)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", *pytest_args]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *pytest_args]
     say("  " + " ".join(cmd))
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
@@ -131,11 +133,12 @@ def run_tests(pytest_args: list[str], dry_run: bool, timeout: float, log: pathli
     # a test that builds CPU tensors and forces the Triton backend cannot run without the
     # interpreter (gpusim.backend.backend_for raises): a test-suite limitation, listed apart
     cpu_only = [f for f in failed if "needs TRITON_INTERPRET=1" in f]
+    skipped = [ln.split(" ", 1)[1] for ln in tail if ln.startswith("SKIPPED ")]  # "[n] file:line: reason"
     if log is not None:  # the whole output: the report keeps only its last 40 lines
         log.write_text(out)
     return {"ok": rc == 0, "returncode": rc, "command": " ".join(cmd[1:]), "summary": summary.strip("= "),
             "failed": [f for f in failed if f not in cpu_only], "failed_cpu_tensor_tests": cpu_only,
-            "tail": "\n".join(tail[-40:])}
+            "skipped": skipped, "tail": "\n".join(tail[-40:])}
 
 
 def run_env_bench(worlds: list[int], device: torch.device, backend: str, steps: int, repeats: int,

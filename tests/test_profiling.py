@@ -172,6 +172,19 @@ def test_gpu_check_reads_pytest_closing_line_not_test_output():
     assert not gpu_check.PYTEST_SUMMARY.search("the error in 3.5s of replay")
 
 
+def test_gpu_check_lists_skipped_tests_with_their_reason(tmp_path):
+    """The tests step reports each skipped test with its reason (e.g. the cupy backend's cases on a
+    GPU without CuPy), not only failures."""
+    from profiling import gpu_check
+
+    (tmp_path / "test_skips.py").write_text(
+        "import pytest\n\ndef test_ok():\n    pass\n\n"
+        "@pytest.mark.skip(reason='needs a CUDA device and CuPy')\ndef test_cupy_case():\n    pass\n")
+    report = gpu_check.run_tests([str(tmp_path / "test_skips.py")], dry_run=True, timeout=120)
+    assert report["ok"] and "1 passed, 1 skipped" in report["summary"]
+    assert len(report["skipped"]) == 1 and report["skipped"][0].endswith("needs a CUDA device and CuPy")
+
+
 @pytest.fixture(scope="module")
 def json2(sample_dir, tmp_path_factory):
     """A directory with 2 sample scenarios as WOMD JSON (any max_controlled can load it)."""
