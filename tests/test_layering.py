@@ -186,6 +186,15 @@ def _one_cycle(graph, comp: set[str]) -> list[str]:
     return sorted(comp)
 
 
+def _train_tree_graph(root, files: dict[str, str]) -> dict[str, set[str]]:
+    """Write ``files`` (path relative to ``root`` -> source) and return the import graph of the
+    ``train`` package under ``root``."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return import_graph(root, ("train",))
+
+
 def test_cycle_finder_sees_lazy_and_from_import_cycles(tmp_path):
     """The finder reports a cycle closed by function-local imports and ``from pkg import module``
     (the shape of the trainer's old cycle), and nothing for the same modules without the back edge."""
@@ -195,10 +204,7 @@ def test_cycle_finder_sees_lazy_and_from_import_cycles(tmp_path):
              "train/eval/live.py": "class L:\n    def __init__(self):\n        from train.evaluate import mode_env\n",
              "train/evaluate.py": "import json\ndef g():\n    from train.run import check_device\n",
              "train/config.py": "import torch\n"}
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    graph = import_graph(tmp_path, ("train",))
+    graph = _train_tree_graph(tmp_path, files)
     assert graph["train.coplayer"] == {"train.eval.live"} and graph["train.config"] == set()
     assert import_cycles(graph) == [["train.coplayer", "train.eval.live", "train.evaluate", "train.run",
                                      "train.coplayer"]]
@@ -229,10 +235,7 @@ def test_package_graph_merges_subpackages(tmp_path):
              "train/eval/modes.py": "def f():\n    from train.coplayer import make_pool\n",
              "train/eval/styles.py": "import torch\n",
              "train/coplayer.py": "from train.eval.styles import partner_styles\n"}
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    graph = import_graph(tmp_path, ("train",))
+    graph = _train_tree_graph(tmp_path, files)
     assert import_cycles(graph) == []
     assert package_graph(graph) == {"train": set(), "train.eval": {"train.coplayer"},
                                     "train.coplayer": {"train.eval"}}
