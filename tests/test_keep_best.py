@@ -22,7 +22,7 @@ def _run(tmp_path):
     policy = ActorCritic(dims, 5, PolicyConfig(d_model=8, n_layers=1, n_heads=2, hidden=8))
     lines = []
     return types.SimpleNamespace(
-        policy=policy, optimizer=torch.optim.Adam(policy.parameters()), human_sha=None,
+        policy=policy, optimizer=torch.optim.Adam(policy.parameters()), human_sha=None, env=None,
         config_dict={"env": {}}, logger=types.SimpleNamespace(elapsed=0.0, info=lines.append), lines=lines)
 
 

@@ -248,15 +248,22 @@ def _save(run, ranks, run_dir: pathlib.Path, global_step: int, update: int, best
             naming the file and the cause; the previous checkpoint is left whole.
     """
     metric_log = run.metric_log
-    extra = {"run_dir": str(run_dir.resolve()), "elapsed": run.logger.elapsed, SHA_KEY: run.human_sha,
-             "env_metrics": metric_log.state_dict() if metric_log is not None else None,
-             BestCheckpoint.KEY: best, TRAINING_SCENES_KEY: training_scenes(run.env)}
+    extra = _run_extra(run, run_dir, best)
+    extra["env_metrics"] = metric_log.state_dict() if metric_log is not None else None
     extra = ranks.checkpoint_extra(extra, metric_log)  # every rank: gathers metric and RNG states
     if not ranks.is_main:
         return None
     with write_errors(run.ckpt_path):
         return save_checkpoint(run.ckpt_path, policy=run.policy, optimizer=run.optimizer, global_step=global_step,
                                update=update, config=run.config_dict, env_config=run.config_dict["env"], extra=extra)
+
+
+def _run_extra(run, run_dir: pathlib.Path, best: dict | None) -> dict:
+    """The ``extra`` entries every checkpoint of a run carries (``checkpoint.pt`` and ``best.pt``):
+    the run directory, the elapsed time, HR-PPO's BC file SHA-256, the ``--keep-best`` record and
+    the scenario ids trained on (:func:`train.checkpoint.training_scenes`)."""
+    return {"run_dir": str(pathlib.Path(run_dir).resolve()), "elapsed": run.logger.elapsed, SHA_KEY: run.human_sha,
+            BestCheckpoint.KEY: best, TRAINING_SCENES_KEY: training_scenes(run.env)}
 
 
 class BestCheckpoint:
@@ -298,12 +305,10 @@ class BestCheckpoint:
             return False
         self.record = {"entry": self.entry, "value": float(value), "update": int(update),
                        "global_step": int(global_step)}
-        extra = {"run_dir": str(self.path.parent.resolve()), "elapsed": run.logger.elapsed,
-                 SHA_KEY: run.human_sha, self.KEY: self.record,
-                 TRAINING_SCENES_KEY: training_scenes(getattr(run, "env", None))}
         with write_errors(self.path):
             save_checkpoint(self.path, policy=run.policy, optimizer=run.optimizer, global_step=global_step,
-                            update=update, config=run.config_dict, env_config=run.config_dict["env"], extra=extra)
+                            update=update, config=run.config_dict, env_config=run.config_dict["env"],
+                            extra=_run_extra(run, self.path.parent, self.record))
         run.logger.info(f"best.pt: {self.entry} {float(value):.3f} at update {update}")
         return True
 
