@@ -149,7 +149,7 @@ class StepVars:
         restart: [W] bool, the world starts a new trial (trial mode) or None.
         info: extra result entries (``trial_end`` in trial mode).
         obs: [W, C, D] float32 observation of the new state (observe).
-        backend: the ops' backend for this step, ``"torch"`` / ``"triton"`` / ``"c"``
+        backend: the ops' backend for this step, ``"torch"`` / ``"triton"`` / ``"c"`` / ``"cupy"``
         (:func:`gpusim.backend.step_backend` of the state's tensors and ``EnvConfig.cpu_kernels``;
         set by :func:`~gpusim.sim.pipeline.run_pipeline` before the first stage). Every stage passes
         it to its ops, whose dispatchers run that backend.
