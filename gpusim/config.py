@@ -154,10 +154,6 @@ class EnvConfig:
         reward_goal, reward_collision, reward_offroad: per-event rewards.
         reward_red_light: reward for crossing the stop line of a red signal (metric
             ``red_light_violation``, docs/signals.md); default 0 (no penalty), e.g. -0.5 to penalise.
-        reward_progress: reward per metre of goal distance closed in the step (``d_before -
-            d_after``, negative when the agent moves away), paid to in-play slots until their first
-            arrival of the episode; default 0 (off). A dense progress term of the kind MetaDrive's
-            driving reward pays along the route, here toward the goal point (docs/env.md).
         stop_truncate_fraction: when at least this fraction of a world's controlled agents are
             stopped by a contact (STOP behaviour), the world's episode ends early.
         collision_box_scale: collision boxes are the logged length/width times this factor
@@ -264,7 +260,6 @@ class EnvConfig:
     reward_collision: float = -0.5
     reward_offroad: float = -0.5
     reward_red_light: float = 0.0
-    reward_progress: float = 0.0
     stop_truncate_fraction: float = 0.5
     collision_box_scale: float = 0.7
     offroad_box_scale: float = 1.0

@@ -7,12 +7,6 @@ flags (``kernels.events``).
            + reward_collision * collided now
            + reward_offroad   * offroad now            (0 on invalid steps)
            + reward_red_light * crossed a red stop line now   (stage ``signals``; default 0)
-           + reward_progress  * (|goal - pos_before| - |goal - pos|)   until the first arrival (default 0)
-
-The progress term pays, per metre, the goal distance an in-play slot closed in this step
-(``pos_before``: its centre before the motion, stage ``signals_before``) as long as it has not
-reached its goal in this episode (``goal_reached`` before this step); moving away costs the same.
-It is added in torch ops after the events op (every backend), also on top of a conditioned reward.
 
 With ``EnvConfig.reward_conditioning`` the reward is instead each agent's own weighted sum of
 the style terms (goal, collision, offroad, red light, overspeed above its target speed, |accel|,
@@ -35,8 +29,6 @@ The op is :func:`gpusim.kernels.events.events` on the step's backend, bound once
 """
 
 from __future__ import annotations
-
-import torch
 
 from gpusim.enums import GoalBehavior
 from gpusim.kernels.events import bind_events
@@ -91,21 +83,9 @@ def _apply(ctx: SimContext, state: EnvState, step: StepVars, ev) -> dict:
         reward = conditioned_reward(ctx, state, step, goal_now)
     elif cfg.reward_red_light != 0.0:  # red_light_now is only set for in-play slots (gpusim/sim/signals.py)
         reward = reward + cfg.reward_red_light * state.red_light_now.to(reward.dtype)
-    if cfg.reward_progress != 0.0:
-        reward = reward + cfg.reward_progress * _progress(state, step)
     step.reward, step.goal_now, step.truncated, step.terminal = reward, goal_now, ev.truncated, ev.terminal
     changes = {"speed": ev.speed, "present": ev.present, "stopped": ev.stopped,
                "contact_stopped": ev.contact_stopped, "removed": ev.removed, "last_reward": reward}
     if not cfg.trial_mode:
         changes.update(world_done=ev.world_done, slot_done=ev.slot_done)
     return changes
-
-
-def _progress(state: EnvState, step: StepVars) -> torch.Tensor:
-    """[W, C] float32 metres of goal distance each slot closed in this step (module docstring): 0
-    for a slot not in play or one that reached its goal earlier in the episode."""
-    C = state.pos_before.shape[1]
-    goal = state.goal[:, :C]
-    closed = (torch.linalg.vector_norm(goal - state.pos_before, dim=-1)
-              - torch.linalg.vector_norm(goal - state.pos[:, :C], dim=-1))
-    return torch.where(step.loss_mask & ~state.goal_reached[:, :C], closed, torch.zeros_like(closed))
