@@ -102,7 +102,19 @@ def test_bc_loss_falls_and_the_checkpoint_evaluates(tmp_path):
     held = [e["eval_nll"] for e in res["epochs"]]
     assert losses[-1] < losses[0] - 0.3 and held[-1] < held[0]
     assert all(0.0 <= e["eval_accuracy"] <= 1.0 for e in res["epochs"]) and res["epochs"][0]["steps_per_s"] > 0
+    # the majority floor: the training targets' most common action and its share of the held-out targets
+    from train.bc import make_bc_env
+
+    env, _ = make_bc_env(cfg, str(train_dir), say=lambda *_: None)
+    tr = collect(env, ActorCritic.for_env(env, SMALL))
+    env, _ = make_bc_env(cfg, str(held_dir), say=lambda *_: None)
+    he = collect(env, ActorCritic.for_env(env, SMALL))
+    counts = torch.bincount(tr.actions[tr.mask], minlength=91)
+    mode = int(counts.argmax())
+    assert res["majority"] == (mode, pytest.approx(float((he.actions[he.mask] == mode).float().mean())))
+    assert 0.0 < res["majority"][1] < 1.0
     policy, payload = load_policy(out)
+    assert payload["extra"]["bc"]["majority_accuracy"] == res["majority"][1]
     assert payload["extra"]["bc"]["counts"] == res["counts"] and payload["env_config"]["goal_behavior"] == "stop"
     assert payload["global_step"] == 3 * res["counts"]["valid"]
     ev = evaluate(EvalConfig(policy=(str(out),), data=str(held_dir), device="cpu", quiet=True))

@@ -18,7 +18,9 @@ The whole algorithm, top to bottom:
    log-likelihood of the target actions, averaged over the kept steps.
 3. **Report per epoch**: the training loss, the held-out (``--eval-data``) action NLL and
    accuracy (discrete: argmax equals the target; continuous: the mean absolute error of the
-   Gaussian mean, in action units), and the speed in agent-steps per second.
+   Gaussian mean, in action units), and the speed in agent-steps per second. Once, before the
+   epochs: the accuracy of always predicting the training targets' most common action
+   (:func:`majority_baseline`), the floor to read the accuracy against.
 4. **Save a normal checkpoint** (:func:`train.checkpoint.save_checkpoint`): ``train/evaluate.py
    --policy``, ``load_policy``, ``--coplayer`` and ``train/run.py --init-policy`` /
    ``--ppo.human-policy`` accept it.
@@ -235,6 +237,16 @@ def bc_loss(policy: ActorCritic, data: BCData, rows: torch.Tensor) -> tuple[torc
     return nll, stats
 
 
+def majority_baseline(train: BCData, held: BCData) -> tuple[int, float] | None:
+    """The most common kept target of ``train`` (discrete actions: the joint index) and its share
+    of ``held``'s kept targets: the held-out accuracy of a policy that always predicts it, the floor
+    a BC policy's accuracy is read against. None for continuous actions or no kept target."""
+    if train.actions.dtype != torch.int64 or not bool(train.mask.any()) or not bool(held.mask.any()):
+        return None
+    mode = int(torch.mode(train.actions[train.mask]).values)
+    return mode, float((held.actions[held.mask] == mode).float().mean())
+
+
 @torch.no_grad()
 def evaluate_bc(policy: ActorCritic, data: BCData, rows_per_batch: int) -> dict:
     """Held-out NLL and accuracy (:func:`bc_loss`'s, weighted by kept steps) over all of ``data``."""
@@ -256,7 +268,8 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
 
     Returns:
         ``{"checkpoint", "counts", "eval_counts", "epochs": [{"epoch", "loss", "eval_nll",
-        "eval_accuracy", "steps_per_s"}], "collect_s"}``.
+        "eval_accuracy", "steps_per_s"}], "collect_s", "majority"}`` (``majority``:
+        :func:`majority_baseline`, None without ``--eval-data``).
 
     Raises:
         UserError: bad numbers, a dataset without a kept target, a missing ``--eval-data``; as
@@ -291,13 +304,17 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         f"{c['agent_steps']} controlled agent-steps: {c['valid']} targets kept, {c['invalid_log']} invalid log, "
         f"{c['out_of_range']} out of range ({collect_s:.1f} s)")
     check_targets(data, f"--data {cfg.data}")
-    held = None
+    held = majority = None
     if cfg.eval_data:
         eval_env, _ = make_bc_env(cfg, cfg.eval_data, say)
         held = collect(eval_env, policy)
         e = held.counts
         say(f"bc eval data {cfg.eval_data}: {e['valid']} targets kept of {e['agent_steps']} agent-steps "
             f"({e['invalid_log']} invalid log, {e['out_of_range']} out of range)")
+        majority = majority_baseline(data, held)
+        if majority is not None:
+            say(f"bc eval data: the training targets' most common action ({majority[0]}) is {majority[1]:.3f} of "
+                "these targets, the accuracy of always predicting it")
         del eval_env
     optimizer = make_optimizer(policy.parameters(), cfg.learning_rate, cfg.adam_eps)
     generator = torch.Generator(device=device)
@@ -337,12 +354,13 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
                                learning_rate=cfg.learning_rate)
     config = tcfg.to_dict()
     extra = {"bc": {"data": cfg.data, "eval_data": cfg.eval_data, "epochs": cfg.epochs, "counts": c,
-                    "history": history, "track_tolerance": TRACK_TOLERANCE}}
+                    "history": history, "track_tolerance": TRACK_TOLERANCE,
+                    "majority_accuracy": None if majority is None else majority[1]}}
     path = save_checkpoint(pathlib.Path(cfg.out), policy=policy, optimizer=optimizer, global_step=trained,
                            update=cfg.epochs, config=config, env_config=config["env"], extra=extra)
     say(f"bc checkpoint {path}")
     return {"checkpoint": str(path), "counts": c, "eval_counts": held.counts if held is not None else None,
-            "epochs": history, "collect_s": collect_s}
+            "epochs": history, "collect_s": collect_s, "majority": majority}
 
 
 def parse_args(argv=None) -> BCConfig:
