@@ -54,6 +54,18 @@ def two_vehicle_proto(*, ttp=True, steps=T, valid_b_at_10=True, signal=False):
     return msg
 
 
+def braking_proto():
+    """:func:`two_vehicle_proto` with vehicle A braking at 2.5 m/s^2 after step 10 (from 10 m/s: it
+    stops at x = 30 m after 4 s and stands)."""
+    msg = two_vehicle_proto()
+    for t, s in enumerate(msg.tracks[0].states):
+        if t > 10:
+            k = (t - 10) * 0.1
+            s.center_x = 10.0 + 10.0 * k - 1.25 * k * k if k < 4 else 10.0 + 20.0
+            s.velocity_x = max(0.0, 10.0 - 2.5 * k)
+    return msg
+
+
 @pytest.fixture(scope="module")
 def batch():
     return stack_scenes([scene_from_proto(two_vehicle_proto())])

@@ -18,26 +18,15 @@ from gpusim.wosac import config as C
 from gpusim.wosac.rollouts import rollouts_for
 from gpusim.wosac.scene import scene_from_proto
 from gpusim.wosac.sources import load_scenes
-from test_wosac import two_vehicle_proto
+from test_wosac import braking_proto
 from train.config import UserError
 from train.evaluate import EvalConfig, evaluate, main, to_json
-
-
-def _braking_proto():
-    """The two-vehicle scene of test_wosac with vehicle A braking at 2.5 m/s^2 after step 10."""
-    msg = two_vehicle_proto()
-    for t, s in enumerate(msg.tracks[0].states):
-        if t > 10:
-            k = (t - 10) * 0.1
-            s.center_x = 10.0 + 10.0 * k - 1.25 * k * k if k < 4 else 10.0 + 20.0
-            s.velocity_x = max(0.0, 10.0 - 2.5 * k)
-    return msg
 
 
 @pytest.fixture(scope="module")
 def braking_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("brake")
-    write_records(d / "brake.tfrecord", [_braking_proto().SerializeToString()])
+    write_records(d / "brake.tfrecord", [braking_proto().SerializeToString()])
     return d
 
 
@@ -61,7 +50,7 @@ def test_braking_scene_expert_beats_constant_speed(braking_dir, tmp_path):
     assert res["export"] == {"file": str(out), "policy": "expert", "scenarios": 1, "rollouts": 2, "complete": False}
     ids, states = read_submission(out)["two-vehicles"]
     assert sorted(ids.tolist()) == [7, 9] and states.shape == (2, 2, C.SIM_STEPS, 4)
-    scene = scene_from_proto(_braking_proto())
+    scene = scene_from_proto(braking_proto())
     sim = rollouts_for(scene, ids, states)  # the submission matches the scene's sim agents
     a = scene.object_id.tolist().index(7)
     # expert replay follows A's braking: it ends near the logged stop (x = 30 m), constant speed would be at 90 m

@@ -11,17 +11,12 @@ import pytest
 from gpusim.data.tfrecord import write_records
 from gpusim.wosac.scene import scene_from_proto
 from profiling.wosac_speeds import main, object_speeds, summarise
-from test_wosac import two_vehicle_proto
+from test_wosac import braking_proto
 
 
 @pytest.fixture(scope="module")
 def braking(tmp_path_factory):
-    msg = two_vehicle_proto()
-    for t, s in enumerate(msg.tracks[0].states):
-        if t > 10:
-            k = (t - 10) * 0.1
-            s.center_x = 10.0 + 10.0 * k - 1.25 * k * k if k < 4 else 10.0 + 20.0
-            s.velocity_x = max(0.0, 10.0 - 2.5 * k)
+    msg = braking_proto()
     d = tmp_path_factory.mktemp("w")
     write_records(d / "brake.tfrecord", [msg.SerializeToString()])
     return scene_from_proto(msg), d
