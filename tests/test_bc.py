@@ -96,7 +96,7 @@ def test_bc_loss_falls_and_the_checkpoint_evaluates(tmp_path):
         for f in part:
             (d / f.name).symlink_to(f)
     cfg = BCConfig(data=str(train_dir), eval_data=str(held_dir), out=str(out), epochs=3, device="cpu",
-                   num_worlds=16, minibatch_worlds=4, policy=SMALL, learning_rate=3e-3, quiet=True)
+                   num_worlds=16, minibatch_worlds=4, policy=SMALL, learning_rate=3e-3, quiet=True, keep_best=True)
     res = train_bc(cfg, say=lambda *_: None)
     losses = [e["loss"] for e in res["epochs"]]
     held = [e["eval_nll"] for e in res["epochs"]]
@@ -115,11 +115,26 @@ def test_bc_loss_falls_and_the_checkpoint_evaluates(tmp_path):
     assert 0.0 < res["majority"][1] < 1.0
     policy, payload = load_policy(out)
     assert payload["extra"]["bc"]["majority_accuracy"] == res["majority"][1]
+    # --keep-best: best.pt beside --out holds the epoch of the first lowest held-out NLL
+    first_min = min(range(len(held)), key=lambda i: (held[i], i))
+    _, best = load_policy(out.with_name("best.pt"))
+    assert res["best"] == best["extra"]["best"] == {"entry": "eval_nll", "value": held[first_min], "epoch": first_min + 1}
+    assert best["update"] == first_min + 1 and len(best["extra"]["bc"]["history"]) == first_min + 1
+    assert payload["extra"]["best"] == res["best"]
     assert payload["extra"]["bc"]["counts"] == res["counts"] and payload["env_config"]["goal_behavior"] == "stop"
     assert payload["global_step"] == 3 * res["counts"]["valid"]
     ev = evaluate(EvalConfig(policy=(str(out),), data=str(held_dir), device="cpu", quiet=True))
     summary = ev["runs"][0]["summary"]
     assert 0.0 <= summary["goal_reached"].mean <= 1.0
+
+
+def test_bc_keep_best_needs_eval_data(capsys, tmp_path):
+    from train.bc import main
+
+    assert main(["--keep-best", "--device", "cpu", "--out", str(tmp_path / "bc.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --keep-best chooses the epoch by the held-out NLL: give --eval-data DIR")
+    assert not list(tmp_path.iterdir())
 
 
 def test_bc_cli_bad_numbers_exit_2(capsys):

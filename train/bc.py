@@ -68,6 +68,9 @@ class BCConfig:
             gradient-norm clip. minibatch_worlds: worlds (each all its controlled agents' whole
             episodes) per minibatch.
         num_worlds: worlds simulated at a time while collecting.
+        keep_best: also write ``best.pt`` beside ``out`` at every epoch whose held-out NLL is the
+            lowest so far (a tie keeps the earlier); needs ``eval_data``. Its ``extra["best"]``:
+            ``{"entry": "eval_nll", "value", "epoch"}``.
         setting: a named setting (``train/run.py --setting``, :data:`train.settings.SETTINGS`:
             ``goal``, ``sim_agent``) whose fields become the ``--env.*`` defaults.
         env, policy: the env setting and the policy sizes (``--env.*`` / ``--policy.*`` as
@@ -84,6 +87,7 @@ class BCConfig:
     max_grad_norm: float = 0.5
     minibatch_worlds: int = 4
     num_worlds: int = 32
+    keep_best: bool = False
     setting: str | None = None
     env: EnvConfig = field(default_factory=lambda: TrainConfig().env)
     policy: PolicyConfig = field(default_factory=lambda: TrainConfig().policy)
@@ -268,11 +272,13 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
 
     Returns:
         ``{"checkpoint", "counts", "eval_counts", "epochs": [{"epoch", "loss", "eval_nll",
-        "eval_accuracy", "steps_per_s"}], "collect_s", "majority"}`` (``majority``:
-        :func:`majority_baseline`, None without ``--eval-data``).
+        "eval_accuracy", "steps_per_s"}], "collect_s", "majority", "best"}`` (``majority``:
+        :func:`majority_baseline`, None without ``--eval-data``; ``best``: the ``--keep-best``
+        record, else None).
 
     Raises:
-        UserError: bad numbers, a dataset without a kept target, a missing ``--eval-data``; as
+        UserError: bad numbers, a dataset without a kept target, a missing ``--eval-data`` (also
+            ``--keep-best`` without one); as
             :func:`train.setup.make_env`. gpusim.fileio.OutputError: ``--out`` cannot be written
             (checked before the work).
     """
@@ -285,6 +291,8 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
                         ("--num-worlds", cfg.num_worlds)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
+    if cfg.keep_best and not cfg.eval_data:
+        raise UserError("--keep-best chooses the epoch by the held-out NLL: give --eval-data DIR (e.g. the validation split)")
     check_output_path(cfg.out, "--out")  # before the work: a finished run is never lost to its output
     if cfg.eval_data and not resolve_path(cfg.eval_data).exists():
         raise UserError(f"--eval-data {cfg.eval_data}: no such file or directory (also tried "
@@ -322,7 +330,24 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
     worlds = torch.unique(data.world)
     rows_per_world = data.obs.shape[0] / max(worlds.numel(), 1)
     eval_rows = max(1, int(math.ceil(cfg.minibatch_worlds * rows_per_world)))
-    history, trained = [], 0
+    tcfg = dataclasses.replace(TrainConfig(), data=cfg.data, env=setting, policy=cfg.policy,
+                               num_worlds=cfg.num_worlds, device=cfg.device, seed=cfg.seed,
+                               learning_rate=cfg.learning_rate)
+    config = tcfg.to_dict()
+    history, trained, best = [], 0, None
+
+    def save(path: pathlib.Path, epochs_done: int) -> pathlib.Path:
+        extra = {"bc": {"data": cfg.data, "eval_data": cfg.eval_data, "epochs": epochs_done, "counts": c,
+                        "history": list(history), "track_tolerance": TRACK_TOLERANCE,
+                        "majority_accuracy": None if majority is None else majority[1]}}
+        if best is not None:
+            extra["best"] = dict(best)
+        return save_checkpoint(path, policy=policy, optimizer=optimizer, global_step=trained, update=epochs_done,
+                               config=config, env_config=config["env"], extra=extra)
+
+    best_path = pathlib.Path(cfg.out).with_name("best.pt")
+    if cfg.keep_best:
+        check_output_path(best_path, "--keep-best")
     for epoch in range(1, cfg.epochs + 1):
         policy.train()
         t0 = time.perf_counter()
@@ -347,20 +372,16 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
             rec.update(eval_nll=ev["nll"], eval_accuracy=ev["accuracy"])
             line += f"; held-out nll {ev['nll']:.4f}, {'mae' if continuous else 'accuracy'} {ev['accuracy']:.3f}"
         history.append(rec)
+        if cfg.keep_best and (best is None or rec["eval_nll"] < best["value"]):
+            best = {"entry": "eval_nll", "value": rec["eval_nll"], "epoch": epoch}
+            save(best_path, epoch)
+            line += "; best.pt"
         if not cfg.quiet:
             say(line)
-    tcfg = dataclasses.replace(TrainConfig(), data=cfg.data, env=setting, policy=cfg.policy,
-                               num_worlds=cfg.num_worlds, device=cfg.device, seed=cfg.seed,
-                               learning_rate=cfg.learning_rate)
-    config = tcfg.to_dict()
-    extra = {"bc": {"data": cfg.data, "eval_data": cfg.eval_data, "epochs": cfg.epochs, "counts": c,
-                    "history": history, "track_tolerance": TRACK_TOLERANCE,
-                    "majority_accuracy": None if majority is None else majority[1]}}
-    path = save_checkpoint(pathlib.Path(cfg.out), policy=policy, optimizer=optimizer, global_step=trained,
-                           update=cfg.epochs, config=config, env_config=config["env"], extra=extra)
-    say(f"bc checkpoint {path}")
+    path = save(pathlib.Path(cfg.out), cfg.epochs)
+    say(f"bc checkpoint {path}" + (f"; best.pt: epoch {best['epoch']}, held-out nll {best['value']:.4f}" if best else ""))
     return {"checkpoint": str(path), "counts": c, "eval_counts": held.counts if held is not None else None,
-            "epochs": history, "collect_s": collect_s, "majority": majority}
+            "epochs": history, "collect_s": collect_s, "majority": majority, "best": best}
 
 
 def parse_args(argv=None) -> BCConfig:
