@@ -94,11 +94,40 @@ def test_skipped_scenario_counted_and_export_incomplete(braking_dir, tmp_path, c
     assert set(res["runs"][0]["per_scenario"][0]) >= {"metametric", "kinematic", *C.COMPONENTS, "replayed"}
 
 
+def test_goal_rule_stop_holds_an_object_on_its_logged_end(braking_dir, tmp_path):
+    """``--wosac-goal``: with the default ``stop`` at 1 mm, constant speed's vehicle A (10 m/s, 1 m
+    per step) lands exactly on its logged end (x = 30 m, where the log's braking ends) at step 30
+    and is held there; with ``continue`` it drives on to x = 90 m."""
+    from train.baselines import make_baseline
+    from train.config import TrainConfig
+    from train.eval.sweep import CallableDriver
+    from train.eval.wosac import simulate, source_files, wosac_env_config
+
+    (scene,), _ = load_scenes([str(braking_dir)])
+    path = source_files([str(braking_dir)])[scene.scenario_id]
+    a = scene.object_id.tolist().index(7)
+    end = {}
+    for goal in ("stop", "continue"):
+        sim, _, _ = simulate(scene, path, lambda env: CallableDriver(make_baseline("constant_speed", seed=0)),
+                             TrainConfig().env, 2, goal=goal)
+        end[goal] = float(sim[0, a, -1, 0])
+    assert end["stop"] == pytest.approx(30.0, abs=1e-3) and end["continue"] == pytest.approx(90.0, abs=0.1)
+    cfg = wosac_env_config(TrainConfig().env.replace(goal_radius=2.0), 64, 2, goal="continue")
+    assert cfg.goal_behavior.name == "CONTINUE" and cfg.goal_radius == 2.0
+    with pytest.raises(ValueError, match="--wosac-goal must be stop or continue"):
+        wosac_env_config(TrainConfig().env, 64, 2, goal="respawn")
+    js = tmp_path / "w.json"
+    assert main(["--mode", "wosac", "--policy", "constant_speed", "--data", str(braking_dir), "--wosac-rollouts", "2",
+                 "--wosac-goal", "continue", "--device", "cpu", "--quiet", "--json", str(js)]) == 0
+    assert json.loads(js.read_text())["goal"] == "continue"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--policy", "expert", "--mode", "self_play", "--export-rollouts", "x.binproto"], "needs --mode wosac"),
     (["--policy", "expert", "--mode", "wosac", "self_play"], "runs alone"),
     (["--policy", "log_replay", "--mode", "self_play"], "only with --mode wosac"),
     (["--policy", "expert", "--mode", "wosac", "--wosac-rollouts", "0"], "--wosac-rollouts must be >= 1"),
+    (["--policy", "expert", "--mode", "self_play", "--wosac-goal", "continue"], "--wosac-goal needs --mode wosac"),
 ])
 def test_bad_flags(argv, message, capsys):
     assert main(argv + ["--device", "cpu", "--quiet"]) == 2

@@ -125,6 +125,10 @@ class EvalConfig:
         level: confidence level of the intervals.
         resamples: bootstrap resamples (``--interval bootstrap``).
         wosac_rollouts: ``--mode wosac``: rollouts (worlds) per scenario (32 in the challenge).
+        wosac_goal: ``--mode wosac``: what an object's logged goal does. ``stop`` (default): goals
+            stop at a 1 mm radius, so only an object already standing on its logged end stays
+            put; ``continue``: the goal behaviour of the sim-agent setting (the agent drives on;
+            the checkpoint's goal radius), nothing is held still (docs/wosac.md).
         setting: evaluate in a named setting instead of the first checkpoint's own
             (:data:`train.settings.SETTINGS`: ``goal`` or ``sim_agent``; its env fields
             replace the checkpoint's, with a note); None: as trained.
@@ -163,6 +167,7 @@ class EvalConfig:
     level: float = 0.95
     resamples: int = 2000
     wosac_rollouts: int = 32
+    wosac_goal: Literal["stop", "continue"] = "stop"
     setting: str | None = None
     export_rollouts: str | None = None
     json: str | None = None
@@ -327,6 +332,8 @@ def _check_modes(modes: list, cfg: EvalConfig, opts: ModeOptions):
         raise UserError(f"--mode {own[0].name} runs alone: evaluate the other modes in a separate call")
     if cfg.export_rollouts and not own:
         raise UserError("--export-rollouts needs --mode wosac")
+    if cfg.wosac_goal != "stop" and not own:
+        raise UserError("--wosac-goal needs --mode wosac")
     if own and cfg.wosac_rollouts < 1:
         raise UserError(f"--wosac-rollouts must be >= 1, got {cfg.wosac_rollouts}")
     if not (math.isfinite(cfg.temperature) and cfg.temperature > 0):

@@ -231,7 +231,8 @@ def _wosac(entries, make_driver, base, cfg, device, progress):
     from train.eval.wosac import evaluate_wosac
 
     return evaluate_wosac(entries, make_driver, base, cfg.data, ModeOptions.from_config(cfg),
-                          rollouts=cfg.wosac_rollouts, device=device, progress=progress, export=cfg.export_rollouts)
+                          rollouts=cfg.wosac_rollouts, device=device, progress=progress, export=cfg.export_rollouts,
+                          goal=cfg.wosac_goal)
 
 
 def _evaluator_only(opts: ModeOptions) -> None:

@@ -66,13 +66,21 @@ def source_files(sources) -> dict:
     return out
 
 
-def wosac_env_config(base, num_agents: int, num_controlled: int, action_space=None):
+def wosac_env_config(base, num_agents: int, num_controlled: int, action_space=None, goal: str = "stop"):
     """``base`` (an :class:`~gpusim.config.EnvConfig`) with the protocol of the module docstring:
     slot limits ``num_agents`` / ``num_controlled``, ``init_steps 10``, 81 steps, contacts ignored,
-    goals at 1 mm; ``action_space`` overrides the base's when given."""
+    goals at 1 mm; ``action_space`` overrides the base's when given. ``goal="continue"``: goals
+    ``continue`` at the base's ``goal_radius`` instead of ``stop`` at 1 mm (``--wosac-goal``).
+
+    Raises:
+        ValueError: ``goal`` is not ``"stop"`` or ``"continue"``.
+    """
+    if goal not in ("stop", "continue"):
+        raise ValueError(f"--wosac-goal must be stop or continue, got {goal!r}")
+    goals = dict(goal_behavior="stop", goal_radius=1e-3) if goal == "stop" else dict(goal_behavior="continue")
     changes = dict(max_agents=num_agents, max_controlled=num_controlled, init_steps=C.CURRENT_TIME_INDEX,
-                   scenario_length=C.SIM_STEPS + 1, goal_behavior="stop", goal_radius=1e-3,
-                   collision_behavior="ignore", offroad_behavior="ignore", ego_slots=0, ego_fraction=0.0)
+                   scenario_length=C.SIM_STEPS + 1, collision_behavior="ignore", offroad_behavior="ignore",
+                   ego_slots=0, ego_fraction=0.0, **goals)
     if action_space is not None:
         changes["action_space"] = action_space
     return base.replace(**changes)
@@ -93,7 +101,7 @@ def _track_of_slots(pack, path) -> torch.Tensor:
 
 @torch.no_grad()
 def simulate(scene, path, make_driver: Callable, base, rollouts: int = C.N_ROLLOUTS, seed: int = 0,
-             device="cpu"):
+             device="cpu", goal: str = "stop"):
     """Run ``rollouts`` worlds of ``scene`` for 80 steps (module docstring).
 
     Args:
@@ -101,6 +109,7 @@ def simulate(scene, path, make_driver: Callable, base, rollouts: int = C.N_ROLLO
         make_driver: ``make_driver(env) -> driver`` with ``begin(env, obs)``, ``act(env, obs)``,
             ``observe(env, result)`` (:mod:`train.eval.sweep`'s drivers).
         base: the :class:`~gpusim.config.EnvConfig` to adapt (a checkpoint's, or the training defaults).
+        goal: the goal rule, ``"stop"`` or ``"continue"`` (:func:`wosac_env_config`).
 
     Returns:
         ``(sim [R, N, 80, 4] float32 (x, y, z, heading; metres, radians), replayed [N] bool numpy
@@ -114,7 +123,7 @@ def simulate(scene, path, make_driver: Callable, base, rollouts: int = C.N_ROLLO
     from gpusim.wosac.rollouts import assemble_rollouts
 
     agents = max(64, int(scene.valid.any(axis=1).sum()) + 8)
-    cfg = wosac_env_config(base, agents, min(agents, max(scene.num_objects, 1)))
+    cfg = wosac_env_config(base, agents, min(agents, max(scene.num_objects, 1)), goal=goal)
     pack = ScenarioPack.from_json([path], cfg.data_config(goal_min_distance=0.0, control="all_valid"), on_error="raise").to(device)
     env = DriveEnv(pack, rollouts, cfg, seed=seed, device=device)
     driver = make_driver(env)
@@ -172,7 +181,7 @@ def _score_row(scene, sim: torch.Tensor, replayed, seconds: float) -> dict:
 
 
 def evaluate_wosac(entries: list[dict], make_driver: Callable, base, data: str, opts, *, rollouts: int = C.N_ROLLOUTS,
-                   device="cpu", progress=None, export: str | None = None) -> dict:
+                   device="cpu", progress=None, export: str | None = None, goal: str = "stop") -> dict:
     """Score every ``--policy`` entry on every scenario of ``data`` WOSAC can score.
 
     Args:
@@ -184,6 +193,7 @@ def evaluate_wosac(entries: list[dict], make_driver: Callable, base, data: str, 
             :class:`train.eval.modes.ModeOptions` (seed, interval settings).
         rollouts: worlds per scenario (32 in the challenge). progress: optional ``rich`` progress.
         export: write the first entry's rollouts here as a ``SimAgentsChallengeSubmission``.
+        goal: the goal rule of the simulated env (:func:`wosac_env_config`; ``--wosac-goal``).
 
     Returns:
         ``{"runs": [{"label", "policy", "mode": "wosac", "scenarios", "summary" {metric: Interval},
@@ -206,7 +216,7 @@ def evaluate_wosac(entries: list[dict], make_driver: Callable, base, data: str, 
                         f"{skipped[0][1] if skipped else 'none found'})")
     paths = source_files([root])
     out = {"runs": [], "skipped": [{"file": n, "reason": r} for n, r in skipped], "num_scenarios": len(scenes),
-           "files": len(scenes) + len(skipped), "notes": [CAVEAT], "rollouts": rollouts}
+           "files": len(scenes) + len(skipped), "notes": [CAVEAT], "rollouts": rollouts, "goal": goal}
     kept = {}
     for entry in entries:
         task = None if progress is None else progress.add_task(f"{entry['label']} (wosac; count = scenarios)",
@@ -219,7 +229,7 @@ def evaluate_wosac(entries: list[dict], make_driver: Callable, base, data: str, 
                 sec = time.perf_counter() - t0
             else:
                 sim, replayed, sec = simulate(scene, paths[scene.scenario_id], lambda env: make_driver(entry, env),
-                                              base, rollouts, seed=opts.seed + i, device=device)
+                                              base, rollouts, seed=opts.seed + i, device=device, goal=goal)
             rows.append(_score_row(scene, sim, replayed, sec))
             if export and entry is entries[0]:
                 kept[scene.scenario_id] = (scene.object_id, sim.numpy())
