@@ -59,7 +59,8 @@ def summarise(rows: list[tuple[int, float, float]]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--policy", nargs="+", required=True, help="checkpoints, or expert")
+    ap.add_argument("--policy", nargs="+", required=True,
+                    help="checkpoints or run directories, or baselines (expert, constant_speed, ...)")
     ap.add_argument("--data", required=True, help="WOMD scenes (JSON / TFRecord directory)")
     ap.add_argument("--scenes", type=int, default=10, help="the first N scenes WOSAC can score")
     ap.add_argument("--rollouts", type=int, default=8)
@@ -68,24 +69,19 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     from gpusim.wosac.sources import load_scenes
-    from train.checkpoint import load_policy
-    from train.config import TrainConfig, env_config_from_dict
-    from train.eval.sweep import CallableDriver, PolicyDriver
     from train.eval.wosac import simulate, source_files
-    from train.settings import evaluation_config
+    from train.evaluate import EvalConfig, _load_policies, _make_driver, base_env_config
 
     torch.set_num_threads(1)
     scenes, _ = load_scenes([a.data])
     scenes, paths = scenes[: a.scenes], source_files([a.data])
+    # each policy as `train/evaluate.py --mode wosac --policy SPEC` alone: its own env settings, sampled
+    cfg = EvalConfig(policy=tuple(a.policy), stochastic=True, seed=a.seed, device="cpu")
     result = {}
     for spec in a.policy:
-        if spec == "expert":
-            base = TrainConfig().env
-            make = lambda env: CallableDriver(lambda e: e.expert_actions())  # noqa: E731
-        else:
-            policy, payload = load_policy(spec)
-            base = evaluation_config(env_config_from_dict(payload["env_config"]))[0]
-            make = lambda env, p=policy: PolicyDriver(p, deterministic=False)  # noqa: E731
+        (entry,) = _load_policies([spec], "cpu")
+        base, _ = base_env_config([entry], cfg)
+        make = lambda env, e=entry: _make_driver(e, env, cfg)  # noqa: E731
         rows = []
         for i, scene in enumerate(scenes):
             sim, replayed, _ = simulate(scene, paths[scene.scenario_id], make, base, a.rollouts, seed=a.seed + i)
