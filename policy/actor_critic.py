@@ -145,6 +145,64 @@ class ActorCritic(nn.Module):
         continuous = int(space) == int(ActionSpace.CONTINUOUS)
         return cls(ObsDims.from_layout(env.obs_layout), env.num_actions, continuous, config)
 
+    #: The first layer of the ego MLP: its input columns are the blocks of
+    #: :meth:`policy.encoders.ObsEncoder.ego_columns`.
+    EGO_INPUT = "encoder.ego.0.weight"
+
+    @torch.no_grad()
+    def init_from(self, source: "ActorCritic") -> dict:
+        """Start this policy from ``source``'s weights when the two read other observation layouts
+        only in the blocks the ego MLP reads besides ``ego`` (the style and candidate blocks: the
+        memory task's policy from a goal-setting driver). In place.
+
+        Every tensor of the same name and shape is copied. In the ego MLP's first layer
+        (:attr:`EGO_INPUT`, [hidden, ego-MLP input]) each block's columns are copied from
+        ``source``'s columns of the same block; the columns of a block ``source`` does not read
+        are set to 0, so the new policy computes exactly ``source``'s function until training
+        moves them (a function-preserving widening, as in Net2Net, Chen et al. 2016,
+        arXiv 1511.05641); a block only ``source`` reads is dropped.
+
+        Returns:
+            ``{"fresh": [block, ...], "dropped": [block, ...]}``: the blocks whose input columns
+            start at 0, and those of ``source`` this policy does not read.
+
+        Raises:
+            ValueError: one line naming what differs: the policy sizes (``PolicyConfig``), the action
+                count or space, a block both read with other widths, or a tensor of another name or
+                shape (another layout outside the ego MLP's blocks, e.g. no signal block).
+        """
+        if self.config != source.config:
+            raise ValueError(f"its policy {asdict(source.config)} differs from this run's {asdict(self.config)}; "
+                             "pass the same --policy.* flags as the checkpoint")
+        if (self.num_actions, self.continuous) != (source.num_actions, source.continuous):
+            raise ValueError(f"it acts with {source.num_actions} {'continuous' if source.continuous else 'discrete'} "
+                             f"actions, this run with {self.num_actions} "
+                             f"{'continuous' if self.continuous else 'discrete'}")
+        mine, theirs = self.encoder.ego_columns(), source.encoder.ego_columns()
+        for name in mine.keys() & theirs.keys():
+            if mine[name].stop - mine[name].start != theirs[name].stop - theirs[name].start:
+                raise ValueError(f"its observation block {name} has {theirs[name].stop - theirs[name].start} "
+                                 f"columns, this run's {mine[name].stop - mine[name].start}")
+        own, src = self.state_dict(), source.state_dict()
+        for name in [*own, *(n for n in src if n not in own)]:  # the first difference in the policy's order
+            if name == self.EGO_INPUT:
+                continue
+            if name not in own or name not in src or own[name].shape != src[name].shape:
+                dims = {k: (v, source.dims.describe().get(k)) for k, v in self.dims.describe().items()
+                        if source.dims.describe().get(k) != v}
+                shape = lambda d: list(d[name].shape) if name in d else "absent"  # noqa: E731
+                raise ValueError(f"tensor {name} is {shape(src)} in it, {shape(own)} in this run's policy: the "
+                                 f"observation sizes differ outside the ego MLP's blocks (this run, it: {dims})")
+        for name, value in src.items():
+            if name != self.EGO_INPUT:
+                own[name].copy_(value)
+        weight, source_weight = own[self.EGO_INPUT], src[self.EGO_INPUT]
+        weight.zero_()
+        for name, cols in mine.items():
+            if name in theirs:
+                weight[:, cols] = source_weight[:, theirs[name]]
+        return {"fresh": [n for n in mine if n not in theirs], "dropped": [n for n in theirs if n not in mine]}
+
     def describe(self) -> dict:
         """Constructor arguments as plain data (saved in checkpoints)."""
         config = asdict(self.config)

@@ -342,6 +342,18 @@ class ObsEncoder(nn.Module):
         # [-1, 1]) that the transformer adds, so the observation is not drowned by the position
         self.out = nn.Sequential(nn.ReLU(), nn.Linear(n_sets * hidden, d_model), nn.LayerNorm(d_model))
 
+    def ego_columns(self) -> dict[str, slice]:
+        """Where each block the ego MLP reads sits in its input (the columns of ``self.ego[0]``'s
+        weight): ``{block name: slice}`` in layout order, empty blocks left out (e.g.
+        ``{"ego": slice(0, 11), "candidates": slice(11, 18)}`` for the memory task)."""
+        lay, cols, at = self.layouts[False], {}, 0
+        for name in self.ego_blocks:
+            width = lay.block(name).stop - lay.block(name).start
+            if width > 0:
+                cols[name] = slice(at, at + width)
+                at += width
+        return cols
+
     @property
     def compact_dim(self) -> int:
         """D' = width of :meth:`compact`'s output (the columns :meth:`forward` reads): D without

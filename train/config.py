@@ -183,8 +183,10 @@ class TrainConfig:
             names it on the command line: a file never makes the trainer import code by itself.
             Command line only: not saved in ``config.json`` or checkpoints, refused in a config file.
         init_policy: a checkpoint (e.g. ``train/bc.py``'s) whose weights start a new run's policy
-            (BC initialisation, ``train/human.py``); its observation layout, action space,
-            dynamics and policy sizes must be the run's. Not used when resuming.
+            (BC initialisation, ``train/human.py``); its action space, dynamics and policy sizes
+            must be the run's, and its observation layout too except in the blocks the ego MLP
+            reads besides ``ego`` (candidate and style blocks: their input weights start at 0,
+            :meth:`policy.ActorCritic.init_from`). Not used when resuming.
         setting: a named env setting (:data:`train.settings.SETTINGS`: ``goal``,
             ``sim_agent``) whose fields become the ``--env.*`` defaults; ``--env.*`` flags given
             win over it. None: :class:`TrainConfig`'s env.

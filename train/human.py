@@ -39,8 +39,9 @@ def _checkpoint_file(path: str, flag: str) -> pathlib.Path:
     return p
 
 
-def load_frozen(path: str, flag: str, env, env_config):
-    """The frozen policy of the checkpoint ``path`` for driving ``env`` (set up as ``env_config``).
+def load_frozen(path: str, flag: str, env, env_config, check_layout: bool = True):
+    """The frozen policy of the checkpoint ``path`` for driving ``env`` (set up as ``env_config``);
+    ``check_layout`` False: its observation layout may differ from ``env``'s (``--init-policy``).
 
     Returns:
         ``(policy, payload, file)``: the :class:`policy.ActorCritic` (eval mode, no gradients, on
@@ -55,7 +56,8 @@ def load_frozen(path: str, flag: str, env, env_config):
     file = _checkpoint_file(path, flag)
     continuous = int(env_config.action_space) == int(ActionSpace.CONTINUOUS)
     try:
-        policy, payload = load_policy(file, env.device, env.obs_layout, env.num_actions, continuous)
+        policy, payload = load_policy(file, env.device, env.obs_layout if check_layout else None, env.num_actions,
+                                      continuous)
     except PolicyMismatch as e:
         raise UserError(f"{flag} {path}: {e.detail}") from None
     except CheckpointError as e:
@@ -96,16 +98,29 @@ def human_policy(cfg, env, env_config, ckpt: dict | None):
     return policy, sha
 
 
-def init_policy(policy, path: str, env, env_config) -> None:
-    """Load the weights of checkpoint ``path`` (e.g. ``train/bc.py``'s) into ``policy`` in place
-    (``--init-policy``).
+def init_policy(policy, path: str, env, env_config) -> list[str]:
+    """Load the weights of checkpoint ``path`` (e.g. ``train/bc.py``'s, or a shipped driver) into
+    ``policy`` in place (``--init-policy``).
+
+    The checkpoint may read another observation layout in the blocks the ego MLP reads besides
+    ``ego`` (the candidate block of the memory task, the style block): those blocks' input columns
+    start at 0 and every other weight is copied (:meth:`policy.ActorCritic.init_from`), so the run
+    starts from the checkpoint's function.
+
+    Returns:
+        notes to print: one line when some blocks start at 0 or are dropped, else none.
 
     Raises:
-        UserError: as :func:`load_frozen`; other policy sizes than the run's ``--policy.*``.
+        UserError: as :func:`load_frozen` (action count or space, dynamics, an unreadable file);
+            other policy sizes than the run's ``--policy.*``; another layout outside those blocks.
     """
     flag = "--init-policy"
-    source, payload, _ = load_frozen(path, flag, env, env_config)
-    if source.describe() != policy.describe():
-        raise UserError(f"{flag} {path}: its policy {payload['policy']['config']} differs from this run's "
-                        f"{policy.describe()['config']}; pass the same --policy.* flags as the checkpoint")
-    policy.load_state_dict(source.state_dict())
+    source, _, _ = load_frozen(path, flag, env, env_config, check_layout=False)
+    try:
+        blocks = policy.init_from(source)
+    except ValueError as e:
+        raise UserError(f"{flag} {path}: {e}") from None
+    said = [f"blocks {', '.join(blocks[k])} {what}" for k, what in
+            (("fresh", "start with input weights 0 (not read by the checkpoint)"),
+             ("dropped", "of the checkpoint are not read by this run")) if blocks[k]]
+    return [f"note: {flag} {path}: every weight copied; " + "; ".join(said)] if said else []

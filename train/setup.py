@@ -194,7 +194,9 @@ def build_run(cfg: TrainConfig, ranks, ckpt: dict | None, ckpt_file, run_dir: pa
         global_step, update, elapsed, dropped = restore(ckpt, ckpt_file, policy, optimizer, metric_log, run_dir,
                                                         main=ranks.is_main)
     if cfg.init_policy and ckpt is None:  # BC initialisation (train/human.py), before DDP copies the weights
-        init_policy(policy, cfg.init_policy, env, env_config)
+        for line in init_policy(policy, cfg.init_policy, env, env_config):
+            if ranks.is_main:
+                print(line, file=sys.stderr)
     human, human_sha = human_policy(cfg, env, env_config, ckpt)
     train_policy = ranks.wrap(policy)  # DDP under torchrun (the update trains it); rollouts use `policy`
     if hook is None:
