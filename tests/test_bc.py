@@ -143,3 +143,77 @@ def test_bc_cli_bad_numbers_exit_2(capsys):
     assert main(["--epochs", "0", "--device", "cpu", "--out", "/nonexistent/x.pt"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --epochs must be >= 1, got 0")
+
+
+def _braking_driver(env):
+    """A policy whose every sampled action is full braking, straight (joint index 0 * 13 + 6)."""
+    policy = _policy(env)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.zero_()
+        policy.actor.bias[6] = 100.0
+    return policy.eval()
+
+
+def _straight_env():
+    pack = synthetic_pack([{"agents": [driver(0, 0, 0.0, 5.0, (500.0, 0.0)), parked(0, 30)],
+                            "num_controlled": 1, "roads": lane()}], small_config())
+    cfg = EnvConfig(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, goal_behavior="continue",
+                    collision_behavior="ignore", offroad_behavior="ignore")
+    return DriveEnv(pack, 1, cfg)
+
+
+def test_dagger_collection_drives_by_the_policy_and_labels_with_the_expert():
+    env = _straight_env()
+    policy = _policy(env)
+    logged = collect(env, policy)
+    braking = _braking_driver(env)
+    torch.manual_seed(0)
+    dagger = collect(env, policy, driver=braking, world_offset=7)
+    assert torch.equal(dagger.world, logged.world + 7)
+    # the agent brakes while its log drives on at 5 m/s: the expert's label is to speed up, straight
+    accel = dagger.actions[0] // 13
+    assert (accel[10:80] == 6).all() and (dagger.actions[0] % 13 == 6).all()
+    assert (logged.actions[0, :80] // 13 == 3).all()  # on its log: hold the speed
+    # the labels are the expert's actions from where the braking agent is (replayed here)
+    env.reset(scenarios=torch.zeros(1, dtype=torch.int64))
+    for t in range(12):
+        assert int(env.expert_actions()[0, 0]) == int(dagger.actions[0, t])
+        state, _ = env.advance(env.state, torch.full_like(env.expert_actions(), 6), episode_end=False)
+        env.commit(state)
+    # driven off its log, nothing is out of range: every valid next log pose is a target
+    assert dagger.counts["out_of_range"] == 0 and dagger.counts["valid"] == dagger.counts["agent_steps"] - dagger.counts["invalid_log"]
+    # with the expert's actions at every step the collection is the logged one
+    again = collect(env, policy, driver=braking, expert_share=1.0)
+    assert torch.equal(again.obs, logged.obs) and torch.equal(again.actions, logged.actions)
+
+
+def test_bc_dagger_rounds_grow_the_data_and_are_recorded(tmp_path):
+    from train.checkpoint import load_checkpoint
+
+    out = tmp_path / "bc.pt"
+    cfg = BCConfig(data=str(SAMPLE_DIR), out=str(out), epochs=1, dagger_rounds=2, dagger_epochs=1, device="cpu",
+                   num_worlds=16, minibatch_worlds=4, policy=SMALL, quiet=True)
+    lines = []
+    res = train_bc(cfg, say=lines.append)
+    assert [e["round"] for e in res["epochs"]] == [0, 1, 2]
+    rounds = res["dagger"]
+    assert [r["round"] for r in rounds] == [1, 2] and all(r["valid"] > 0 for r in rounds)
+    payload = load_checkpoint(out)
+    assert payload["update"] == 3
+    # each epoch trains on every target collected so far: the log's, then one more round each time
+    assert payload["global_step"] == 3 * res["counts"]["valid"] + 2 * rounds[0]["valid"] + rounds[1]["valid"]
+    assert payload["extra"]["bc"]["dagger"] == {"rounds": 2, "epochs": 1, "expert_share": 0.0, "collected": rounds}
+    assert sum(line.startswith("dagger round") for line in lines) == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--dagger-rounds", "-1"], "--dagger-rounds must be >= 0, got -1"),
+    (["--dagger-expert-share", "1.5"], "--dagger-expert-share must be in [0, 1], got 1.5"),
+    (["--dagger-epochs", "0"], "--dagger-epochs must be >= 1, got 0"),
+])
+def test_bc_dagger_bad_numbers_exit_2(capsys, argv, message):
+    from train.bc import main
+
+    assert main(argv + ["--device", "cpu", "--out", "/nonexistent/x.pt"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {message}")

@@ -21,7 +21,16 @@ The whole algorithm, top to bottom:
    Gaussian mean, in action units), and the speed in agent-steps per second. Once, before the
    epochs: the accuracy of always predicting the training targets' most common action
    (:func:`majority_baseline`), the floor to read the accuracy against.
-4. **Save a normal checkpoint** (:func:`train.checkpoint.save_checkpoint`): ``train/evaluate.py
+4. **DAgger rounds** (optional, ``--dagger-rounds R``; Ross, Gordon & Bagnell 2011, "A reduction
+   of imitation learning and structured prediction to no-regret online learning"): a policy
+   trained on the log alone drifts off it in closed loop (its own errors compound) into states
+   the log never shows. Each round runs the training scenarios once more with the agents driving
+   by the policy's sampled actions (``--dagger-expert-share``: the share of agent-steps that take
+   the expert's instead), labels every visited step with the expert action from where the agent
+   is (the inverse dynamics toward its next logged pose, clamped to the action range: the
+   correction back to the log), adds those steps to the dataset and trains ``--dagger-epochs``
+   more epochs over all of it. The held-out NLL stays that of the log's own states.
+5. **Save a normal checkpoint** (:func:`train.checkpoint.save_checkpoint`): ``train/evaluate.py
    --policy``, ``load_policy``, ``--coplayer`` and ``train/run.py --init-policy`` /
    ``--ppo.human-policy`` accept it.
 
@@ -29,6 +38,7 @@ Examples::
 
     python train/bc.py --data data/womd_sample --out runs/bc/checkpoint.pt --epochs 20
     python train/bc.py --data TRAIN --eval-data VAL --out bc.pt --setting sim_agent
+    python train/bc.py --data TRAIN --out bc.pt --setting sim_agent --dagger-rounds 2
 """
 
 from __future__ import annotations
@@ -71,6 +81,13 @@ class BCConfig:
         keep_best: also write ``best.pt`` beside ``out`` at every epoch whose held-out NLL is the
             lowest so far (a tie keeps the earlier); needs ``eval_data``. Its ``extra["best"]``:
             ``{"entry": "eval_nll", "value", "epoch"}``.
+        dagger_rounds: DAgger rounds after the ``epochs`` on the log (module docstring, step 4):
+            each collects the training scenarios once more with the policy driving, adds those
+            steps (labelled with the expert's actions) to the dataset and trains
+            ``dagger_epochs`` more epochs over all of it. 0: plain behaviour cloning.
+        dagger_expert_share: in a DAgger round, the probability that an agent-step takes the
+            expert's action instead of the policy's (the mixture policy of Ross et al. 2011;
+            0: the policy alone).
         setting: a named setting (``train/run.py --setting``, :data:`train.settings.SETTINGS`:
             ``goal``, ``sim_agent``) whose fields become the ``--env.*`` defaults.
         env, policy: the env setting and the policy sizes (``--env.*`` / ``--policy.*`` as
@@ -88,6 +105,9 @@ class BCConfig:
     minibatch_worlds: int = 4
     num_worlds: int = 32
     keep_best: bool = False
+    dagger_rounds: int = 0
+    dagger_epochs: int = 5
+    dagger_expert_share: float = 0.0
     setting: str | None = None
     env: EnvConfig = field(default_factory=lambda: TrainConfig().env)
     policy: PolicyConfig = field(default_factory=lambda: TrainConfig().policy)
@@ -148,23 +168,36 @@ def _user_set(cfg: BCConfig) -> set:
 
 
 @torch.no_grad()
-def collect(env, policy: ActorCritic) -> BCData:
-    """Run every scenario of ``env``'s pack once with the expert actions (module docstring, step 1).
+def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_share: float = 0.0,
+            world_offset: int = 0) -> BCData:
+    """Run every scenario of ``env``'s pack once (module docstring, step 1) and record, at every
+    step, the observation and the expert action (the target).
 
     Args:
         env: a :class:`gpusim.env.DriveEnv` (W worlds, C slots, horizon T).
         policy: the policy whose :meth:`~policy.ActorCritic.prepare_obs` compacts the observations.
+        driver: None: every controlled agent takes the expert action (the log is followed). A policy:
+            the agents drive with actions sampled from it (its memory over the episode; a DAgger
+            round, step 4), each agent-step taking the expert action instead with probability
+            ``expert_share`` (torch's global generator).
+        world_offset: added to the recorded ``world`` ids (rounds of one dataset stay apart).
 
     Returns:
-        :class:`BCData` of the active slots (rows of padding worlds left out).
+        :class:`BCData` of the active slots (rows of padding worlds left out). Where the expert
+        drives, a target out of the action range is masked and counted (``out_of_range``); where
+        the driver drives, the agent is off its log by its own doing, and the expert action (the
+        dynamics' inverse toward the next logged pose, clamped to the action range) is the
+        correction it is trained on: only an invalid next logged pose masks it.
     """
     from gpusim.sim.motion import expert_targets
+    from policy.actor import Actor
 
     W, C, T = env.num_worlds, env.num_slots, env.horizon
     S = env.pack.num_scenarios
     dev = env.device
     parts = {k: [] for k in ("obs", "actions", "removed", "mask", "world")}
     counts = {"agent_steps": 0, "invalid_log": 0, "out_of_range": 0, "valid": 0}
+    actor = None if driver is None else Actor(driver, W * C, T, device=dev)
     for start in range(0, S, W):
         n = min(W, S - start)
         scen = torch.arange(start, start + W, device=dev).clamp(max=S - 1)  # padding worlds repeat the last
@@ -172,20 +205,29 @@ def collect(env, policy: ActorCritic) -> BCData:
         active = env.state.slot_active.clone()  # [W, C]
         active[n:] = False
         removed = torch.zeros(W, C, dtype=torch.bool, device=dev)
+        if actor is not None:
+            actor.begin()
         rows = {k: [] for k in ("obs", "actions", "removed", "keep", "valid", "reach")}
         for _ in range(T):
             target = expert_targets(env.sim, env.state)
-            action = env.expert_actions()
+            expert = env.expert_actions()
             rows["obs"].append(policy.prepare_obs(obs, removed))
             rows["removed"].append(removed)
-            rows["actions"].append(action)
+            rows["actions"].append(expert)
+            action = expert
+            if actor is not None:
+                drawn = actor.env_action(actor.act(obs.reshape(W * C, -1)).action).reshape(expert.shape)
+                take = torch.rand(W, C, device=dev) < expert_share
+                action = torch.where(take.reshape(W, C, *([1] * (expert.dim() - 2))), expert, drawn)
             state, res = env.advance(env.state, env.validate_actions(action), episode_end=False)
             env.commit(state)  # no auto-reset: the last step's pose is compared below
             err = torch.linalg.vector_norm(env.state.pos[:, :C] - target["pos"], dim=-1)
             rows["keep"].append(res.loss_mask & active)
             rows["valid"].append(target["valid"])
-            rows["reach"].append(err <= TRACK_TOLERANCE)
+            rows["reach"].append(err <= TRACK_TOLERANCE if actor is None else torch.ones_like(err, dtype=torch.bool))
             obs, removed = res.obs, res.removed
+            if actor is not None:
+                actor.observe(res.terminal.reshape(-1), res.removed.reshape(-1))
         st = {k: torch.stack(v, dim=2) for k, v in rows.items()}  # [W, C, T, ...]
         keep, valid, reach = st["keep"], st["valid"], st["reach"]
         mask = keep & valid & reach
@@ -198,11 +240,17 @@ def collect(env, policy: ActorCritic) -> BCData:
         parts["actions"].append(st["actions"].reshape(W * C, T, *st["actions"].shape[3:])[sel])
         parts["removed"].append(st["removed"].reshape(W * C, T)[sel])
         parts["mask"].append(mask.reshape(W * C, T)[sel])
-        world = (torch.arange(W, device=dev) + start)[:, None].expand(W, C)
+        world = (torch.arange(W, device=dev) + start + world_offset)[:, None].expand(W, C)
         parts["world"].append(world.reshape(-1)[sel])
     out = {k: torch.cat(v) for k, v in parts.items()}
     return BCData(obs=out["obs"], actions=out["actions"], removed=out["removed"],
                   terminal=torch.zeros_like(out["removed"]), mask=out["mask"], world=out["world"], counts=counts)
+
+
+def concat_data(a: BCData, b: BCData) -> BCData:
+    """The rows of ``a`` then ``b`` (the same env and policy); ``counts`` stay ``a``'s (the log's)."""
+    return BCData(**{f.name: torch.cat([getattr(a, f.name), getattr(b, f.name)])
+                     for f in dataclasses.fields(BCData) if f.name != "counts"}, counts=a.counts)
 
 
 def check_targets(data: BCData, flag: str) -> None:
@@ -271,10 +319,11 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
     """Collect, train, evaluate and save (module docstring).
 
     Returns:
-        ``{"checkpoint", "counts", "eval_counts", "epochs": [{"epoch", "loss", "eval_nll",
-        "eval_accuracy", "steps_per_s"}], "collect_s", "majority", "best"}`` (``majority``:
-        :func:`majority_baseline`, None without ``--eval-data``; ``best``: the ``--keep-best``
-        record, else None).
+        ``{"checkpoint", "counts", "eval_counts", "epochs": [{"epoch", "round", "loss", "eval_nll",
+        "eval_accuracy", "steps_per_s"}], "collect_s", "majority", "best", "dagger"}``
+        (``majority``: :func:`majority_baseline`, None without ``--eval-data``; ``best``: the
+        ``--keep-best`` record, else None; ``dagger``: per DAgger round, its :attr:`BCData.counts`
+        with ``round`` and ``collect_s``).
 
     Raises:
         UserError: bad numbers, a dataset without a kept target, a missing ``--eval-data`` (also
@@ -288,9 +337,13 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
     from train.ppo import make_optimizer
 
     for name, value in (("--epochs", cfg.epochs), ("--minibatch-worlds", cfg.minibatch_worlds),
-                        ("--num-worlds", cfg.num_worlds)):
+                        ("--num-worlds", cfg.num_worlds), ("--dagger-epochs", cfg.dagger_epochs)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
+    if cfg.dagger_rounds < 0:
+        raise UserError(f"--dagger-rounds must be >= 0, got {cfg.dagger_rounds}")
+    if not 0.0 <= cfg.dagger_expert_share <= 1.0:
+        raise UserError(f"--dagger-expert-share must be in [0, 1], got {cfg.dagger_expert_share}")
     if cfg.keep_best and not cfg.eval_data:
         raise UserError("--keep-best chooses the epoch by the held-out NLL: give --eval-data DIR (e.g. the validation split)")
     check_output_path(cfg.out, "--out")  # before the work: a finished run is never lost to its output
@@ -334,12 +387,14 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
                                num_worlds=cfg.num_worlds, device=cfg.device, seed=cfg.seed,
                                learning_rate=cfg.learning_rate)
     config = tcfg.to_dict()
-    history, trained, best = [], 0, None
+    history, trained, best, rounds = [], 0, None, []
 
     def save(path: pathlib.Path, epochs_done: int) -> pathlib.Path:
         extra = {"bc": {"data": cfg.data, "eval_data": cfg.eval_data, "epochs": epochs_done, "counts": c,
                         "history": list(history), "track_tolerance": TRACK_TOLERANCE,
-                        "majority_accuracy": None if majority is None else majority[1]}}
+                        "majority_accuracy": None if majority is None else majority[1],
+                        "dagger": {"rounds": cfg.dagger_rounds, "epochs": cfg.dagger_epochs,
+                                   "expert_share": cfg.dagger_expert_share, "collected": list(rounds)}}}
         if best is not None:
             extra["best"] = dict(best)
         return save_checkpoint(path, policy=policy, optimizer=optimizer, global_step=trained, update=epochs_done,
@@ -348,40 +403,59 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
     best_path = pathlib.Path(cfg.out).with_name("best.pt")
     if cfg.keep_best:
         check_output_path(best_path, "--keep-best")
-    for epoch in range(1, cfg.epochs + 1):
-        policy.train()
-        t0 = time.perf_counter()
-        total, steps = 0.0, 0.0
-        order = worlds[torch.randperm(worlds.numel(), generator=generator, device=device)]
-        for i in range(0, order.numel(), cfg.minibatch_worlds):
-            pick = order[i: i + cfg.minibatch_worlds]
-            rows = torch.nonzero(torch.isin(data.world, pick)).flatten()
-            loss, stats = bc_loss(policy, data, rows)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-            optimizer.step()
-            k = float(stats["steps"])
-            total, steps = total + float(stats["nll"]) * k, steps + k
-        seconds = time.perf_counter() - t0
-        trained += int(steps)
-        rec = {"epoch": epoch, "loss": total / max(steps, 1.0), "steps_per_s": steps / max(seconds, 1e-9)}
-        line = f"epoch {epoch}/{cfg.epochs}: train nll {rec['loss']:.4f}, {rec['steps_per_s']:,.0f} agent-steps/s"
-        if held is not None:
-            ev = evaluate_bc(policy, held, eval_rows)
-            rec.update(eval_nll=ev["nll"], eval_accuracy=ev["accuracy"])
-            line += f"; held-out nll {ev['nll']:.4f}, {'mae' if continuous else 'accuracy'} {ev['accuracy']:.3f}"
-        history.append(rec)
-        if cfg.keep_best and (best is None or rec["eval_nll"] < best["value"]):
-            best = {"entry": "eval_nll", "value": rec["eval_nll"], "epoch": epoch}
-            save(best_path, epoch)
-            line += "; best.pt"
-        if not cfg.quiet:
-            say(line)
-    path = save(pathlib.Path(cfg.out), cfg.epochs)
+    total_epochs = cfg.epochs + cfg.dagger_rounds * cfg.dagger_epochs
+    schedule = [(0, cfg.epochs)] + [(r, cfg.dagger_epochs) for r in range(1, cfg.dagger_rounds + 1)]
+    epoch = 0
+    for round_no, round_epochs in schedule:
+        if round_no > 0:  # DAgger: the policy drives, the expert labels, the dataset grows
+            policy.eval()
+            t0 = time.perf_counter()
+            more = collect(env, policy, driver=policy, expert_share=cfg.dagger_expert_share,
+                           world_offset=round_no * env.pack.num_scenarios)
+            m = more.counts
+            rounds.append(dict(m, round=round_no, collect_s=time.perf_counter() - t0))
+            data = concat_data(data, more)
+            say(f"dagger round {round_no}/{cfg.dagger_rounds}: {m['valid']} targets of {m['agent_steps']} agent-steps "
+                f"driven by the policy ({m['invalid_log']} invalid log; expert share {cfg.dagger_expert_share:g}); "
+                f"{int(data.mask.sum())} targets in all ({rounds[-1]['collect_s']:.1f} s)")
+            worlds = torch.unique(data.world)
+        for _ in range(round_epochs):
+            epoch += 1
+            policy.train()
+            t0 = time.perf_counter()
+            total, steps = 0.0, 0.0
+            order = worlds[torch.randperm(worlds.numel(), generator=generator, device=device)]
+            for i in range(0, order.numel(), cfg.minibatch_worlds):
+                pick = order[i: i + cfg.minibatch_worlds]
+                rows = torch.nonzero(torch.isin(data.world, pick)).flatten()
+                loss, stats = bc_loss(policy, data, rows)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                k = float(stats["steps"])
+                total, steps = total + float(stats["nll"]) * k, steps + k
+            seconds = time.perf_counter() - t0
+            trained += int(steps)
+            rec = {"epoch": epoch, "round": round_no, "loss": total / max(steps, 1.0),
+                   "steps_per_s": steps / max(seconds, 1e-9)}
+            line = (f"epoch {epoch}/{total_epochs}: train nll {rec['loss']:.4f}, "
+                    f"{rec['steps_per_s']:,.0f} agent-steps/s")
+            if held is not None:
+                ev = evaluate_bc(policy, held, eval_rows)
+                rec.update(eval_nll=ev["nll"], eval_accuracy=ev["accuracy"])
+                line += f"; held-out nll {ev['nll']:.4f}, {'mae' if continuous else 'accuracy'} {ev['accuracy']:.3f}"
+            history.append(rec)
+            if cfg.keep_best and (best is None or rec["eval_nll"] < best["value"]):
+                best = {"entry": "eval_nll", "value": rec["eval_nll"], "epoch": epoch}
+                save(best_path, epoch)
+                line += "; best.pt"
+            if not cfg.quiet:
+                say(line)
+    path = save(pathlib.Path(cfg.out), total_epochs)
     say(f"bc checkpoint {path}" + (f"; best.pt: epoch {best['epoch']}, held-out nll {best['value']:.4f}" if best else ""))
     return {"checkpoint": str(path), "counts": c, "eval_counts": held.counts if held is not None else None,
-            "epochs": history, "collect_s": collect_s, "majority": majority, "best": best}
+            "epochs": history, "collect_s": collect_s, "majority": majority, "best": best, "dagger": rounds}
 
 
 def parse_args(argv=None) -> BCConfig:
