@@ -52,14 +52,19 @@ def test_targets_and_masks_on_a_real_scene_match_the_log():
     assert torch.equal(data.actions[:, 0], first)
 
 
+def _one_driver_env(agent: dict):
+    """A one-world env of a synthetic scene: ``agent`` controlled and a parked car, on a lane; goals
+    ``continue`` and contacts ignored, so every step of the log is in play."""
+    pack = synthetic_pack([{"agents": [agent, parked(0, 30)], "num_controlled": 1, "roads": lane()}], small_config())
+    cfg = EnvConfig(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, goal_behavior="continue",
+                    collision_behavior="ignore", offroad_behavior="ignore")
+    return DriveEnv(pack, 1, cfg)
+
+
 def test_a_jump_in_the_log_is_out_of_range_and_masked():
     track = straight_track(0.0, 0.0, 0.0, 5.0)
     track[40] = track[40] + torch.tensor([0.0, 30.0])  # a 30 m sideways jump at log index 40
-    pack = synthetic_pack([{"agents": [driver(0, 0, 0.0, 5.0, (500.0, 0.0)) | {"pos": track}, parked(0, 30)],
-                            "num_controlled": 1, "roads": lane()}], small_config())
-    cfg = EnvConfig(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, goal_behavior="continue",
-                    collision_behavior="ignore", offroad_behavior="ignore")
-    env = DriveEnv(pack, 1, cfg)
+    env = _one_driver_env(driver(0, 0, 0.0, 5.0, (500.0, 0.0)) | {"pos": track})
     data = collect(env, _policy(env))
     assert data.counts["out_of_range"] >= 1
     assert not data.mask[0, 39]  # the step aiming at log index 40
@@ -70,11 +75,7 @@ def test_a_jump_in_the_log_is_out_of_range_and_masked():
 def test_no_valid_target_is_refused_with_the_counts():
     # a controlled agent logged only at step 0: every target is an invalid log pose
     valid = [True] + [False] * 90
-    pack = synthetic_pack([{"agents": [driver(0, 0, 0.0, 5.0, (500.0, 0.0), valid=valid), parked(0, 30)],
-                            "num_controlled": 1, "roads": lane()}], small_config())
-    cfg = EnvConfig(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, goal_behavior="continue",
-                    collision_behavior="ignore", offroad_behavior="ignore")
-    env = DriveEnv(pack, 1, cfg)
+    env = _one_driver_env(driver(0, 0, 0.0, 5.0, (500.0, 0.0), valid=valid))
     data = collect(env, _policy(env))
     with pytest.raises(UserError) as e:
         check_targets(data, "--data X")
@@ -155,16 +156,8 @@ def _braking_driver(env):
     return policy.eval()
 
 
-def _straight_env():
-    pack = synthetic_pack([{"agents": [driver(0, 0, 0.0, 5.0, (500.0, 0.0)), parked(0, 30)],
-                            "num_controlled": 1, "roads": lane()}], small_config())
-    cfg = EnvConfig(max_agents=8, max_controlled=4, num_partners=7, num_roads=16, goal_behavior="continue",
-                    collision_behavior="ignore", offroad_behavior="ignore")
-    return DriveEnv(pack, 1, cfg)
-
-
 def test_dagger_collection_drives_by_the_policy_and_labels_with_the_expert():
-    env = _straight_env()
+    env = _one_driver_env(driver(0, 0, 0.0, 5.0, (500.0, 0.0)))  # a straight log at 5 m/s
     policy = _policy(env)
     logged = collect(env, policy)
     braking = _braking_driver(env)
