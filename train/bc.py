@@ -221,10 +221,13 @@ def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_
                 action = torch.where(take.reshape(W, C, *([1] * (expert.dim() - 2))), expert, drawn)
             state, res = env.advance(env.state, env.validate_actions(action), episode_end=False)
             env.commit(state)  # no auto-reset: the last step's pose is compared below
-            err = torch.linalg.vector_norm(env.state.pos[:, :C] - target["pos"], dim=-1)
+            if actor is None:  # the expert drove: did it reach the logged pose it aimed at?
+                reach = torch.linalg.vector_norm(env.state.pos[:, :C] - target["pos"], dim=-1) <= TRACK_TOLERANCE
+            else:  # the driver drove: its label is the correction, never out of range
+                reach = torch.ones_like(target["valid"])
             rows["keep"].append(res.loss_mask & active)
             rows["valid"].append(target["valid"])
-            rows["reach"].append(err <= TRACK_TOLERANCE if actor is None else torch.ones_like(err, dtype=torch.bool))
+            rows["reach"].append(reach)
             obs, removed = res.obs, res.removed
             if actor is not None:
                 actor.observe(res.terminal.reshape(-1), res.removed.reshape(-1))
