@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import pickle
+import sys
 
 import pytest
 import torch
@@ -216,3 +217,25 @@ def test_bad_config_file_is_one_line(tmp_path, capsys):
     assert "not valid JSON" in _one_error_line(capsys)
     assert main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "missing.yaml" in _one_error_line(capsys)
+
+
+def test_warnings_print_as_one_line_without_source(monkeypatch, capsys):
+    """``one_line_warnings``: a library warning reaches the user as ``warning: <message>``, one line,
+    without the ``file:line`` prefix and the line of source; ``--debug`` keeps the default format."""
+    import warnings
+
+    from train.config import one_line_warnings
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # restored after the test
+    default = warnings.formatwarning
+    one_line_warnings(debug=True)
+    assert warnings.formatwarning is default
+    one_line_warnings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        # pytest records warnings; print them the way Python does outside pytest
+        warnings.showwarning = lambda m, c, f, n, file=None, line=None: sys.stderr.write(
+            warnings.formatwarning(m, c, f, n, line))
+        warnings.warn("EnvConfig.goal_resample: 2 agents keep their logged goals", UserWarning)
+    err = capsys.readouterr().err
+    assert err == "warning: EnvConfig.goal_resample: 2 agents keep their logged goals\n"

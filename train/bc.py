@@ -496,4 +496,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from train.config import one_line_warnings
+
+    one_line_warnings("--debug" in sys.argv)  # here, not in main(): the format is process-wide
     sys.exit(main())

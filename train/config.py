@@ -47,6 +47,24 @@ def one_line(exc: BaseException) -> str:
     return text.splitlines()[0]
 
 
+def one_line_warnings(debug: bool = False) -> None:
+    """Make the CLIs print each warning as one line, ``warning: <message>`` (no source line).
+
+    ``warnings.warn`` normally prints ``file:line: Category: message`` and then the line of source
+    that raised it, which reads as a crash to a user. ``train/run.py``, ``train/evaluate.py`` and
+    ``train/bc.py`` call this when run as scripts (not in ``main``: the format is process-wide);
+    with ``debug`` (``--debug``) the default format stays.
+    """
+    if debug:
+        return
+    import warnings
+
+    def fmt(message, category, filename, lineno, line=None):  # noqa: ARG001 (warnings' signature)
+        return f"warning: {message}\n"
+
+    warnings.formatwarning = fmt
+
+
 def default_device() -> str:
     """``cuda`` if a CUDA device is available, else ``cpu``."""
     return "cuda" if torch.cuda.is_available() else "cpu"
