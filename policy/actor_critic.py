@@ -150,7 +150,7 @@ class ActorCritic(nn.Module):
     EGO_INPUT = "encoder.ego.0.weight"
 
     @torch.no_grad()
-    def init_from(self, source: "ActorCritic") -> dict:
+    def init_from(self, source: "ActorCritic", unseen: tuple = ()) -> dict:
         """Start this policy from ``source``'s weights when the two read other observation layouts
         only in the blocks the ego MLP reads besides ``ego`` (the style and candidate blocks: the
         memory task's policy from a goal-setting driver). In place.
@@ -162,6 +162,11 @@ class ActorCritic(nn.Module):
         moves them (a function-preserving widening, as in Net2Net, Chen et al. 2016,
         arXiv 1511.05641); a block only ``source`` reads is dropped.
 
+        ``unseen``: names of ``ego`` block columns that were always 0 while ``source`` trained (the
+        trial clock outside trial mode, :func:`train.human.init_policy`). Their weights never
+        received a gradient and still hold their random initialisation, which would feed noise
+        into ``source``'s function once the columns carry values; they are set to 0 as well.
+
         Returns:
             ``{"fresh": [block, ...], "dropped": [block, ...]}``: the blocks whose input columns
             start at 0, and those of ``source`` this policy does not read.
@@ -170,6 +175,7 @@ class ActorCritic(nn.Module):
             ValueError: one line naming what differs: the policy sizes (``PolicyConfig``), the action
                 count or space, a block both read with other widths, or a tensor of another name or
                 shape (another layout outside the ego MLP's blocks, e.g. no signal block).
+                A name in ``unseen`` that is not an ``ego`` column. Nothing is changed when it raises.
         """
         if self.config != source.config:
             raise ValueError(f"its policy {asdict(source.config)} differs from this run's {asdict(self.config)}; "
@@ -179,6 +185,8 @@ class ActorCritic(nn.Module):
                              f"actions, this run with {self.num_actions} "
                              f"{'continuous' if self.continuous else 'discrete'}")
         mine, theirs = self.encoder.ego_columns(), source.encoder.ego_columns()
+        layout = self.encoder.layouts[False]
+        unseen_at = [mine["ego"].start + layout.column("ego", c) - layout.block("ego").start for c in unseen]
         for name in mine.keys() & theirs.keys():
             if mine[name].stop - mine[name].start != theirs[name].stop - theirs[name].start:
                 raise ValueError(f"its observation block {name} has {theirs[name].stop - theirs[name].start} "
@@ -201,6 +209,7 @@ class ActorCritic(nn.Module):
         for name, cols in mine.items():
             if name in theirs:
                 weight[:, cols] = source_weight[:, theirs[name]]
+        weight[:, unseen_at] = 0.0
         return {"fresh": [n for n in mine if n not in theirs], "dropped": [n for n in theirs if n not in mine]}
 
     def describe(self) -> dict:

@@ -47,6 +47,30 @@ def test_candidate_block_starts_at_zero_and_the_function_is_the_sources():
     assert torch.allclose(_logits(target, obs), got, atol=1e-6)
 
 
+def test_unseen_ego_columns_start_at_zero_so_their_values_change_nothing():
+    """Columns the source only ever saw as 0 (the trial clock of a checkpoint trained outside trial
+    mode) keep no untrained weight: whatever they hold, the policy computes the source's function
+    with them at 0."""
+    source, target = _policy(_dims(), 1), _policy(_dims(), 2)
+    assert target.init_from(source, ("trial_index", "time_in_trial")) == {"fresh": [], "dropped": []}
+    lay = target.encoder.layouts[False]
+    clock = [lay.column("ego", "trial_index"), lay.column("ego", "time_in_trial")]
+    w = target.state_dict()[ActorCritic.EGO_INPUT]
+    assert not w[:, clock].any() and source.state_dict()[ActorCritic.EGO_INPUT][:, clock].abs().min() > 0
+    torch.manual_seed(3)
+    obs = torch.randn(5, target.dims.obs_dim)
+    obs[:, clock] = 0.0
+    at_zero = _logits(source, obs)
+    obs[:, clock] = torch.tensor([0.5, 0.8])  # trial 1 of 2, 80% of the way through it
+    assert torch.allclose(_logits(target, obs), at_zero, atol=1e-6)
+    assert not torch.allclose(_logits(source, obs), at_zero, atol=1e-3)  # the noise that is removed
+    fresh = _policy(_dims(), 2)
+    before = {k: v.clone() for k, v in fresh.state_dict().items()}
+    with pytest.raises(ValueError, match="the ego block has no feature 'trial'"):
+        fresh.init_from(source, ("trial",))
+    assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
+
+
 def test_a_block_the_run_does_not_read_is_dropped():
     source, target = _policy(_dims(candidate_dim=7), 1), _policy(_dims(), 2)
     assert target.init_from(source) == {"fresh": [], "dropped": ["candidates"]}
@@ -82,8 +106,15 @@ def test_init_policy_from_a_driver_checkpoint_for_the_memory_task(tmp_path, caps
     policy = ActorCritic.for_env(env, PolicyConfig(d_model=64, n_layers=2, n_heads=4, hidden=64, max_roads=32))
     notes = init_policy(policy, "policies/driver.pt", env, cfg)
     assert notes == ["note: --init-policy policies/driver.pt: every weight copied; blocks candidates start with "
-                     "input weights 0 (not read by the checkpoint)"]
+                     "input weights 0 (not read by the checkpoint); the ego columns trial_index, time_in_trial "
+                     "start with input weights 0 (always 0 while the checkpoint trained: it was not in trial mode)"]
     driver = torch.load("policies/driver.pt", map_location="cpu", weights_only=False)["model"]
     assert torch.equal(policy.state_dict()["actor.weight"], driver["actor.weight"])
+    # the trial clock's columns (ego block, before the candidates) start at 0; the rest of the ego block is copied
+    lay, w = env.obs_layout, policy.state_dict()[ActorCritic.EGO_INPUT]
+    clock = [lay.column("ego", c) - lay.block("ego").start for c in ("trial_index", "time_in_trial")]
+    assert not w[:, clock].any() and driver[ActorCritic.EGO_INPUT][:, clock].abs().min() > 0
+    rest = [c for c in range(lay.block("ego").stop - lay.block("ego").start) if c not in clock]
+    assert torch.equal(w[:, rest], driver[ActorCritic.EGO_INPUT][:, rest])
     with pytest.raises(UserError, match=r"^--init-policy policies/driver.pt: its policy .* differs"):
         init_policy(ActorCritic.for_env(env, CFG), "policies/driver.pt", env, cfg)

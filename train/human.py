@@ -19,6 +19,8 @@ from train.config import UserError, env_config_from_dict, resolve_path
 
 #: Key of the BC file's SHA-256 in a checkpoint's ``extra``.
 SHA_KEY = "human_policy_sha256"
+#: The ego columns of the trial clock (:data:`gpusim.kernels.obs_layout.EGO_EXTRA`): 0 outside trial mode.
+TRIAL_CLOCK_COLUMNS = ("trial_index", "time_in_trial")
 
 
 def file_sha256(path) -> str:
@@ -105,7 +107,9 @@ def init_policy(policy, path: str, env, env_config) -> list[str]:
     The checkpoint may read another observation layout in the blocks the ego MLP reads besides
     ``ego`` (the candidate block of the memory task, the style block): those blocks' input columns
     start at 0 and every other weight is copied (:meth:`policy.ActorCritic.init_from`), so the run
-    starts from the checkpoint's function.
+    starts from the checkpoint's function. The same holds for the trial clock
+    (:data:`TRIAL_CLOCK_COLUMNS`) when this run is in trial mode and the checkpoint was not: those
+    columns were 0 in all of its training, so their weights are untrained noise, and they start at 0.
 
     Returns:
         notes to print: one line when some blocks start at 0 or are dropped, else none.
@@ -115,12 +119,17 @@ def init_policy(policy, path: str, env, env_config) -> list[str]:
             other policy sizes than the run's ``--policy.*``; another layout outside those blocks.
     """
     flag = "--init-policy"
-    source, _, _ = load_frozen(path, flag, env, env_config, check_layout=False)
+    source, payload, _ = load_frozen(path, flag, env, env_config, check_layout=False)
+    trained_in_trials = env_config_from_dict(payload["env_config"]).trial_mode
+    unseen = TRIAL_CLOCK_COLUMNS if env_config.trial_mode and not trained_in_trials else ()
     try:
-        blocks = policy.init_from(source)
+        blocks = policy.init_from(source, unseen)
     except ValueError as e:
         raise UserError(f"{flag} {path}: {e}") from None
     said = [f"blocks {', '.join(blocks[k])} {what}" for k, what in
             (("fresh", "start with input weights 0 (not read by the checkpoint)"),
              ("dropped", "of the checkpoint are not read by this run")) if blocks[k]]
+    if unseen:
+        said.append(f"the ego columns {', '.join(unseen)} start with input weights 0 (always 0 while the "
+                    "checkpoint trained: it was not in trial mode)")
     return [f"note: {flag} {path}: every weight copied; " + "; ".join(said)] if said else []
