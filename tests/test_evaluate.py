@@ -387,7 +387,11 @@ def test_other_checkpoint_settings_noted():
     cfg, notes = base_env_config([entry("a"), entry("b", collision_behavior="stop"),
                                    {"label": "random", "kind": "baseline"}], EvalConfig(policy=("x",), k_trials=3))
     assert str(cfg.collision_behavior) == "remove" and cfg.trial_mode and cfg.k_trials == 3
-    assert len(notes) == 1 and "b was trained with collision_behavior=stop" in notes[0]
+    assert len(notes) == 3 and "b was trained with collision_behavior=stop" in notes[0]
+    # neither was trained in trial mode: their trial-clock weights are untrained, and each is named
+    assert [n.split(" was trained outside trial mode")[0] for n in notes[1:]] == ["note: a", "note: b"]
+    _, notes = base_env_config([entry("t", goal_behavior="trial", k_trials=2)], EvalConfig(policy=("x",)))
+    assert notes == []
 
 
 def test_bad_checkpoint_and_device_exit_2(tmp_path, capsys):

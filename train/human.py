@@ -112,7 +112,8 @@ def init_policy(policy, path: str, env, env_config) -> list[str]:
     columns were 0 in all of its training, so their weights are untrained noise, and they start at 0.
 
     Returns:
-        notes to print: one line when some blocks start at 0 or are dropped, else none.
+        notes to print: one line when some blocks or the trial-clock columns start at 0, or blocks are
+        dropped; else none.
 
     Raises:
         UserError: as :func:`load_frozen` (action count or space, dynamics, an unreadable file);
