@@ -185,8 +185,7 @@ class ActorCritic(nn.Module):
                              f"actions, this run with {self.num_actions} "
                              f"{'continuous' if self.continuous else 'discrete'}")
         mine, theirs = self.encoder.ego_columns(), source.encoder.ego_columns()
-        layout = self.encoder.layouts[False]
-        unseen_at = [mine["ego"].start + layout.column("ego", c) - layout.block("ego").start for c in unseen]
+        unseen_at = self.ego_input_columns(unseen)
         for name in mine.keys() & theirs.keys():
             if mine[name].stop - mine[name].start != theirs[name].stop - theirs[name].start:
                 raise ValueError(f"its observation block {name} has {theirs[name].stop - theirs[name].start} "
@@ -211,6 +210,16 @@ class ActorCritic(nn.Module):
                 weight[:, cols] = source_weight[:, theirs[name]]
         weight[:, unseen_at] = 0.0
         return {"fresh": [n for n in mine if n not in theirs], "dropped": [n for n in theirs if n not in mine]}
+
+    def ego_input_columns(self, names) -> list[int]:
+        """Where the ``ego`` block's features ``names`` (e.g. ``("trial_index",)``) sit among the
+        columns of the ego MLP's first layer (:attr:`EGO_INPUT`, [hidden, ego-MLP input]).
+
+        Raises:
+            ValueError: a name that is not an ``ego`` feature (the message lists them).
+        """
+        layout, ego = self.encoder.layouts[False], self.encoder.ego_columns()["ego"]
+        return [ego.start + layout.column("ego", n) - layout.block("ego").start for n in names]
 
     def describe(self) -> dict:
         """Constructor arguments as plain data (saved in checkpoints)."""

@@ -118,3 +118,32 @@ def test_init_policy_from_a_driver_checkpoint_for_the_memory_task(tmp_path, caps
     assert torch.equal(w[:, rest], driver[ActorCritic.EGO_INPUT][:, rest])
     with pytest.raises(UserError, match=r"^--init-policy policies/driver.pt: its policy .* differs"):
         init_policy(ActorCritic.for_env(env, CFG), "policies/driver.pt", env, cfg)
+
+
+def test_a_non_trial_bc_anchor_has_its_clock_weights_zeroed_in_a_trial_mode_run():
+    """``--ppo.human-policy`` in trial mode from a checkpoint trained outside it: the frozen anchor's
+    trial-clock input weights (never trained) are 0, the rest as saved; outside trial mode it is
+    loaded as saved."""
+    import dataclasses
+
+    from gpusim.config import EnvConfig
+    from gpusim.data import ScenarioPack
+    from gpusim.env import DriveEnv
+    from train.config import TrainConfig
+    from train.human import TRIAL_CLOCK_COLUMNS, human_policy
+    from train.ppo import PPOConfig
+
+    driver = torch.load("policies/driver.pt", map_location="cpu", weights_only=False)["model"][ActorCritic.EGO_INPUT]
+    sizes = PolicyConfig(d_model=64, n_layers=2, n_heads=4, hidden=64, max_roads=32)
+    for trial in (True, False):
+        cfg = EnvConfig(goal_behavior="trial", k_trials=2, scenario_length=20) if trial else EnvConfig()
+        env = DriveEnv(ScenarioPack.from_json("data/womd_sample", cfg.data_config()), num_worlds=2, config=cfg,
+                       device="cpu", seed=0)
+        run = dataclasses.replace(TrainConfig(), env=cfg, policy=sizes,
+                                  ppo=PPOConfig(human_kl=0.02, human_policy="policies/driver.pt"))
+        anchor, _ = human_policy(run, env, cfg, None)
+        w = anchor.state_dict()[ActorCritic.EGO_INPUT]
+        clock = anchor.ego_input_columns(TRIAL_CLOCK_COLUMNS)
+        rest = [c for c in range(w.shape[1]) if c not in clock]
+        assert torch.equal(w[:, rest], driver[:, rest])
+        assert torch.equal(w[:, clock], torch.zeros_like(w[:, clock]) if trial else driver[:, clock])

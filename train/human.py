@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import pathlib
 
+import torch
+
 from gpusim.config import ActionSpace
 from train.config import UserError, env_config_from_dict, resolve_path
 
@@ -80,6 +82,9 @@ def human_policy(cfg, env, env_config, ckpt: dict | None):
         cfg: the run's :class:`train.config.TrainConfig`. env, env_config: the run's env and setting.
         ckpt: the checkpoint being resumed (None: a new run); its recorded SHA-256 must match.
 
+    A BC policy trained outside trial mode anchors a trial-mode run with its trial-clock input
+    weights at 0 (as :func:`init_policy` starts a policy): those weights were never trained.
+
     Raises:
         UserError: as :func:`load_frozen`; the file changed since the checkpoint was written; a
             resumed HR-PPO run without ``--ppo.human-policy``.
@@ -92,7 +97,10 @@ def human_policy(cfg, env, env_config, ckpt: dict | None):
                             f"--ppo.human-kl {saved.get('human_kl')}; pass both again to continue it")
         return None, None
     flag = "--ppo.human-policy"
-    policy, _, file = load_frozen(cfg.ppo.human_policy, flag, env, env_config)
+    policy, payload, file = load_frozen(cfg.ppo.human_policy, flag, env, env_config)
+    if env_config.trial_mode and not env_config_from_dict(payload["env_config"]).trial_mode:
+        with torch.no_grad():  # its trial-clock weights were never trained (init_policy does the same)
+            policy.state_dict()[policy.EGO_INPUT][:, policy.ego_input_columns(TRIAL_CLOCK_COLUMNS)] = 0.0
     sha = file_sha256(file)
     if recorded is not None and recorded != sha:
         raise UserError(f"{flag} {cfg.ppo.human_policy}: the file changed since the run's checkpoint was written "
