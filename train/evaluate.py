@@ -240,7 +240,7 @@ def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
     trained with other settings (it is evaluated under the first one's); in trial mode, a note for
     every checkpoint trained outside it (its trial-clock weights are untrained)."""
     from train.config import TrainConfig
-    from train.human import TRIAL_CLOCK_COLUMNS
+    from train.human import unseen_clock_columns
 
     ckpts = [p for p in policies if p["kind"] == "checkpoint"]
     env_config = env_config_from_dict(ckpts[0]["ckpt"]["env_config"]) if ckpts else TrainConfig().env
@@ -256,11 +256,11 @@ def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
     notes += setting_notes
     if cfg.k_trials > 0:
         env_config = env_config.replace(goal_behavior="trial", k_trials=cfg.k_trials)
-    if env_config.trial_mode:
-        notes += [f"note: {p['label']} was trained outside trial mode: its input weights for the trial clock "
-                  f"({', '.join(TRIAL_CLOCK_COLUMNS)}) were never trained, and in trial mode they add noise "
-                  "(--init-policy zeroes them when a trial-mode run starts from it)"
-                  for p in ckpts if not env_config_from_dict(p["ckpt"]["env_config"]).trial_mode]
+    for p in ckpts:
+        if unseen := unseen_clock_columns(env_config, p["ckpt"]["env_config"]):
+            notes.append(f"note: {p['label']} was trained outside trial mode: its input weights for the trial "
+                         f"clock ({', '.join(unseen)}) were never trained, and in trial mode they add noise "
+                         "(--init-policy zeroes them when a trial-mode run starts from it)")
     return env_config, notes
 
 

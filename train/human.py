@@ -25,6 +25,16 @@ SHA_KEY = "human_policy_sha256"
 TRIAL_CLOCK_COLUMNS = ("trial_index", "time_in_trial")
 
 
+def unseen_clock_columns(env_config, trained_config: dict) -> tuple:
+    """The ego columns whose input weights a checkpoint never trained and that ``env_config``'s run
+    feeds: :data:`TRIAL_CLOCK_COLUMNS` when ``env_config`` (an EnvConfig) is in trial mode and the
+    checkpoint's ``trained_config`` (its saved ``env_config`` dict) was not, else ``()``. The one
+    rule of ``--init-policy``, ``--ppo.human-policy`` and the evaluator's note."""
+    if env_config.trial_mode and not env_config_from_dict(trained_config).trial_mode:
+        return TRIAL_CLOCK_COLUMNS
+    return ()
+
+
 def file_sha256(path) -> str:
     """Hex SHA-256 of the file at ``path`` (read in 1 MiB blocks)."""
     h = hashlib.sha256()
@@ -98,9 +108,9 @@ def human_policy(cfg, env, env_config, ckpt: dict | None):
         return None, None
     flag = "--ppo.human-policy"
     policy, payload, file = load_frozen(cfg.ppo.human_policy, flag, env, env_config)
-    if env_config.trial_mode and not env_config_from_dict(payload["env_config"]).trial_mode:
-        with torch.no_grad():  # its trial-clock weights were never trained (init_policy does the same)
-            policy.state_dict()[policy.EGO_INPUT][:, policy.ego_input_columns(TRIAL_CLOCK_COLUMNS)] = 0.0
+    unseen = unseen_clock_columns(env_config, payload["env_config"])
+    with torch.no_grad():  # its trial-clock weights were never trained (init_policy does the same)
+        policy.state_dict()[policy.EGO_INPUT][:, policy.ego_input_columns(unseen)] = 0.0
     sha = file_sha256(file)
     if recorded is not None and recorded != sha:
         raise UserError(f"{flag} {cfg.ppo.human_policy}: the file changed since the run's checkpoint was written "
@@ -129,8 +139,7 @@ def init_policy(policy, path: str, env, env_config) -> list[str]:
     """
     flag = "--init-policy"
     source, payload, _ = load_frozen(path, flag, env, env_config, check_layout=False)
-    trained_in_trials = env_config_from_dict(payload["env_config"]).trial_mode
-    unseen = TRIAL_CLOCK_COLUMNS if env_config.trial_mode and not trained_in_trials else ()
+    unseen = unseen_clock_columns(env_config, payload["env_config"])
     try:
         blocks = policy.init_from(source, unseen)
     except ValueError as e:
