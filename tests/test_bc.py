@@ -210,3 +210,32 @@ def test_bc_dagger_bad_numbers_exit_2(capsys, argv, message):
 
     assert main(argv + ["--device", "cpu", "--out", "/nonexistent/x.pt"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {message}")
+
+
+def _rows(n, T, start, world):
+    """A hand-made BCData of ``n`` rows whose values identify the row (``start`` + row index)."""
+    from train.bc import BCData
+
+    ids = torch.arange(start, start + n, dtype=torch.float32)
+    return BCData(obs=ids[:, None, None].expand(n, T, 3).clone(), actions=ids.long()[:, None].expand(n, T).clone(),
+                  removed=torch.zeros(n, T, dtype=torch.bool), terminal=torch.zeros(n, T, dtype=torch.bool),
+                  mask=(ids.long()[:, None] % 2 == 0).expand(n, T).clone(), world=torch.full((n,), world),
+                  counts={"valid": 7})
+
+
+def test_bc_buffer_holds_the_rounds_in_order_without_growing_until_past_its_capacity():
+    from train.bc import BCBuffer
+
+    log, r1, r2 = _rows(4, 5, 0, 0), _rows(4, 5, 4, 1), _rows(3, 5, 8, 2)
+    buf = BCBuffer(log, capacity=8)
+    log.obs.zero_()  # copied in: the caller's tensors may change or go
+    storage = buf.buf["obs"].untyped_storage().data_ptr()
+    buf.append(r1)
+    assert buf.buf["obs"].untyped_storage().data_ptr() == storage  # within capacity: no new allocation
+    buf.append(r2)  # past capacity: still every row, in order
+    view = buf.view()
+    assert view.obs.shape == (11, 5, 3) and view.counts == {"valid": 7}
+    assert torch.equal(view.obs[:, 0, 0], torch.arange(11, dtype=torch.float32))
+    assert torch.equal(view.actions[:, 0], torch.arange(11))
+    assert torch.equal(view.world, torch.tensor([0] * 4 + [1] * 4 + [2] * 3))
+    assert int(view.mask.sum()) == 5 * 6
