@@ -262,6 +262,9 @@ class BCBuffer:
         data: the first rows (the log's dataset); copied in, so the caller may drop it.
         capacity: the rows to allocate (e.g. the log's rows x (1 + DAgger rounds)); a later append
             beyond it still works, by concatenation.
+
+    Each field keeps :class:`BCData`'s dtype and per-row shape ([T, D'] observations, [T] masks...),
+    on ``data``'s device; nothing is raised (rows of another T or width fail in the copy).
     """
 
     def __init__(self, data: BCData, capacity: int):
