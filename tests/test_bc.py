@@ -200,6 +200,30 @@ def test_bc_dagger_rounds_grow_the_data_and_are_recorded(tmp_path):
     assert sum(line.startswith("dagger round") for line in lines) == 2
 
 
+def test_annealed_lr_by_hand():
+    from train.bc import annealed_lr
+
+    assert annealed_lr(1e-3, 1, 0, 4, 2) == 1e-3  # the first step: the base rate
+    assert annealed_lr(1e-3, 1, 2, 4, 2) == pytest.approx(1e-3 * (1 - 0.5 / 2))
+    assert annealed_lr(1e-3, 2, 3, 4, 2) == pytest.approx(1e-3 * (1 - 1.75 / 2))  # the last step, above 0
+
+
+@pytest.mark.parametrize("anneal", [False, True])
+def test_bc_anneal_lr_reaches_its_last_step_through_a_dagger_round(tmp_path, anneal):
+    from train.checkpoint import load_checkpoint
+
+    out = tmp_path / "bc.pt"
+    # 10 bundled scenes, 4 worlds per minibatch: the log's epoch has 3 minibatches, the DAgger epoch
+    # (the log's 10 worlds and the round's 10) has 5; its last step is step 4 of epoch 2 of 2
+    cfg = BCConfig(data=str(SAMPLE_DIR), out=str(out), epochs=1, dagger_rounds=1, dagger_epochs=1, device="cpu",
+                   num_worlds=16, minibatch_worlds=4, policy=SMALL, quiet=True, learning_rate=2e-3, anneal_lr=anneal)
+    train_bc(cfg, say=lambda *_: None)
+    payload = load_checkpoint(out)
+    last = [g["lr"] for g in payload["optimizer"]["param_groups"]]
+    assert last == [pytest.approx(2e-3 * (1 - (1 + 4 / 5) / 2) if anneal else 2e-3)] * len(last)
+    assert payload["config"]["anneal_lr"] is anneal and payload["config"]["learning_rate"] == 2e-3
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--dagger-rounds", "-1"], "--dagger-rounds must be >= 0, got -1"),
     (["--dagger-expert-share", "1.5"], "--dagger-expert-share must be in [0, 1], got 1.5"),

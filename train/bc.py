@@ -77,6 +77,9 @@ class BCConfig:
         epochs: passes over the dataset. learning_rate, adam_eps, max_grad_norm: Adam and the
             gradient-norm clip. minibatch_worlds: worlds (each all its controlled agents' whole
             episodes) per minibatch.
+        anneal_lr: the learning rate falls linearly from ``learning_rate`` to 0 over all the
+            epochs, DAgger epochs included (:func:`annealed_lr`; as ``train/run.py``'s anneal, here
+            counted in epochs). False: constant.
         num_worlds: worlds simulated at a time while collecting.
         keep_best: also write ``best.pt`` beside ``out`` at every epoch whose held-out NLL is the
             lowest so far (a tie keeps the earlier); needs ``eval_data``. Its ``extra["best"]``:
@@ -100,6 +103,7 @@ class BCConfig:
     out: str = "runs/bc/checkpoint.pt"
     epochs: int = 10
     learning_rate: float = 1e-3
+    anneal_lr: bool = False
     adam_eps: float = 1e-5
     max_grad_norm: float = 0.5
     minibatch_worlds: int = 4
@@ -358,6 +362,16 @@ def evaluate_bc(policy: ActorCritic, data: BCData, rows_per_batch: int) -> dict:
     return {"nll": tot["nll"] / k, "accuracy": tot["accuracy"] / k, "steps": int(tot["steps"])}
 
 
+def annealed_lr(base: float, epoch: int, step: int, steps_in_epoch: int, total_epochs: int) -> float:
+    """The learning rate of ``--anneal-lr`` at minibatch ``step`` (0-based) of ``epoch`` (1-based):
+    ``base * (1 - progress)`` with ``progress = (epoch - 1 + step / steps_in_epoch) / total_epochs``,
+    so the first step of the run uses ``base`` and the last one ``base / (total_epochs *
+    steps_in_epoch)`` above 0. Epochs weigh the same whatever their number of minibatches (a DAgger
+    epoch runs over a larger dataset)."""
+    progress = (epoch - 1 + step / max(steps_in_epoch, 1)) / max(total_epochs, 1)
+    return base * max(1.0 - progress, 0.0)
+
+
 def train_bc(cfg: BCConfig, say=print) -> dict:
     """Collect, train, evaluate and save (module docstring).
 
@@ -428,7 +442,7 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
     eval_rows = max(1, int(math.ceil(cfg.minibatch_worlds * rows_per_world)))
     tcfg = dataclasses.replace(TrainConfig(), data=cfg.data, env=setting, policy=cfg.policy,
                                num_worlds=cfg.num_worlds, device=cfg.device, seed=cfg.seed,
-                               learning_rate=cfg.learning_rate)
+                               learning_rate=cfg.learning_rate, anneal_lr=cfg.anneal_lr)
     config = tcfg.to_dict()
     history, trained, best, rounds = [], 0, None, []
 
@@ -473,7 +487,11 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
             t0 = time.perf_counter()
             total, steps = 0.0, 0.0
             order = worlds[torch.randperm(worlds.numel(), generator=generator, device=device)]
-            for i in range(0, order.numel(), cfg.minibatch_worlds):
+            starts = range(0, order.numel(), cfg.minibatch_worlds)
+            for step, i in enumerate(starts):
+                if cfg.anneal_lr:
+                    for g in optimizer.param_groups:
+                        g["lr"] = annealed_lr(cfg.learning_rate, epoch, step, len(starts), total_epochs)
                 pick = order[i: i + cfg.minibatch_worlds]
                 rows = torch.nonzero(torch.isin(data.world, pick)).flatten()
                 loss, stats = bc_loss(policy, data, rows)
