@@ -367,9 +367,11 @@ def annealed_lr(base: float, epoch: int, step: int, steps_in_epoch: int, total_e
     ``base * (1 - progress)`` with ``progress = (epoch - 1 + step / steps_in_epoch) / total_epochs``,
     so the first step of the run uses ``base`` and the last one ``base / (total_epochs *
     steps_in_epoch)`` above 0. Epochs weigh the same whatever their number of minibatches (a DAgger
-    epoch runs over a larger dataset)."""
-    progress = (epoch - 1 + step / max(steps_in_epoch, 1)) / max(total_epochs, 1)
-    return base * max(1.0 - progress, 0.0)
+    epoch runs over a larger dataset). The anneal itself is :func:`train.ppo.linear_lr`, the
+    trainer's."""
+    from train.ppo import linear_lr
+
+    return linear_lr(base, (epoch - 1 + step / max(steps_in_epoch, 1)) / max(total_epochs, 1))
 
 
 def train_bc(cfg: BCConfig, say=print) -> dict:

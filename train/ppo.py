@@ -150,6 +150,13 @@ class PPOConfig:
         return dataclasses.replace(self, ent_coef=self.ent_coef + f * (self.ent_coef_final - self.ent_coef))
 
 
+def linear_lr(base: float, progress: float) -> float:
+    """The learning-rate anneal of ``--anneal-lr`` (``train/run.py`` and ``train/bc.py``): ``base``
+    falling linearly to 0 as ``progress`` (the share of the run done, in the caller's unit: agent-steps
+    for PPO, epochs for BC) goes from 0 to 1; 0 past the end."""
+    return base * max(1.0 - progress, 0.0)
+
+
 def make_optimizer(parameters, lr: float, eps: float, fused: bool = False) -> torch.optim.Adam:
     """The trainer's Adam optimizer.
 

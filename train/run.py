@@ -42,7 +42,7 @@ from train.extras import RunExtras
 from train.distributed import setup as setup_distributed
 from train.graphed_rollout import make_rollout
 from train.human import SHA_KEY
-from train.ppo import check_losses, optimizer_steps, ppo_update
+from train.ppo import check_losses, linear_lr, optimizer_steps, ppo_update
 from train.resume import nothing_to_do, prepare_run, resolve_out
 from train.rollout import RolloutBatch
 from train.setup import build_run
@@ -142,9 +142,8 @@ def _train(cfg: TrainConfig, env, hook, ranks, held: list) -> dict:
         _wait(run.device)  # CUDA runs ahead of the host: wait, so that the rollout/update split is true
         t1 = time.time()
         if cfg.anneal_lr:
-            frac = max(1.0 - global_step / cfg.total_timesteps, 0.0)
             for g in optimizer.param_groups:
-                g["lr"] = cfg.learning_rate * frac
+                g["lr"] = linear_lr(cfg.learning_rate, global_step / cfg.total_timesteps)
         ppo_now = cfg.ppo.at_progress(global_step / cfg.total_timesteps)  # the entropy schedule (train/ppo.py)
         stats, counts = update_policy(run.train_policy, optimizer, batch, run.hook, ppo_now, run.generator, dist=ranks,
                                       human=run.human, value_only=update < cfg.ppo.value_warmup)
