@@ -228,12 +228,42 @@ def test_bc_anneal_lr_reaches_its_last_step_through_a_dagger_round(tmp_path, ann
     (["--dagger-rounds", "-1"], "--dagger-rounds must be >= 0, got -1"),
     (["--dagger-expert-share", "1.5"], "--dagger-expert-share must be in [0, 1], got 1.5"),
     (["--dagger-epochs", "0"], "--dagger-epochs must be >= 1, got 0"),
+    (["--epochs", "2", "--dagger-rounds", "1", "--dagger-epochs", "3", "--average-epochs", "6"],
+     "--average-epochs must be in [0, 5]"),
 ])
 def test_bc_dagger_bad_numbers_exit_2(capsys, argv, message):
     from train.bc import main
 
     assert main(argv + ["--device", "cpu", "--out", "/nonexistent/x.pt"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {message}")
+
+
+def test_bc_average_epochs_is_the_mean_of_the_last_epochs_weights(tmp_path):
+    """``--average-epochs 2`` over 2 epochs: ``out`` is the mean of the weights after epoch 1 (a
+    1-epoch run of the same seed, which trains the same first epoch) and after epoch 2
+    (``last.pt``), parameter by parameter; the held-out NLL of the average is reported."""
+    from train.checkpoint import load_checkpoint
+
+    def run(name, epochs, average):
+        cfg = BCConfig(data=str(SAMPLE_DIR), eval_data=str(SAMPLE_DIR), out=str(tmp_path / name / "checkpoint.pt"),
+                       epochs=epochs, average_epochs=average, device="cpu", num_worlds=16, minibatch_worlds=4,
+                       policy=SMALL, quiet=True, seed=3)
+        return train_bc(cfg, say=lambda *_: None)
+
+    assert run("one", 1, 0)["average"] is None
+    one = load_checkpoint(tmp_path / "one" / "checkpoint.pt")
+    res = run("two", 2, 2)
+    avg = load_checkpoint(tmp_path / "two" / "checkpoint.pt")
+    last = load_checkpoint(tmp_path / "two" / "last.pt")
+    assert res["average"]["last"] == str(tmp_path / "two" / "last.pt") and res["average"]["eval_nll"] > 0
+    assert avg["extra"]["bc"]["averaged_epochs"] == 2 and last["extra"]["bc"]["averaged_epochs"] == 0
+    moved = 0
+    for name, value in avg["model"].items():
+        if not value.is_floating_point():
+            continue
+        torch.testing.assert_close(value, (one["model"][name] + last["model"][name]) / 2)
+        moved += int(not torch.equal(one["model"][name], last["model"][name]))
+    assert moved > 0  # the second epoch changed the weights: the mean is not either end
 
 
 def _rows(n, T, start, world):

@@ -81,6 +81,12 @@ class BCConfig:
             epochs, DAgger epochs included (:func:`annealed_lr`; as ``train/run.py``'s anneal, here
             counted in epochs). False: constant.
         num_worlds: worlds simulated at a time while collecting.
+        average_epochs: stochastic weight averaging (Izmailov et al. 2018, "Averaging weights leads
+            to wider optima and better generalization"): ``out`` holds the mean of the weights at
+            the end of each of the last ``average_epochs`` epochs (counted over all epochs, DAgger
+            epochs included; :class:`torch.optim.swa_utils.AveragedModel`), and ``last.pt`` beside
+            it the last epoch's own weights, so one run gives both. The DAgger rounds collect with
+            the trained (not the averaged) weights. 0 (default): ``out`` is the last epoch's.
         keep_best: also write ``best.pt`` beside ``out`` at every epoch whose held-out NLL is the
             lowest so far (a tie keeps the earlier); needs ``eval_data``. Its ``extra["best"]``:
             ``{"entry": "eval_nll", "value", "epoch"}``.
@@ -104,6 +110,7 @@ class BCConfig:
     epochs: int = 10
     learning_rate: float = 1e-3
     anneal_lr: bool = False
+    average_epochs: int = 0
     adam_eps: float = 1e-5
     max_grad_norm: float = 0.5
     minibatch_worlds: int = 4
@@ -382,10 +389,11 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         "eval_accuracy", "steps_per_s"}], "collect_s", "majority", "best", "dagger"}``
         (``majority``: :func:`majority_baseline`, None without ``--eval-data``; ``best``: the
         ``--keep-best`` record, else None; ``dagger``: per DAgger round, its :attr:`BCData.counts`
-        with ``round`` and ``collect_s``).
+        with ``round`` and ``collect_s``; ``average``: with ``--average-epochs``, ``{"epochs", "last"}``
+        and the averaged weights' ``eval_nll`` / ``eval_accuracy`` on ``--eval-data``, else None).
 
     Raises:
-        UserError: bad numbers, a dataset without a kept target, a missing ``--eval-data`` (also
+        UserError: bad numbers (``--average-epochs`` outside [0, all epochs]), a dataset without a kept target, a missing ``--eval-data`` (also
             ``--keep-best`` without one); as
             :func:`train.setup.make_env`. gpusim.fileio.OutputError: ``--out`` cannot be written
             (checked before the work).
@@ -403,6 +411,10 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         raise UserError(f"--dagger-rounds must be >= 0, got {cfg.dagger_rounds}")
     if not 0.0 <= cfg.dagger_expert_share <= 1.0:
         raise UserError(f"--dagger-expert-share must be in [0, 1], got {cfg.dagger_expert_share}")
+    total_epochs = cfg.epochs + cfg.dagger_rounds * cfg.dagger_epochs
+    if not 0 <= cfg.average_epochs <= total_epochs:
+        raise UserError(f"--average-epochs must be in [0, {total_epochs}] (the run's epochs, DAgger epochs "
+                        f"included), got {cfg.average_epochs}")
     if cfg.keep_best and not cfg.eval_data:
         raise UserError("--keep-best chooses the epoch by the held-out NLL: give --eval-data DIR (e.g. the validation split)")
     check_output_path(cfg.out, "--out")  # before the work: a finished run is never lost to its output
@@ -448,21 +460,27 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
     config = tcfg.to_dict()
     history, trained, best, rounds = [], 0, None, []
 
-    def save(path: pathlib.Path, epochs_done: int) -> pathlib.Path:
+    def save(path: pathlib.Path, epochs_done: int, model: ActorCritic | None = None,
+             averaged: int = 0) -> pathlib.Path:
         extra = {"bc": {"data": cfg.data, "eval_data": cfg.eval_data, "epochs": epochs_done, "counts": c,
+                        "averaged_epochs": averaged,
                         "history": list(history), "track_tolerance": TRACK_TOLERANCE,
                         "majority_accuracy": None if majority is None else majority[1],
                         "dagger": {"rounds": cfg.dagger_rounds, "epochs": cfg.dagger_epochs,
                                    "expert_share": cfg.dagger_expert_share, "collected": list(rounds)}}}
         if best is not None:
             extra["best"] = dict(best)
-        return save_checkpoint(path, policy=policy, optimizer=optimizer, global_step=trained, update=epochs_done,
+        return save_checkpoint(path, policy=policy if model is None else model, optimizer=optimizer, global_step=trained, update=epochs_done,
                                config=config, env_config=config["env"], extra=extra)
 
     best_path = pathlib.Path(cfg.out).with_name("best.pt")
+    last_path = pathlib.Path(cfg.out).with_name("last.pt")
     if cfg.keep_best:
         check_output_path(best_path, "--keep-best")
-    total_epochs = cfg.epochs + cfg.dagger_rounds * cfg.dagger_epochs
+    averaged = None
+    if cfg.average_epochs:
+        check_output_path(last_path, "--average-epochs")
+        averaged = torch.optim.swa_utils.AveragedModel(policy)
     schedule = [(0, cfg.epochs)] + [(r, cfg.dagger_epochs) for r in range(1, cfg.dagger_rounds + 1)]
     epoch = 0
     if cfg.dagger_rounds:  # every round collects the same scenarios: as many rows as the log's
@@ -514,16 +532,33 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
                 rec.update(eval_nll=ev["nll"], eval_accuracy=ev["accuracy"])
                 line += f"; held-out nll {ev['nll']:.4f}, {'mae' if continuous else 'accuracy'} {ev['accuracy']:.3f}"
             history.append(rec)
+            if averaged is not None and epoch > total_epochs - cfg.average_epochs:
+                averaged.update_parameters(policy)
+                line += f"; averaged {int(averaged.n_averaged)}"
             if cfg.keep_best and (best is None or rec["eval_nll"] < best["value"]):
                 best = {"entry": "eval_nll", "value": rec["eval_nll"], "epoch": epoch}
                 save(best_path, epoch)
                 line += "; best.pt"
             if not cfg.quiet:
                 say(line)
-    path = save(pathlib.Path(cfg.out), total_epochs)
-    say(f"bc checkpoint {path}" + (f"; best.pt: epoch {best['epoch']}, held-out nll {best['value']:.4f}" if best else ""))
+    average = None
+    if averaged is None:
+        path = save(pathlib.Path(cfg.out), total_epochs)
+    else:
+        save(last_path, total_epochs)
+        path = save(pathlib.Path(cfg.out), total_epochs, model=averaged.module, averaged=cfg.average_epochs)
+        average = {"epochs": cfg.average_epochs, "last": str(last_path)}
+        if held is not None:
+            ev = evaluate_bc(averaged.module, held, eval_rows)
+            average.update(eval_nll=ev["nll"], eval_accuracy=ev["accuracy"])
+            say(f"average of the last {cfg.average_epochs} epochs: held-out nll {ev['nll']:.4f}, "
+                f"{'mae' if continuous else 'accuracy'} {ev['accuracy']:.3f}")
+    say(f"bc checkpoint {path}" + (f" (the average of the last {cfg.average_epochs} epochs; the last epoch's own "
+                                    f"weights: {last_path})" if averaged is not None else "")
+        + (f"; best.pt: epoch {best['epoch']}, held-out nll {best['value']:.4f}" if best else ""))
     return {"checkpoint": str(path), "counts": c, "eval_counts": held.counts if held is not None else None,
-            "epochs": history, "collect_s": collect_s, "majority": majority, "best": best, "dagger": rounds}
+            "epochs": history, "collect_s": collect_s, "majority": majority, "best": best, "dagger": rounds,
+            "average": average}
 
 
 def parse_args(argv=None) -> BCConfig:
