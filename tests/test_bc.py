@@ -10,6 +10,7 @@ import torch
 from gpusim.config import EnvConfig
 from gpusim.data import ScenarioPack
 from gpusim.env import DriveEnv
+from policy.actor import Actor
 from policy.actor_critic import ActorCritic, PolicyConfig
 from policy.encoders import ObsDims
 from train.bc import TRACK_TOLERANCE, BCConfig, check_targets, collect, train_bc
@@ -181,6 +182,32 @@ def test_dagger_collection_drives_by_the_policy_and_labels_with_the_expert():
     assert torch.equal(again.obs, logged.obs) and torch.equal(again.actions, logged.actions)
 
 
+def test_dagger_argmax_collection_drives_the_most_likely_action_whatever_the_seed():
+    """``decode="argmax"``: the round is driven by the policy's most likely action, so two
+    collections under different global seeds are equal, and the first step's action is the argmax
+    of the policy's logits; sampled collections differ between seeds (a fresh policy is spread)."""
+    env = _one_driver_env(driver(0, 0, 0.0, 5.0, (500.0, 0.0)))
+    policy = _policy(env).eval()
+    runs = {}
+    for decode in ("argmax", "sample"):
+        for seed in (0, 1):
+            torch.manual_seed(seed)
+            runs[decode, seed] = collect(env, policy, driver=policy, decode=decode)
+    assert torch.equal(runs["argmax", 0].obs, runs["argmax", 1].obs)
+    assert not torch.equal(runs["sample", 0].obs, runs["sample", 1].obs)
+    obs = env.reset(scenarios=torch.zeros(1, dtype=torch.int64))
+    with torch.no_grad():
+        logits = Actor(policy, env.num_worlds * env.num_slots, env.horizon, device="cpu").act(
+            obs.reshape(env.num_worlds * env.num_slots, -1)).logits
+    state, _ = env.advance(env.state, env.validate_actions(logits.argmax(-1).reshape(env.expert_actions().shape)),
+                           episode_end=False)
+    env.commit(state)
+    second = policy.prepare_obs(env.observe(), torch.zeros(env.num_worlds, env.num_slots, dtype=torch.bool))
+    torch.testing.assert_close(runs["argmax", 0].obs[0, 1], second.reshape(env.num_worlds * env.num_slots, -1)[0])
+    with pytest.raises(ValueError, match="decode must be 'sample' or 'argmax'"):
+        collect(env, policy, driver=policy, decode="mean")
+
+
 def test_bc_dagger_rounds_grow_the_data_and_are_recorded(tmp_path):
     from train.checkpoint import load_checkpoint
 
@@ -196,7 +223,8 @@ def test_bc_dagger_rounds_grow_the_data_and_are_recorded(tmp_path):
     assert payload["update"] == 3
     # each epoch trains on every target collected so far: the log's, then one more round each time
     assert payload["global_step"] == 3 * res["counts"]["valid"] + 2 * rounds[0]["valid"] + rounds[1]["valid"]
-    assert payload["extra"]["bc"]["dagger"] == {"rounds": 2, "epochs": 1, "expert_share": 0.0, "collected": rounds}
+    assert payload["extra"]["bc"]["dagger"] == {"rounds": 2, "epochs": 1, "expert_share": 0.0, "decode": "sample",
+                                                "collected": rounds}
     assert sum(line.startswith("dagger round") for line in lines) == 2
 
 
@@ -228,6 +256,7 @@ def test_bc_anneal_lr_reaches_its_last_step_through_a_dagger_round(tmp_path, ann
     (["--dagger-rounds", "-1"], "--dagger-rounds must be >= 0, got -1"),
     (["--dagger-expert-share", "1.5"], "--dagger-expert-share must be in [0, 1], got 1.5"),
     (["--dagger-epochs", "0"], "--dagger-epochs must be >= 1, got 0"),
+    (["--dagger-decode", "mean"], "--dagger-decode must be sample or argmax, got 'mean'"),
     (["--epochs", "2", "--dagger-rounds", "1", "--dagger-epochs", "3", "--average-epochs", "6"],
      "--average-epochs must be in [0, 5]"),
 ])

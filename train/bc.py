@@ -97,6 +97,10 @@ class BCConfig:
         dagger_expert_share: in a DAgger round, the probability that an agent-step takes the
             expert's action instead of the policy's (the mixture policy of Ross et al. 2011;
             0: the policy alone).
+        dagger_decode: how the policy picks its actions while it drives a DAgger round:
+            ``"sample"`` (default: drawn from its distribution) or ``"argmax"`` (its most likely
+            action, the evaluator's default decoding, so the round visits the states the
+            evaluated driver reaches).
         setting: a named setting (``train/run.py --setting``, :data:`train.settings.SETTINGS`:
             ``goal``, ``sim_agent``) whose fields become the ``--env.*`` defaults.
         env, policy: the env setting and the policy sizes (``--env.*`` / ``--policy.*`` as
@@ -119,6 +123,7 @@ class BCConfig:
     dagger_rounds: int = 0
     dagger_epochs: int = 5
     dagger_expert_share: float = 0.0
+    dagger_decode: str = "sample"
     setting: str | None = None
     env: EnvConfig = field(default_factory=lambda: TrainConfig().env)
     policy: PolicyConfig = field(default_factory=lambda: TrainConfig().policy)
@@ -180,7 +185,7 @@ def _user_set(cfg: BCConfig) -> set:
 
 @torch.no_grad()
 def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_share: float = 0.0,
-            world_offset: int = 0) -> BCData:
+            world_offset: int = 0, decode: str = "sample") -> BCData:
     """Run every scenario of ``env``'s pack once (module docstring, step 1) and record, at every
     step, the observation and the expert action (the target).
 
@@ -192,6 +197,7 @@ def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_
             round, step 4), each agent-step taking the expert action instead with probability
             ``expert_share`` (torch's global generator).
         world_offset: added to the recorded ``world`` ids (rounds of one dataset stay apart).
+        decode: the driver's actions: ``"sample"`` (drawn) or ``"argmax"`` (its most likely one).
 
     Returns:
         :class:`BCData` of the active slots (rows of padding worlds left out). Where the expert
@@ -199,6 +205,9 @@ def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_
         the driver drives, the agent is off its log by its own doing, and the expert action (the
         dynamics' inverse toward the next logged pose, clamped to the action range) is the
         correction it is trained on: only an invalid next logged pose masks it.
+
+    Raises:
+        ValueError: ``decode`` is neither ``"sample"`` nor ``"argmax"``.
     """
     from gpusim.sim.motion import expert_targets
     from policy.actor import Actor
@@ -208,7 +217,10 @@ def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_
     dev = env.device
     parts = {k: [] for k in ("obs", "actions", "removed", "mask", "world")}
     counts = {"agent_steps": 0, "invalid_log": 0, "out_of_range": 0, "valid": 0}
-    actor = None if driver is None else Actor(driver, W * C, T, device=dev)
+    if decode not in ("sample", "argmax"):
+        raise ValueError(f"decode must be 'sample' or 'argmax', got {decode!r}")
+    actor = None if driver is None else Actor(driver, W * C, T, device=dev,
+                                               deterministic="argmax" if decode == "argmax" else False)
     for start in range(0, S, W):
         n = min(W, S - start)
         scen = torch.arange(start, start + W, device=dev).clamp(max=S - 1)  # padding worlds repeat the last
@@ -411,6 +423,8 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         raise UserError(f"--dagger-rounds must be >= 0, got {cfg.dagger_rounds}")
     if not 0.0 <= cfg.dagger_expert_share <= 1.0:
         raise UserError(f"--dagger-expert-share must be in [0, 1], got {cfg.dagger_expert_share}")
+    if cfg.dagger_decode not in ("sample", "argmax"):
+        raise UserError(f"--dagger-decode must be sample or argmax, got {cfg.dagger_decode!r}")
     total_epochs = cfg.epochs + cfg.dagger_rounds * cfg.dagger_epochs
     if not 0 <= cfg.average_epochs <= total_epochs:
         raise UserError(f"--average-epochs must be in [0, {total_epochs}] (the run's epochs, DAgger epochs "
@@ -467,7 +481,8 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
                         "history": list(history), "track_tolerance": TRACK_TOLERANCE,
                         "majority_accuracy": None if majority is None else majority[1],
                         "dagger": {"rounds": cfg.dagger_rounds, "epochs": cfg.dagger_epochs,
-                                   "expert_share": cfg.dagger_expert_share, "collected": list(rounds)}}}
+                                   "expert_share": cfg.dagger_expert_share, "decode": cfg.dagger_decode,
+                                   "collected": list(rounds)}}}
         if best is not None:
             extra["best"] = dict(best)
         return save_checkpoint(path, policy=policy if model is None else model, optimizer=optimizer, global_step=trained, update=epochs_done,
@@ -490,7 +505,7 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         if round_no > 0:  # DAgger: the policy drives, the expert labels, the dataset grows
             policy.eval()
             t0 = time.perf_counter()
-            more = collect(env, policy, driver=policy, expert_share=cfg.dagger_expert_share,
+            more = collect(env, policy, driver=policy, expert_share=cfg.dagger_expert_share, decode=cfg.dagger_decode,
                            world_offset=round_no * env.pack.num_scenarios)
             m = more.counts
             rounds.append(dict(m, round=round_no, collect_s=time.perf_counter() - t0))
@@ -498,7 +513,8 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
             del more
             data = buffer.view()
             say(f"dagger round {round_no}/{cfg.dagger_rounds}: {m['valid']} targets of {m['agent_steps']} agent-steps "
-                f"driven by the policy ({m['invalid_log']} invalid log; expert share {cfg.dagger_expert_share:g}); "
+                f"driven by the policy ({cfg.dagger_decode}; {m['invalid_log']} invalid log; "
+                f"expert share {cfg.dagger_expert_share:g}); "
                 f"{int(data.mask.sum())} targets in all ({rounds[-1]['collect_s']:.1f} s)")
             worlds = torch.unique(data.world)
         for _ in range(round_epochs):
