@@ -195,6 +195,13 @@ def test_dagger_argmax_collection_drives_the_most_likely_action_whatever_the_see
             runs[decode, seed] = collect(env, policy, driver=policy, decode=decode)
     assert torch.equal(runs["argmax", 0].obs, runs["argmax", 1].obs)
     assert not torch.equal(runs["sample", 0].obs, runs["sample", 1].obs)
+    # a cold sampling temperature draws the most likely action too; a hot one spreads the draws
+    torch.manual_seed(2)
+    cold = collect(env, policy, driver=policy, temperature=1e-4)
+    assert torch.equal(cold.obs, runs["argmax", 0].obs)
+    torch.manual_seed(0)
+    hot = collect(env, policy, driver=policy, temperature=50.0)
+    assert not torch.equal(hot.obs, runs["sample", 0].obs)
     obs = env.reset(scenarios=torch.zeros(1, dtype=torch.int64))
     with torch.no_grad():
         logits = Actor(policy, env.num_worlds * env.num_slots, env.horizon, device="cpu").act(
@@ -224,6 +231,7 @@ def test_bc_dagger_rounds_grow_the_data_and_are_recorded(tmp_path):
     # each epoch trains on every target collected so far: the log's, then one more round each time
     assert payload["global_step"] == 3 * res["counts"]["valid"] + 2 * rounds[0]["valid"] + rounds[1]["valid"]
     assert payload["extra"]["bc"]["dagger"] == {"rounds": 2, "epochs": 1, "expert_share": 0.0, "decode": "sample",
+                                                "temperature": 1.0,
                                                 "collected": rounds}
     assert sum(line.startswith("dagger round") for line in lines) == 2
 
@@ -257,6 +265,8 @@ def test_bc_anneal_lr_reaches_its_last_step_through_a_dagger_round(tmp_path, ann
     (["--dagger-expert-share", "1.5"], "--dagger-expert-share must be in [0, 1], got 1.5"),
     (["--dagger-epochs", "0"], "--dagger-epochs must be >= 1, got 0"),
     (["--dagger-decode", "mean"], "--dagger-decode must be sample or argmax, got 'mean'"),
+    (["--dagger-temperature", "0"], "--dagger-temperature must be > 0, got 0.0"),
+    (["--dagger-decode", "argmax", "--dagger-temperature", "2"], "--dagger-temperature applies to sampled rounds"),
     (["--epochs", "2", "--dagger-rounds", "1", "--dagger-epochs", "3", "--average-epochs", "6"],
      "--average-epochs must be in [0, 5]"),
 ])

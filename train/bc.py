@@ -101,6 +101,9 @@ class BCConfig:
             ``"sample"`` (default: drawn from its distribution) or ``"argmax"`` (its most likely
             action, the evaluator's default decoding, so the round visits the states the
             evaluated driver reaches).
+        dagger_temperature: the sampling temperature of a ``"sample"`` round (> 0; 1, the default:
+            the policy's own distribution; above 1 the rounds visit more varied states, as the
+            injected noise of DART, Laskey et al. 2017). Another value with ``"argmax"`` is refused.
         setting: a named setting (``train/run.py --setting``, :data:`train.settings.SETTINGS`:
             ``goal``, ``sim_agent``) whose fields become the ``--env.*`` defaults.
         env, policy: the env setting and the policy sizes (``--env.*`` / ``--policy.*`` as
@@ -124,6 +127,7 @@ class BCConfig:
     dagger_epochs: int = 5
     dagger_expert_share: float = 0.0
     dagger_decode: str = "sample"
+    dagger_temperature: float = 1.0
     setting: str | None = None
     env: EnvConfig = field(default_factory=lambda: TrainConfig().env)
     policy: PolicyConfig = field(default_factory=lambda: TrainConfig().policy)
@@ -185,7 +189,7 @@ def _user_set(cfg: BCConfig) -> set:
 
 @torch.no_grad()
 def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_share: float = 0.0,
-            world_offset: int = 0, decode: str = "sample") -> BCData:
+            world_offset: int = 0, decode: str = "sample", temperature: float = 1.0) -> BCData:
     """Run every scenario of ``env``'s pack once (module docstring, step 1) and record, at every
     step, the observation and the expert action (the target).
 
@@ -198,6 +202,7 @@ def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_
             ``expert_share`` (torch's global generator).
         world_offset: added to the recorded ``world`` ids (rounds of one dataset stay apart).
         decode: the driver's actions: ``"sample"`` (drawn) or ``"argmax"`` (its most likely one).
+        temperature: the sampling temperature of ``"sample"`` (:class:`policy.actor.Actor`).
 
     Returns:
         :class:`BCData` of the active slots (rows of padding worlds left out). Where the expert
@@ -220,7 +225,8 @@ def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_
     if decode not in ("sample", "argmax"):
         raise ValueError(f"decode must be 'sample' or 'argmax', got {decode!r}")
     actor = None if driver is None else Actor(driver, W * C, T, device=dev,
-                                               deterministic="argmax" if decode == "argmax" else False)
+                                               deterministic="argmax" if decode == "argmax" else False,
+                                               temperature=temperature)
     for start in range(0, S, W):
         n = min(W, S - start)
         scen = torch.arange(start, start + W, device=dev).clamp(max=S - 1)  # padding worlds repeat the last
@@ -425,6 +431,10 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         raise UserError(f"--dagger-expert-share must be in [0, 1], got {cfg.dagger_expert_share}")
     if cfg.dagger_decode not in ("sample", "argmax"):
         raise UserError(f"--dagger-decode must be sample or argmax, got {cfg.dagger_decode!r}")
+    if not cfg.dagger_temperature > 0:
+        raise UserError(f"--dagger-temperature must be > 0, got {cfg.dagger_temperature}")
+    if cfg.dagger_decode == "argmax" and cfg.dagger_temperature != 1.0:
+        raise UserError("--dagger-temperature applies to sampled rounds: it does nothing with --dagger-decode argmax")
     total_epochs = cfg.epochs + cfg.dagger_rounds * cfg.dagger_epochs
     if not 0 <= cfg.average_epochs <= total_epochs:
         raise UserError(f"--average-epochs must be in [0, {total_epochs}] (the run's epochs, DAgger epochs "
@@ -482,6 +492,7 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
                         "majority_accuracy": None if majority is None else majority[1],
                         "dagger": {"rounds": cfg.dagger_rounds, "epochs": cfg.dagger_epochs,
                                    "expert_share": cfg.dagger_expert_share, "decode": cfg.dagger_decode,
+                                   "temperature": cfg.dagger_temperature,
                                    "collected": list(rounds)}}}
         if best is not None:
             extra["best"] = dict(best)
@@ -506,6 +517,7 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
             policy.eval()
             t0 = time.perf_counter()
             more = collect(env, policy, driver=policy, expert_share=cfg.dagger_expert_share, decode=cfg.dagger_decode,
+                           temperature=cfg.dagger_temperature,
                            world_offset=round_no * env.pack.num_scenarios)
             m = more.counts
             rounds.append(dict(m, round=round_no, collect_s=time.perf_counter() - t0))
@@ -513,7 +525,9 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
             del more
             data = buffer.view()
             say(f"dagger round {round_no}/{cfg.dagger_rounds}: {m['valid']} targets of {m['agent_steps']} agent-steps "
-                f"driven by the policy ({cfg.dagger_decode}; {m['invalid_log']} invalid log; "
+                f"driven by the policy ({cfg.dagger_decode}"
+                f"{f' at temperature {cfg.dagger_temperature:g}' if cfg.dagger_decode == 'sample' else ''}; "
+                f"{m['invalid_log']} invalid log; "
                 f"expert share {cfg.dagger_expert_share:g}); "
                 f"{int(data.mask.sum())} targets in all ({rounds[-1]['collect_s']:.1f} s)")
             worlds = torch.unique(data.world)
