@@ -411,8 +411,9 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         and the averaged weights' ``eval_nll`` / ``eval_accuracy`` on ``--eval-data``, else None).
 
     Raises:
-        UserError: bad numbers (``--average-epochs`` outside [0, all epochs]), a dataset without a kept target, a missing ``--eval-data`` (also
-            ``--keep-best`` without one); as
+        UserError: bad numbers (e.g. ``--average-epochs`` outside [0, all epochs], a
+            ``--dagger-temperature`` with ``--dagger-decode argmax``), a dataset without a kept
+            target, a missing ``--eval-data`` (also ``--keep-best`` without one); as
             :func:`train.setup.make_env`. gpusim.fileio.OutputError: ``--out`` cannot be written
             (checked before the work).
     """
@@ -496,8 +497,9 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
                                    "collected": list(rounds)}}}
         if best is not None:
             extra["best"] = dict(best)
-        return save_checkpoint(path, policy=policy if model is None else model, optimizer=optimizer, global_step=trained, update=epochs_done,
-                               config=config, env_config=config["env"], extra=extra)
+        return save_checkpoint(path, policy=policy if model is None else model, optimizer=optimizer,
+                               global_step=trained, update=epochs_done, config=config, env_config=config["env"],
+                               extra=extra)
 
     best_path = pathlib.Path(cfg.out).with_name("best.pt")
     last_path = pathlib.Path(cfg.out).with_name("last.pt")
