@@ -65,6 +65,9 @@ from train.config import USER_ERRORS, TrainConfig, UserError, check_device, defa
 #: range (|accel| <= 4 m/s^2, |steer| <= 1 rad), e.g. a jump or reversing in the log.
 TRACK_TOLERANCE = 0.5
 
+#: How the policy may pick its actions while it drives a DAgger round (``--dagger-decode``).
+DAGGER_DECODES = ("sample", "argmax")
+
 
 @dataclass
 class BCConfig:
@@ -222,7 +225,7 @@ def collect(env, policy: ActorCritic, driver: ActorCritic | None = None, expert_
     dev = env.device
     parts = {k: [] for k in ("obs", "actions", "removed", "mask", "world")}
     counts = {"agent_steps": 0, "invalid_log": 0, "out_of_range": 0, "valid": 0}
-    if decode not in ("sample", "argmax"):
+    if decode not in DAGGER_DECODES:
         raise ValueError(f"decode must be 'sample' or 'argmax', got {decode!r}")
     actor = None if driver is None else Actor(driver, W * C, T, device=dev,
                                                deterministic="argmax" if decode == "argmax" else False,
@@ -430,7 +433,7 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
         raise UserError(f"--dagger-rounds must be >= 0, got {cfg.dagger_rounds}")
     if not 0.0 <= cfg.dagger_expert_share <= 1.0:
         raise UserError(f"--dagger-expert-share must be in [0, 1], got {cfg.dagger_expert_share}")
-    if cfg.dagger_decode not in ("sample", "argmax"):
+    if cfg.dagger_decode not in DAGGER_DECODES:
         raise UserError(f"--dagger-decode must be sample or argmax, got {cfg.dagger_decode!r}")
     if not cfg.dagger_temperature > 0:
         raise UserError(f"--dagger-temperature must be > 0, got {cfg.dagger_temperature}")
@@ -526,12 +529,11 @@ def train_bc(cfg: BCConfig, say=print) -> dict:
             buffer.append(more)
             del more
             data = buffer.view()
+            how = "argmax" if cfg.dagger_decode == "argmax" else f"sample at temperature {cfg.dagger_temperature:g}"
             say(f"dagger round {round_no}/{cfg.dagger_rounds}: {m['valid']} targets of {m['agent_steps']} agent-steps "
-                f"driven by the policy ({cfg.dagger_decode}"
-                f"{f' at temperature {cfg.dagger_temperature:g}' if cfg.dagger_decode == 'sample' else ''}; "
-                f"{m['invalid_log']} invalid log; "
-                f"expert share {cfg.dagger_expert_share:g}); "
-                f"{int(data.mask.sum())} targets in all ({rounds[-1]['collect_s']:.1f} s)")
+                f"driven by the policy ({how}; {m['invalid_log']} invalid log; expert share "
+                f"{cfg.dagger_expert_share:g}); {int(data.mask.sum())} targets in all "
+                f"({rounds[-1]['collect_s']:.1f} s)")
             worlds = torch.unique(data.world)
         for _ in range(round_epochs):
             epoch += 1
