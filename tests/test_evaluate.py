@@ -312,6 +312,42 @@ def test_policy_checkpoint_is_deterministic(pack_file, tmp_path):
         assert a["runs"][0]["summary"][k] == b["runs"][0]["summary"][k]
 
 
+def test_ensemble_spec_mixes_checkpoints(pack_file, tmp_path, capsys):
+    """``--policy A+B``: one policy, labelled by its members. A checkpoint mixed with itself acts
+    exactly as it does alone; with a different second member the figures are its own run; a
+    missing member is one line naming it (exit 2)."""
+    from gpusim.kernels.observations import obs_layout
+    from policy.actor_critic import ActorCritic, PolicyConfig
+    from train.checkpoint import save_checkpoint
+    from train.config import TrainConfig
+
+    env_config = _env_config()
+    env_dict = TrainConfig(env=env_config).to_dict()["env"]
+    paths = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        pol = ActorCritic(obs_layout(env_config.num_partners, env_config.num_roads, env_config.num_signals), 91, False,
+                          PolicyConfig(d_model=16, n_layers=1, n_heads=2, hidden=16))
+        with torch.no_grad():  # members far from uniform, so that mixing them matters
+            pol.actor.bias.copy_(torch.randn(91, generator=torch.Generator().manual_seed(seed)) * 3)
+        paths.append(str(save_checkpoint(tmp_path / f"m{seed}" / "checkpoint.pt", policy=pol, global_step=1,
+                                         update=1, optimizer=torch.optim.Adam(pol.parameters()),
+                                         config={"env": env_dict}, env_config=env_dict)))
+    a, b = paths
+    cfg = EvalConfig(policy=(a, f"{a}+{a}", f"{a}+{b}", b), data=str(pack_file), device="cpu", num_threads=1,
+                     decode="mean")
+    runs = evaluate(cfg)["runs"]
+    assert [r["label"] for r in runs] == ["m0/checkpoint.pt", "m0/checkpoint.pt+m0/checkpoint.pt",
+                                          "m0/checkpoint.pt+m1/checkpoint.pt", "m1/checkpoint.pt"]
+    summary = [r["summary"] for r in runs]
+    assert summary[0] == summary[1]
+    assert summary[2] not in (summary[0], summary[3])
+    assert main(["--policy", f"{a}+{tmp_path / 'nope.pt'}", "--data", str(pack_file), "--device", "cpu",
+                 "--quiet", "--num-threads", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"(member {tmp_path / 'nope.pt'}): no such checkpoint file" in err[0]
+
+
 def test_checkpoint_for_other_observations_is_one_line(pack_file, tmp_path, capsys):
     """A second checkpoint that reads fewer road points than the first one's env gives: exit 2 with
     one line naming it and both observation layouts (the first one's settings are used)."""

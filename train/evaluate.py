@@ -72,7 +72,10 @@ class EvalConfig:
     Attributes:
         policy: what to evaluate, several side by side: checkpoint files of ``train/run.py`` (or
             run directories holding a ``checkpoint.pt``) and/or baseline names
-            (``steer_to_goal``, ``constant_speed``, ``expert``, ``random``).
+            (``steer_to_goal``, ``constant_speed``, ``expert``, ``random``). ``A.pt+B.pt[+...]``
+            is one policy: the ensemble of those checkpoints, their action distributions mixed
+            (:class:`policy.ensemble.PolicyEnsemble`; discrete actions; the env settings are the
+            first one's).
         checkpoint: one more checkpoint (same as adding it to ``--policy``; kept for old scripts).
         data: scenarios (WOMD JSON directory, saved pack or sharded pack directory; default
             ``data/womd_sample``, relative to the cwd or the repository root). A sharded pack is
@@ -200,9 +203,9 @@ def apply_num_threads(requested: int) -> int:
 
 def _policy_label(spec: str, taken: set) -> str:
     label = spec
-    if spec not in BASELINES:
-        p = pathlib.Path(spec)
-        label = f"{p.parent.name}/{p.name}" if p.parent.name else p.name
+    if spec not in BASELINES:  # a file as its directory/name; an ensemble's members joined by "+"
+        paths = [pathlib.Path(part) for part in spec.split("+")]
+        label = "+".join(f"{p.parent.name}/{p.name}" if p.parent.name else p.name for p in paths)
     base, i = label, 2
     while label in taken:
         label, i = f"{base}#{i}", i + 1
@@ -222,15 +225,30 @@ def _load_policies(specs: list[str], device, extra: tuple = ()) -> list[dict]:
         if owner and spec not in extra:
             raise UserError(f"--policy {spec}: only with --mode {owner[0]}")
         if spec not in BASELINES and spec not in extra:
-            path = resolve_path(spec)
-            if path.is_dir() and (path / "checkpoint.pt").is_file():  # a run directory
-                path = path / "checkpoint.pt"
-            if not path.exists():
-                raise UserError(f"--policy {spec}: no such checkpoint file, and not a baseline "
-                                f"({', '.join(BASELINES)})")
-            entry.update(kind="checkpoint", ckpt=load_checkpoint(path))
+            parts = spec.split("+")
+            if len(parts) == 1:
+                entry.update(kind="checkpoint", ckpt=load_checkpoint(_checkpoint_path(spec, spec)))
+            else:  # an ensemble: every member a checkpoint
+                members = [load_checkpoint(_checkpoint_path(part, spec)) for part in parts]
+                entry.update(kind="checkpoint", ckpt=members[0], members=members)
         out.append(entry)
     return out
+
+
+def _checkpoint_path(part: str, spec: str) -> pathlib.Path:
+    """The checkpoint file of one ``--policy`` path (a run directory gives its ``checkpoint.pt``).
+
+    Raises:
+        UserError: no such file, naming the whole ``spec`` (an ensemble member: which one).
+    """
+    path = resolve_path(part)
+    if path.is_dir() and (path / "checkpoint.pt").is_file():  # a run directory
+        path = path / "checkpoint.pt"
+    if not path.exists():
+        member = f" (member {part})" if part != spec else ""
+        raise UserError(f"--policy {spec}{member}: no such checkpoint file, and not a baseline "
+                        f"({', '.join(BASELINES)})")
+    return path
 
 
 def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
@@ -278,11 +296,13 @@ def _check_policies(policies: list[dict], env, cfg: EvalConfig) -> None:
 
 def _make_driver(entry: dict, env, cfg: EvalConfig):
     """The driver of one ``--policy`` entry: a baseline, or the checkpoint's policy
-    (:func:`train.checkpoint.policy_from_checkpoint`, the one policy loader) acting through a
+    (:func:`train.checkpoint.policy_from_checkpoint`, the one policy loader; an ensemble's
+    members mixed by :class:`policy.ensemble.PolicyEnsemble`) acting through a
     :class:`train.eval.sweep.PolicyDriver` (``--decode``, argmax by default, unless ``--stochastic``).
 
     Raises:
-        UserError: the checkpoint's observation layout, action count or action space is not the env's.
+        UserError: the checkpoint's observation layout, action count or action space is not the env's;
+            an ensemble's members cannot be mixed (continuous actions, different memory rules).
     """
     if entry["kind"] == "baseline":
         return CallableDriver(make_baseline(entry["spec"], seed=cfg.seed))
@@ -291,10 +311,20 @@ def _make_driver(entry: dict, env, cfg: EvalConfig):
 
     continuous = int(env.config.action_space) == int(ActionSpace.CONTINUOUS)
     try:
-        policy = policy_from_checkpoint(entry["ckpt"], entry["spec"], env.obs_layout, env.num_actions, continuous)
+        policies = [policy_from_checkpoint(c, entry["spec"], env.obs_layout, env.num_actions, continuous)
+                    for c in entry.get("members", [entry["ckpt"]])]
     except PolicyMismatch as e:
         raise UserError(f"--policy {entry['spec']}: {e.detail} (the env settings are the first checkpoint's); "
                         "evaluate it on its own or first") from None
+    if len(policies) == 1:
+        policy = policies[0]
+    else:
+        from policy.ensemble import PolicyEnsemble
+
+        try:
+            policy = PolicyEnsemble(policies)
+        except ValueError as e:
+            raise UserError(f"--policy {entry['spec']}: {e}") from None
     return PolicyDriver(policy.to(env.device), deterministic=False if cfg.stochastic else cfg.decode, memory=cfg.memory,
                         temperature=cfg.temperature)
 
