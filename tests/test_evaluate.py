@@ -428,6 +428,12 @@ def test_other_checkpoint_settings_noted():
     assert [n.split(" was trained outside trial mode")[0] for n in notes[1:]] == ["note: a", "note: b"]
     _, notes = base_env_config([entry("t", goal_behavior="trial", k_trials=2)], EvalConfig(policy=("x",)))
     assert notes == []
+    # an ensemble: a member trained with other settings is named, by its place in the ensemble
+    a, b = entry("a")["ckpt"], entry("b", collision_behavior="stop")["ckpt"]
+    ens = {"label": "a+b", "kind": "checkpoint", "ckpt": a, "members": [a, b]}
+    _, notes = base_env_config([ens], EvalConfig(policy=("x",)))
+    assert notes == ["note: a+b (member 2) was trained with collision_behavior=stop; evaluated with a+b's env "
+                     "settings like every policy here"]
 
 
 def test_bad_checkpoint_and_device_exit_2(tmp_path, capsys):

@@ -176,6 +176,12 @@ def test_training_scenes_warned():
     for data in ("data/womd_sample", str(SAMPLE), [str(ROOT / "data" / "womd_extra"), str(SAMPLE)]):
         notes = training_scene_notes([baseline, entry(data)], "data/womd_sample")
         assert len(notes) == 1 and "driver was trained on" in notes[0] and "these are its training scenes" in notes[0]
+    # an ensemble is warned about when any member was trained here, once however many were
+    elsewhere, here = entry(ckpt["config"]["data"])["ckpt"], entry("data/womd_sample")["ckpt"]
+    for members, count in (([elsewhere, here], 1), ([here, here], 1), ([elsewhere, elsewhere], 0)):
+        ens = {"label": "a+b", "kind": "checkpoint", "ckpt": members[0], "members": members}
+        notes = training_scene_notes([ens], "data/womd_sample")
+        assert len(notes) == count and all(n.startswith("warning: a+b was trained on") for n in notes)
 
 
 def test_memoryless_control_named_by_its_flag(capsys):

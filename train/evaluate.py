@@ -263,12 +263,14 @@ def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
     ckpts = [p for p in policies if p["kind"] == "checkpoint"]
     env_config = env_config_from_dict(ckpts[0]["ckpt"]["env_config"]) if ckpts else TrainConfig().env
     env_config, notes = evaluation_config(env_config)
-    for other in ckpts[1:]:
-        theirs = evaluation_config(env_config_from_dict(other["ckpt"]["env_config"]))[0]
+    others = [(p["label"] if len(p.get("members", ())) < 2 else f"{p['label']} (member {i + 1})", c)
+              for p in ckpts for i, c in enumerate(p.get("members", [p["ckpt"]]))][1:]  # ensembles: each member
+    for label, other in others:
+        theirs = evaluation_config(env_config_from_dict(other["env_config"]))[0]
         diff = [f"{f.name}={getattr(theirs, f.name)}" for f in dataclasses.fields(env_config)
                 if getattr(theirs, f.name) != getattr(env_config, f.name)]
         if diff:
-            notes.append(f"note: {other['label']} was trained with {', '.join(diff)}; evaluated with "
+            notes.append(f"note: {label} was trained with {', '.join(diff)}; evaluated with "
                          f"{ckpts[0]['label']}'s env settings like every policy here")
     env_config, setting_notes = setting_config(env_config, cfg.setting)
     notes += setting_notes
@@ -636,15 +638,15 @@ def training_scene_notes(policies: list[dict], data: str, pack=None) -> list[str
         files = list(getattr(pack, "source_files", None) or [None] * len(pack.scenario_ids))
         scenes = [{i} | ({scenario_stem(f)} if f else set()) for i, f in zip(pack.scenario_ids, files)]
     out = []
-    for p in policies:
-        if p["kind"] != "checkpoint":
-            continue
-        trained = (p["ckpt"].get("config") or {}).get("data")
+    checkpoints = [(entry, member) for entry in policies if entry["kind"] == "checkpoint"
+                   for member in entry.get("members", [entry["ckpt"]])]  # an ensemble: each member's scenes
+    for p, ckpt in checkpoints:
+        trained = (ckpt.get("config") or {}).get("data")
         paths = [trained] if isinstance(trained, str) else [str(x) for x in trained or []]
         src = ", ".join(paths) or "(not recorded)"
         all_of = (f"warning: {p['label']} was trained on {src}: these are its training scenes, so its figures here "
                   "are not held-out figures (docs/data.md: the split)")
-        known = (p["ckpt"].get("extra") or {}).get(TRAINING_SCENES_KEY)
+        known = (ckpt.get("extra") or {}).get(TRAINING_SCENES_KEY)
         if known is None and scenes is not None:
             dirs = [resolve_path(x) for x in paths]
             if dirs and all(d.is_dir() for d in dirs):  # an older checkpoint: the scene files still there
@@ -660,7 +662,7 @@ def training_scene_notes(policies: list[dict], data: str, pack=None) -> list[str
             continue
         if any(resolve_path(x).resolve() == here for x in paths):
             out.append(all_of)
-    return out
+    return list(dict.fromkeys(out))  # an ensemble's members may repeat a line
 
 
 def print_results(results: dict, console, per_scenario_table: bool = True) -> None:
