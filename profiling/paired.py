@@ -115,10 +115,13 @@ def main(argv=None) -> int:
     p.add_argument("--wosac", action="store_true", help="pair the per-scenario rows of WOSAC JSON files")
     p.add_argument("--policy", required=True)
     p.add_argument("--baseline", required=True)
-    p.add_argument("--metric", nargs="+", default=["goal_reached", "collision_or_offroad"])
+    p.add_argument("--metric", nargs="+", default=None,
+                   help="default: goal_reached collision_or_offroad; with --wosac: metametric")
     p.add_argument("--mode", default="self_play")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of lines")
     a = p.parse_args(argv)
+    if a.metric is None:
+        a.metric = ["metametric"] if a.wosac else ["goal_reached", "collision_or_offroad"]
     try:
         if a.wosac:
             docs = [json.loads(f.read_text()) for f in a.records]

@@ -346,6 +346,13 @@ def test_ensemble_spec_mixes_checkpoints(pack_file, tmp_path, capsys):
                  "--quiet", "--num-threads", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"(member {tmp_path / 'nope.pt'}): no such checkpoint file" in err[0]
+    # one member per agent: a checkpoint drawn against itself is the checkpoint, recorded in the JSON
+    res = evaluate(dataclasses.replace(cfg, policy=(f"{a}+{a}",), ensemble_draw="agent"))
+    assert res["runs"][0]["summary"] == summary[0] and res["ensemble_draw"] == "agent"
+    assert main(["--policy", a, "--ensemble-draw", "agent", "--data", str(pack_file), "--device", "cpu",
+                 "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--ensemble-draw agent: no ensemble to draw from" in err[0]
 
 
 def test_checkpoint_for_other_observations_is_one_line(pack_file, tmp_path, capsys):

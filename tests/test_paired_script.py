@@ -50,4 +50,8 @@ def test_wosac_pairs_are_per_scene_across_files(tmp_path, capsys):
     assert paired.main([str(fa), str(fb), "--wosac", "--policy", "sim_agent.pt", "--baseline", "constant_speed",
                         "--metric", "metametric", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["metametric"]["diff"] == pytest.approx(0.1)
+    # with --wosac and no --metric: the meta-metric alone
+    assert paired.main([str(fa), str(fb), "--wosac", "--policy", "sim_agent.pt", "--baseline", "constant_speed",
+                        "--json"]) == 0
+    assert list(json.loads(capsys.readouterr().out)) == ["metametric"]
     assert paired.main([str(fa), "--wosac", "--policy", "sim_agent.pt", "--baseline", "random"]) == 2

@@ -105,3 +105,38 @@ def test_members_sure_of_different_actions_mix_to_half_each():
 def test_members_that_cannot_be_mixed_are_refused(members, message):
     with pytest.raises(ValueError, match=message):
         PolicyEnsemble(members())
+
+
+def test_agent_draw_keeps_one_member_per_slot_until_its_memory_restarts():
+    """``draw="agent"``: every slot's output is exactly its drawn member's (log-probabilities and
+    value), the draw holds over steps, a reset draws again only the reset slots, and over many
+    slots both members are drawn about equally often."""
+    a, b = _policy(0), _policy(1)
+    ens = PolicyEnsemble([a, b], draw="agent")
+    N, H = 400, 4
+    torch.manual_seed(7)
+    cache = ens.init_cache(N, H)
+    member = cache.member.clone()
+    assert 150 < int(member.sum()) < 250  # Binomial(400, 1/2): 200 +- 50 is over 5 standard deviations
+    refs = [m.init_cache(N, H) for m in (a, b)]
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for t in range(3):
+            obs = torch.randn(N, DIMS.obs_dim, generator=g)
+            logp, value, _ = ens.forward_eval(obs, cache)
+            own = [m.forward_eval(obs, r) for m, r in zip((a, b), refs)]
+            want = torch.where(member[:, None] == 0, torch.log_softmax(own[0][0], -1), torch.log_softmax(own[1][0], -1))
+            torch.testing.assert_close(logp, want)
+            torch.testing.assert_close(value, torch.where(member == 0, own[0][1], own[1][1]))
+            assert torch.equal(cache.member, member)  # held across steps
+    done = torch.zeros(N, dtype=torch.bool)
+    done[:200] = True
+    ens.reset_cache(cache, done)
+    assert torch.equal(cache.member[200:], member[200:])  # only the reset slots draw again
+    assert not torch.equal(cache.member[:200], member[:200])
+    assert cache.position[:200].eq(0).all() and cache.position[200:].eq(3).all()
+
+
+def test_unknown_draw_is_refused():
+    with pytest.raises(ValueError, match="draw must be one of step, agent"):
+        PolicyEnsemble([_policy(0), _policy(1)], draw="world")

@@ -109,6 +109,10 @@ class EvalConfig:
             ``--stochastic``): ``argmax`` (the joint argmax, the default) or ``mean`` (per action
             dimension the expected grid index, rounded; ``policy.ActorCritic.sample``: better for a
             policy whose entropy is still high, docs/evaluation.md).
+        ensemble_draw: how an ensemble ``--policy A+B`` uses its members: ``step`` (default): the
+            mixture of their action distributions at every step; ``agent``: every agent acts as one
+            member, drawn uniformly when its memory starts (:class:`policy.ensemble.PolicyEnsemble`).
+            Refused without an ensemble.
         memory: ``trial``: the exact memoryless control, every checkpoint's KV cache cleared at
             every trial start and the ``trial_index`` observation column zeroed
             (``EnvConfig.zero_trial_index``), so trial k differs from trial 0 only by chance
@@ -160,6 +164,7 @@ class EvalConfig:
     stochastic: bool = False
     temperature: float = 1.0
     decode: Literal["argmax", "mean"] = "argmax"
+    ensemble_draw: Literal["step", "agent"] = "step"
     memory: Literal["episode", "trial"] | None = None
     partner_task: Literal["none", "crossing"] | None = None
     partner_type_prob: float | None = None
@@ -324,7 +329,7 @@ def _make_driver(entry: dict, env, cfg: EvalConfig):
         from policy.ensemble import PolicyEnsemble
 
         try:
-            policy = PolicyEnsemble(policies)
+            policy = PolicyEnsemble(policies, draw=cfg.ensemble_draw)
         except ValueError as e:
             raise UserError(f"--policy {entry['spec']}: {e}") from None
     return PolicyDriver(policy.to(env.device), deterministic=False if cfg.stochastic else cfg.decode, memory=cfg.memory,
@@ -345,6 +350,9 @@ def _check(cfg: EvalConfig) -> list[str]:
     for name, value in (("--json", cfg.json), ("--records", cfg.records), ("--export-rollouts", cfg.export_rollouts)):
         if value:  # before any work: a finished evaluation is never lost to an unwritable output
             check_output_path(value, name)
+    if cfg.ensemble_draw != "step" and not any("+" in s for s in specs):
+        raise UserError(f"--ensemble-draw {cfg.ensemble_draw}: no ensemble to draw from; join checkpoints with '+' "
+                        "in --policy (e.g. --policy a.pt+b.pt)")
     if cfg.memory is not None and any(s in BASELINES for s in specs):
         raise UserError(f"--memory {cfg.memory}: {next(s for s in specs if s in BASELINES)} is a baseline without a "
                         "KV-cache memory; pass --memory with checkpoints only")
@@ -390,7 +398,8 @@ def _run_protocol(mode, policies: list[dict], base, base_notes: list, cfg: EvalC
     sampled = dataclasses.replace(cfg, stochastic=True)
     res = mode.protocol(policies, lambda entry, env: _make_driver(entry, env, sampled), base, cfg, device, progress)
     res.update(data=cfg.data, device=str(device), num_threads=threads, seed=cfg.seed, deterministic=False,
-               temperature=cfg.temperature, interval=cfg.interval, level=cfg.level, notes=base_notes + res.get("notes", []))
+               temperature=cfg.temperature, ensemble_draw=cfg.ensemble_draw, interval=cfg.interval, level=cfg.level,
+               notes=base_notes + res.get("notes", []))
     return res
 
 
@@ -460,6 +469,7 @@ def evaluate(cfg: EvalConfig, progress=None) -> dict:
         base = base.replace(partner_styles=partner_table)
     out = {"data": cfg.data, "device": str(device), "num_threads": threads, "seed": cfg.seed,
            "deterministic": not cfg.stochastic, "decode": None if cfg.stochastic else cfg.decode,
+           "ensemble_draw": cfg.ensemble_draw,
            "temperature": cfg.temperature if cfg.stochastic else None, "memory": cfg.memory or "as trained", "interval": cfg.interval,
            "level": cfg.level, "episodes_per_scenario": cfg.episodes_per_scenario,
            "k_trials": base.k_trials if base.trial_mode else 0,
