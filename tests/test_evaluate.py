@@ -4,6 +4,7 @@ sweep, known tables on crafted scenes, intervals, trial scores, thread setting a
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import json
 import math
 
@@ -346,6 +347,12 @@ def test_ensemble_spec_mixes_checkpoints(pack_file, tmp_path, capsys):
                  "--quiet", "--num-threads", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"(member {tmp_path / 'nope.pt'}): no such checkpoint file" in err[0]
+    # a folder whose name holds "+" is one checkpoint, not an ensemble
+    plus = tmp_path / "lr1e-3+wide"
+    plus.mkdir()
+    (plus / "checkpoint.pt").write_bytes(pathlib.Path(a).read_bytes())
+    one = evaluate(dataclasses.replace(cfg, policy=(str(plus),)))["runs"][0]
+    assert one["label"] == f"{tmp_path.name}/lr1e-3+wide" and one["summary"] == summary[0]
     # one member per agent: a checkpoint drawn against itself is the checkpoint, recorded in the JSON
     res = evaluate(dataclasses.replace(cfg, policy=(f"{a}+{a}",), ensemble_draw="agent"))
     assert res["runs"][0]["summary"] == summary[0] and res["ensemble_draw"] == "agent"

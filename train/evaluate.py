@@ -206,10 +206,18 @@ def apply_num_threads(requested: int) -> int:
     return n
 
 
+def ensemble_parts(spec: str) -> list[str]:
+    """The member paths of a ``--policy`` spec: ``A.pt+B.pt`` gives both; a spec that is itself an
+    existing path (a file or folder whose name holds a ``+``) or a baseline name is one part."""
+    if spec in BASELINES or "+" not in spec or resolve_path(spec).exists():
+        return [spec]
+    return spec.split("+")
+
+
 def _policy_label(spec: str, taken: set) -> str:
     label = spec
     if spec not in BASELINES:  # a file as its directory/name; an ensemble's members joined by "+"
-        paths = [pathlib.Path(part) for part in spec.split("+")]
+        paths = [pathlib.Path(part) for part in ensemble_parts(spec)]
         label = "+".join(f"{p.parent.name}/{p.name}" if p.parent.name else p.name for p in paths)
     base, i = label, 2
     while label in taken:
@@ -230,7 +238,7 @@ def _load_policies(specs: list[str], device, extra: tuple = ()) -> list[dict]:
         if owner and spec not in extra:
             raise UserError(f"--policy {spec}: only with --mode {owner[0]}")
         if spec not in BASELINES and spec not in extra:
-            parts = spec.split("+")
+            parts = ensemble_parts(spec)
             if len(parts) == 1:
                 entry.update(kind="checkpoint", ckpt=load_checkpoint(_checkpoint_path(spec, spec)))
             else:  # an ensemble: every member a checkpoint
@@ -350,7 +358,7 @@ def _check(cfg: EvalConfig) -> list[str]:
     for name, value in (("--json", cfg.json), ("--records", cfg.records), ("--export-rollouts", cfg.export_rollouts)):
         if value:  # before any work: a finished evaluation is never lost to an unwritable output
             check_output_path(value, name)
-    if cfg.ensemble_draw != "step" and not any("+" in s for s in specs):
+    if cfg.ensemble_draw != "step" and not any(len(ensemble_parts(s)) > 1 for s in specs):
         raise UserError(f"--ensemble-draw {cfg.ensemble_draw}: no ensemble to draw from; join checkpoints with '+' "
                         "in --policy (e.g. --policy a.pt+b.pt)")
     if cfg.memory is not None and any(s in BASELINES for s in specs):
