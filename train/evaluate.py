@@ -238,14 +238,15 @@ def _load_policies(specs: list[str], device, extra: tuple = ()) -> list[dict]:
         if owner and spec not in extra:
             raise UserError(f"--policy {spec}: only with --mode {owner[0]}")
         if spec not in BASELINES and spec not in extra:
-            parts = ensemble_parts(spec)
-            if len(parts) == 1:
-                entry.update(kind="checkpoint", ckpt=load_checkpoint(_checkpoint_path(spec, spec)))
-            else:  # an ensemble: every member a checkpoint
-                members = [load_checkpoint(_checkpoint_path(part, spec)) for part in parts]
-                entry.update(kind="checkpoint", ckpt=members[0], members=members)
+            members = [load_checkpoint(_checkpoint_path(part, spec)) for part in ensemble_parts(spec)]
+            entry.update(kind="checkpoint", ckpt=members[0], members=members)
         out.append(entry)
     return out
+
+
+def _members(entry: dict) -> list[dict]:
+    """The loaded checkpoints of a checkpoint entry: an ensemble's members, else its one checkpoint."""
+    return entry.get("members") or [entry["ckpt"]]
 
 
 def _checkpoint_path(part: str, spec: str) -> pathlib.Path:
@@ -276,8 +277,8 @@ def base_env_config(policies: list[dict], cfg: EvalConfig) -> tuple:
     ckpts = [p for p in policies if p["kind"] == "checkpoint"]
     env_config = env_config_from_dict(ckpts[0]["ckpt"]["env_config"]) if ckpts else TrainConfig().env
     env_config, notes = evaluation_config(env_config)
-    others = [(p["label"] if len(p.get("members", ())) < 2 else f"{p['label']} (member {i + 1})", c)
-              for p in ckpts for i, c in enumerate(p.get("members", [p["ckpt"]]))][1:]  # ensembles: each member
+    others = [(p["label"] if len(_members(p)) < 2 else f"{p['label']} (member {i + 1})", c)
+              for p in ckpts for i, c in enumerate(_members(p))][1:]  # ensembles: each member
     for label, other in others:
         theirs = evaluation_config(env_config_from_dict(other["env_config"]))[0]
         diff = [f"{f.name}={getattr(theirs, f.name)}" for f in dataclasses.fields(env_config)
@@ -327,7 +328,7 @@ def _make_driver(entry: dict, env, cfg: EvalConfig):
     continuous = int(env.config.action_space) == int(ActionSpace.CONTINUOUS)
     try:
         policies = [policy_from_checkpoint(c, entry["spec"], env.obs_layout, env.num_actions, continuous)
-                    for c in entry.get("members", [entry["ckpt"]])]
+                    for c in _members(entry)]
     except PolicyMismatch as e:
         raise UserError(f"--policy {entry['spec']}: {e.detail} (the env settings are the first checkpoint's); "
                         "evaluate it on its own or first") from None
@@ -657,7 +658,7 @@ def training_scene_notes(policies: list[dict], data: str, pack=None) -> list[str
         scenes = [{i} | ({scenario_stem(f)} if f else set()) for i, f in zip(pack.scenario_ids, files)]
     out = []
     checkpoints = [(entry, member) for entry in policies if entry["kind"] == "checkpoint"
-                   for member in entry.get("members", [entry["ckpt"]])]  # an ensemble: each member's scenes
+                   for member in _members(entry)]  # an ensemble: each member's scenes
     for p, ckpt in checkpoints:
         trained = (ckpt.get("config") or {}).get("data")
         paths = [trained] if isinstance(trained, str) else [str(x) for x in trained or []]
